@@ -1,0 +1,90 @@
+"""A Hugging Face LM plus its KV cache, fed a few tokens at a time and rolled back by cropping.
+
+Serves targets and model drafters alike, for decoder-only and encoder-decoder models.
+Rollback uses the cache's own `crop` (transformers 5.x: a negative count removes tokens);
+nothing in transformers is patched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .errors import MMSpecError
+
+
+def model_vocab_size(model: PreTrainedModel) -> int:
+    """Width of the model's logits (the LM head), which is what acceptance compares."""
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+class CachedModel:
+    """Runs `model` incrementally over a growing token sequence, keeping its KV cache."""
+
+    def __init__(self, model: PreTrainedModel, role: str = "model") -> None:
+        if not isinstance(model, PreTrainedModel):
+            raise MMSpecError(f"the {role} must be a transformers PreTrainedModel, got {type(model).__name__}")
+        self.model = model.eval()
+        self.role = role
+        self.is_encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        accepted = inspect.signature(model.forward).parameters
+        self._takes_logits_to_keep = "logits_to_keep" in accepted
+        self.vocab_size = model_vocab_size(model)
+        self.cache: Any = None
+        self._encoder_kwargs: dict[str, Any] = {}
+        self.forwards = 0
+
+    @property
+    def length(self) -> int:
+        """Number of positions held in the (decoder) cache."""
+        return 0 if self.cache is None else int(self.cache.get_seq_length())
+
+    def prefill(self, tokens: torch.LongTensor, logits_to_keep: int = 1, **model_inputs: Any) -> Any:
+        """Start afresh: run the prompt (and, for encoder-decoders, the encoder once)."""
+        self.cache = None
+        self._encoder_kwargs = {}
+        if self.is_encoder_decoder:
+            out = self._forward(decoder_input_ids=tokens, logits_to_keep=logits_to_keep, **model_inputs)
+            # Keep the encoder result and its mask so decoding steps never re-encode.
+            self._encoder_kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=out.encoder_last_hidden_state)
+            if model_inputs.get("attention_mask") is not None:
+                self._encoder_kwargs["attention_mask"] = model_inputs["attention_mask"]
+        else:
+            out = self._forward(input_ids=tokens, logits_to_keep=logits_to_keep, **model_inputs)
+        if out.past_key_values is None:
+            raise MMSpecError(
+                f"the {self.role} ({type(self.model).__name__}) returned no KV cache; speculative decoding "
+                "needs a model that supports `use_cache=True`"
+            )
+        self.cache = out.past_key_values
+        if hasattr(self.cache, "is_croppable") and not self.cache.is_croppable:
+            raise MMSpecError(f"the {self.role}'s cache cannot be rolled back (recurrent state); it cannot be used here")
+        return out
+
+    def extend(self, tokens: torch.LongTensor, logits_to_keep: int = 0, **extra: Any) -> Any:
+        """Feed `tokens` [B, m] on top of the cache; returns the model output."""
+        if self.cache is None:
+            raise RuntimeError(f"{self.role}: extend() called before prefill()")
+        key = "decoder_input_ids" if self.is_encoder_decoder else "input_ids"
+        return self._forward(**{key: tokens}, past_key_values=self.cache, logits_to_keep=logits_to_keep, **self._encoder_kwargs, **extra)
+
+    def truncate(self, length: int) -> None:
+        """Roll the cache back so it holds the first `length` positions."""
+        excess = self.length - length
+        if excess < 0:
+            raise RuntimeError(f"{self.role}: cannot truncate a cache of {self.length} positions to {length}")
+        if excess:
+            self.cache.crop(-excess)
+
+    def _forward(self, logits_to_keep: int, **kwargs: Any) -> Any:
+        if self._takes_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        self.forwards += 1
+        return self.model(use_cache=True, return_dict=True, **kwargs)

@@ -1,0 +1,187 @@
+"""The shared draft/verify loop (Leviathan et al. 2023, "Fast Inference from Transformers via
+Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling").
+
+    prefill target (and drafter); the target picks the first new token
+    while not done:
+        proposal = drafter.propose(k)               # tokens [B, k] (+ q [B, k, V] or None)
+        step     = target.score(last + proposal)    # ONE target forward over k + 1 positions
+        verdict  = rule(proposal, step.logits, ...) # accepted count + correction / bonus token
+        commit; roll the target cache back; drafter.observe(...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from transformers import PreTrainedModel
+
+from .drafters import Drafter, ModelDrafter
+from .errors import MMSpecError
+from .policies import DraftLengthPolicy, FixedDraftLength
+from .rules import AcceptanceRule, default_rule
+from .sampling import SamplingConfig, choose_next
+from .stats import SpecStats
+from .targets import Target
+
+
+@dataclass
+class SpeculativeOutput:
+    """Like transformers' generate output: `sequences` holds prompt + new tokens; `stats` says how."""
+
+    sequences: torch.LongTensor
+    stats: SpecStats
+
+
+def eos_ids(model: PreTrainedModel, eos_token_id: int | Iterable[int] | None) -> set[int]:
+    if eos_token_id is None:
+        eos_token_id = model.generation_config.eos_token_id
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(t) for t in eos_token_id}
+
+
+def as_drafter(drafter: PreTrainedModel | Drafter) -> Drafter:
+    if isinstance(drafter, Drafter):
+        return drafter
+    if isinstance(drafter, PreTrainedModel):
+        return ModelDrafter(drafter)
+    raise MMSpecError(f"drafter must be a transformers model or an mmspec Drafter, got {type(drafter).__name__}")
+
+
+class SpeculativeDecoder:
+    """Binds a target, a drafter, a draft-length policy and an acceptance rule."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel | Target,
+        drafter: PreTrainedModel | Drafter,
+        policy: DraftLengthPolicy | None = None,
+        rule: AcceptanceRule | None = None,
+        method: str = "speculative",
+    ) -> None:
+        self.drafter = as_drafter(drafter)
+        self.target = target if isinstance(target, Target) else Target(target)
+        self.target.output_hidden_states = self.drafter.needs_target_hidden_states
+        if self.drafter.vocab_size is not None and self.drafter.vocab_size != self.target.vocab_size:
+            raise MMSpecError(
+                f"drafter and target vocabularies differ ({self.drafter.vocab_size} vs {self.target.vocab_size} "
+                "logits); the drafter must share the target's tokenizer"
+            )
+        self.policy = policy or FixedDraftLength(5)
+        self.rule = rule
+        self.method = method
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.LongTensor | None,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = SamplingConfig(),
+        generator: torch.Generator | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        **model_inputs: Any,
+    ) -> SpeculativeOutput:
+        if max_new_tokens < 1:
+            raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if input_ids is not None and (input_ids.dim() != 2 or input_ids.shape[1] == 0):
+            raise MMSpecError(f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
+        if input_ids is not None and input_ids.shape[0] != 1:
+            raise MMSpecError(f"batch size {input_ids.shape[0]} is not supported yet: pass one sequence (batch size 1)")
+        if sampling.do_sample and generator is None:
+            # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
+            generator = torch.Generator(device=self.target.model.device)
+            generator.manual_seed(int(torch.randint(0, 2**62, (1,))))
+        rule = self.rule or default_rule(sampling)
+        policy = self.policy.fresh()
+        stops = eos_ids(self.target.model, eos_token_id)
+        stats = SpecStats(method=self.method)
+        forwards_before = self.drafter.forwards
+        model_inputs = dict(model_inputs)
+        if not self.target.is_encoder_decoder:
+            self._drop_trivial_attention_mask(model_inputs)
+
+        with stats.timer("total"):
+            with stats.timer("prefill"):
+                sequence = self.target.initial_sequence(input_ids, model_inputs)
+                first = choose_next(self.target.start(sequence, **model_inputs), sampling, generator)
+                self.drafter.prefill(sequence, model_inputs)
+            prompt_length = sequence.shape[1]
+            sequence = torch.cat([sequence, first[:, None]], dim=1)
+            done = int(first[0]) in stops
+
+            while not done and sequence.shape[1] - prompt_length < max_new_tokens:
+                remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
+                k = min(policy.max_tokens(), remaining - 1)
+                with stats.timer("draft"):
+                    proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                with stats.timer("verify"):
+                    step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
+                    verdict = rule(proposal, step.logits, sampling, generator)
+                accepted = int(verdict.num_accepted[0])
+                new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
+                new_tokens, done = self._truncate_at_stop(new_tokens, stops)
+                sequence = torch.cat([sequence, new_tokens[None]], dim=1)
+                # The cache now holds every committed token but the newest; drop the rejected drafts.
+                self.target.truncate(self.target.length - (proposal.length - accepted))
+                self.drafter.observe(sequence, verdict, step)
+                policy.update(proposal.length, accepted)
+                stats.record_round(proposal.length, accepted)
+
+        stats.new_tokens = sequence.shape[1] - prompt_length
+        stats.target_forwards = stats.rounds + 1
+        stats.drafter_forwards = self.drafter.forwards - forwards_before
+        return SpeculativeOutput(sequences=sequence, stats=stats)
+
+    @staticmethod
+    def _drop_trivial_attention_mask(model_inputs: dict[str, Any]) -> None:
+        """With one unpadded sequence the causal mask is implied; a padded mask would be ignored, so refuse it."""
+        mask = model_inputs.pop("attention_mask", None)
+        if mask is not None and not bool(mask.bool().all()):
+            raise MMSpecError("attention_mask with padding is not supported (batch size 1 needs no padding)")
+
+    @staticmethod
+    def _truncate_at_stop(new_tokens: torch.Tensor, stops: set[int]) -> tuple[torch.Tensor, bool]:
+        for i, token in enumerate(new_tokens.tolist()):
+            if token in stops:
+                return new_tokens[: i + 1], True
+        return new_tokens, False
+
+
+def speculative_generate(
+    target: PreTrainedModel | Target,
+    drafter: PreTrainedModel | Drafter,
+    input_ids: torch.LongTensor | None,
+    *,
+    max_new_tokens: int,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    num_draft_tokens: int = 5,
+    policy: DraftLengthPolicy | None = None,
+    rule: AcceptanceRule | None = None,
+    eos_token_id: int | Iterable[int] | None = None,
+    **model_inputs: Any,
+) -> SpeculativeOutput:
+    """Generate with speculative decoding; greedy output equals `target.generate(do_sample=False)`.
+
+    Args:
+        target: a transformers causal or encoder-decoder LM (or an mmspec `Target`).
+        drafter: a transformers LM with the same vocabulary, or an mmspec `Drafter`.
+        input_ids: prompt [1, L] (the encoder input for encoder-decoder targets).
+        num_draft_tokens: k for the default fixed policy; ignored when `policy` is given.
+        policy: a draft-length policy (fixed, heuristic, adaptive confidence stop).
+        rule: the acceptance rule; default greedy match, or lossless speculative sampling.
+        model_inputs: extra target inputs (pixel_values, attention_mask, input_features, ...).
+    """
+    sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+    decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule)
+    return decoder.generate(
+        input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator, eos_token_id=eos_token_id, **model_inputs
+    )

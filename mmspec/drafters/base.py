@@ -1,0 +1,41 @@
+"""The drafter contract: propose up to k tokens, then observe what the target decided."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from ..policies import DraftLengthPolicy
+from ..sampling import SamplingConfig
+from ..types import Proposal, Verdict
+
+
+class Drafter(ABC):
+    """A source of draft tokens.
+
+    `vocab_size` (None if the drafter does not score a vocabulary) is checked against the
+    target's. `forwards` counts the drafter's own model calls for the stats.
+    """
+
+    vocab_size: int | None = None
+    needs_target_hidden_states: bool = False
+    forwards: int = 0
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        """Called once before decoding with the prompt and the target's extra inputs."""
+
+    @abstractmethod
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        """Up to `max_tokens` draft tokens continuing `sequence` [B, L]."""
+
+    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+        """Called after the target committed tokens; `sequence` is the new committed sequence."""

@@ -1,0 +1,101 @@
+"""Any transformers LM as a drafter (a small model sharing the target's vocabulary)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..cached_model import CachedModel
+from ..policies import DraftLengthPolicy
+from ..sampling import SamplingConfig, probabilities
+from ..types import Proposal
+from .base import Drafter
+
+
+def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the common prefix of two 1-D token tensors."""
+    n = min(a.shape[0], b.shape[0])
+    mismatch = (a[:n] != b[:n]).nonzero()
+    return int(mismatch[0, 0]) if mismatch.numel() else n
+
+
+class ModelDrafter(Drafter):
+    """Drafts autoregressively with its own KV cache.
+
+    The cache is kept in step lazily: before proposing, it is cropped to the longest prefix it
+    shares with the committed sequence, and only the rest is fed. After a round that accepted
+    n of k drafts this feeds one or two tokens, as transformers' assisted generation does.
+    Encoder-decoder drafters receive the target's encoder inputs at prefill.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.lm = CachedModel(model, role="drafter")
+        self.vocab_size = self.lm.vocab_size
+        self._cached_tokens = torch.empty(0, dtype=torch.long)
+        self._encoder_inputs: dict[str, Any] = {}
+
+    @property
+    def forwards(self) -> int:  # type: ignore[override]
+        return self.lm.forwards
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        self.lm.cache = None
+        self._cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
+        # A decoder-only drafter is text-only: it never sees the target's images or features.
+        self._encoder_inputs = dict(model_inputs) if self.lm.is_encoder_decoder else {}
+
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+        logits = self._catch_up(sequence[0])
+        tokens, dists = [], []
+        for step in range(max_tokens):
+            token, dist, confidence = self.choose(logits, sampling, generator, policy.needs_confidence)
+            tokens.append(token)
+            if dist is not None:
+                dists.append(dist)
+            if step + 1 == max_tokens or (confidence is not None and not policy.keep_drafting(confidence)):
+                break
+            logits = self.lm.extend(token[:, None], logits_to_keep=1).logits[:, -1, :]
+        drafted = torch.stack(tokens, dim=1)
+        # Every draft but the last was fed to the cache.
+        self._cached_tokens = torch.cat([sequence[0], drafted[0, :-1]])
+        probs = torch.stack(dists, dim=1) if dists else None
+        return Proposal(tokens=drafted, probs=probs)
+
+    def choose(
+        self,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        want_confidence: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+        """Pick the draft token from logits [B, V]; returns (token [B], q [B, V] or None, confidence)."""
+        if sampling.do_sample:
+            q = probabilities(logits, sampling)
+            token = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+            confidence = float(q[0, token[0]]) if want_confidence else None
+            return token, q, confidence
+        token = logits.argmax(dim=-1)
+        confidence = float(logits[0].float().softmax(-1)[token[0]]) if want_confidence else None
+        return token, None, confidence
+
+    def _catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
+        """Bring the cache in line with `sequence` and return the next-token logits [B, V]."""
+        keep = common_prefix_length(self._cached_tokens, sequence)
+        keep = min(keep, sequence.shape[0] - 1)  # feed at least one token to get next-token logits
+        if self.lm.cache is None or keep == 0:
+            out = self.lm.prefill(sequence[None], logits_to_keep=1, **self._encoder_inputs)
+        else:
+            self.lm.truncate(keep)
+            out = self.lm.extend(sequence[None, keep:], logits_to_keep=1)
+        return out.logits[:, -1, :]

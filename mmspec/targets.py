@@ -1,0 +1,63 @@
+"""The target side of the loop: prefill once, then score k + 1 positions per round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from .cached_model import CachedModel
+from .errors import MMSpecError
+
+
+@dataclass
+class TargetStep:
+    """What one target forward produced, handed to drafters in `observe()`."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class Target(CachedModel):
+    """Wraps a transformers LM (decoder-only or encoder-decoder) as the verifier.
+
+    The committed sequence always has one more token than the cache: the newest token is fed
+    at the start of the next `score()` call, together with the drafts.
+    """
+
+    def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
+        super().__init__(model, role="target")
+        self.output_hidden_states = output_hidden_states
+
+    def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
+        """The token sequence decoding continues: the prompt, or the decoder prompt of an encoder-decoder."""
+        if not self.is_encoder_decoder:
+            if input_ids is None:
+                raise MMSpecError("input_ids is required for a decoder-only target")
+            return input_ids
+        decoder_ids = model_inputs.pop("decoder_input_ids", None)
+        if decoder_ids is None:
+            start = self.model.generation_config.decoder_start_token_id
+            if start is None:
+                start = self.model.config.decoder_start_token_id
+            if start is None:
+                raise MMSpecError("the encoder-decoder target has no decoder_start_token_id; pass decoder_input_ids")
+            batch = input_ids.shape[0] if input_ids is not None else 1
+            decoder_ids = torch.full((batch, 1), int(start), dtype=torch.long, device=self.model.device)
+        if input_ids is not None:
+            model_inputs["input_ids"] = input_ids
+        return decoder_ids
+
+    def start(self, sequence: torch.LongTensor, **model_inputs: Any) -> torch.Tensor:
+        """Prefill all of `sequence`; returns the logits [B, V] for the first new token."""
+        out = self.prefill(sequence, logits_to_keep=1, **model_inputs)
+        return out.logits[:, -1, :]
+
+    def score(self, tokens: torch.LongTensor) -> TargetStep:
+        """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""
+        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        out = self.extend(tokens, logits_to_keep=0, **extra)
+        hidden = out.decoder_hidden_states if self.is_encoder_decoder else getattr(out, "hidden_states", None)
+        return TargetStep(logits=out.logits, hidden_states=hidden if self.output_hidden_states else None)

@@ -1,0 +1,38 @@
+"""What a drafter proposes and what an acceptance rule decides.
+
+Tensors carry a batch dimension B so that batch > 1 with ragged acceptance can follow;
+the loop currently runs B = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Proposal:
+    """Draft tokens [B, k] and, for sampled drafts, the distribution q [B, k, V] each was drawn from.
+
+    `probs is None` means the drafts are deterministic (greedy drafter, n-gram lookup): rules then
+    treat q as one-hot on the drafted token, which keeps speculative sampling lossless.
+    """
+
+    tokens: torch.LongTensor
+    probs: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+@dataclass
+class Verdict:
+    """How many drafts each row accepted [B] and the token the target adds after them [B].
+
+    The added token is the correction (on a rejection) or the bonus token (all drafts accepted).
+    """
+
+    num_accepted: torch.LongTensor
+    next_token: torch.LongTensor
