@@ -1,0 +1,27 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tiny test models gain nothing from threads, and threads fight any background job for the cores.
+torch.set_num_threads(1)
+
+from mmspec.testing import tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_llama(num_layers=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_drafter():
+    return tiny_llama(num_layers=1, hidden_size=32, seed=1)
+
+
+@pytest.fixture
+def prompt():
+    return torch.tensor([[1, 17, 42, 8, 66, 17, 42, 9]])
