@@ -101,6 +101,7 @@ class SpeculativeDecoder:
         stops = eos_ids(self.target.model, eos_token_id)
         stats = SpecStats(method=self.method)
         forwards_before = self.drafter.forwards
+        target_forwards_before = self.target.forwards
         model_inputs = dict(model_inputs)
         if not self.target.is_encoder_decoder:
             self._drop_trivial_attention_mask(model_inputs)
@@ -108,11 +109,18 @@ class SpeculativeDecoder:
         with stats.timer("total"):
             with stats.timer("prefill"):
                 sequence = self.target.initial_sequence(input_ids, model_inputs)
-                first = choose_next(self.target.start(sequence, **model_inputs), sampling, generator)
+                prompt_length = sequence.shape[1]
                 self.drafter.prefill(sequence, model_inputs)
-            prompt_length = sequence.shape[1]
-            sequence = torch.cat([sequence, first[:, None]], dim=1)
-            done = int(first[0]) in stops
+                if self.drafter.drafts_from_prompt:
+                    # Like transformers' assisted generation: the first drafts ride along with the prefill.
+                    k = min(policy.max_tokens(), max_new_tokens - 1)
+                    proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                    step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
+                    sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
+                else:
+                    first = choose_next(self.target.start(sequence, **model_inputs).logits[:, -1], sampling, generator)
+                    sequence = torch.cat([sequence, first[:, None]], dim=1)
+                    done = int(first[0]) in stops
 
             while not done and sequence.shape[1] - prompt_length < max_new_tokens:
                 remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
@@ -121,21 +129,26 @@ class SpeculativeDecoder:
                     proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
                 with stats.timer("verify"):
                     step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
-                    verdict = rule(proposal, step.logits, sampling, generator)
-                accepted = int(verdict.num_accepted[0])
-                new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
-                new_tokens, done = self._truncate_at_stop(new_tokens, stops)
-                sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-                # The cache now holds every committed token but the newest; drop the rejected drafts.
-                self.target.truncate(self.target.length - (proposal.length - accepted))
-                self.drafter.observe(sequence, verdict, step)
-                policy.update(proposal.length, accepted)
-                stats.record_round(proposal.length, accepted)
+                    sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
 
         stats.new_tokens = sequence.shape[1] - prompt_length
-        stats.target_forwards = stats.rounds + 1
+        stats.target_forwards = self.target.forwards - target_forwards_before
         stats.drafter_forwards = self.drafter.forwards - forwards_before
         return SpeculativeOutput(sequences=sequence, stats=stats)
+
+    def _commit(self, sequence, proposal, step, rule, sampling, generator, policy, stops, stats):
+        """Judge one proposal, append the accepted drafts plus the target's token, roll caches back."""
+        verdict = rule(proposal, step.logits, sampling, generator)
+        accepted = int(verdict.num_accepted[0])
+        new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
+        new_tokens, done = self._truncate_at_stop(new_tokens, stops)
+        sequence = torch.cat([sequence, new_tokens[None]], dim=1)
+        # The cache now holds every committed token but the newest; drop the rejected drafts.
+        self.target.truncate(self.target.length - (proposal.length - accepted))
+        self.drafter.observe(sequence, verdict, step)
+        policy.update(proposal.length, accepted)
+        stats.record_round(proposal.length, accepted)
+        return sequence, done
 
     @staticmethod
     def _drop_trivial_attention_mask(model_inputs: dict[str, Any]) -> None:

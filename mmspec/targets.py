@@ -50,14 +50,21 @@ class Target(CachedModel):
             model_inputs["input_ids"] = input_ids
         return decoder_ids
 
-    def start(self, sequence: torch.LongTensor, **model_inputs: Any) -> torch.Tensor:
-        """Prefill all of `sequence`; returns the logits [B, V] for the first new token."""
-        out = self.prefill(sequence, logits_to_keep=1, **model_inputs)
-        return out.logits[:, -1, :]
+    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
+        """Prefill all of `sequence`, keeping the logits of its last `num_logits` positions.
+
+        With drafts appended to the prompt, this is the first verification too (num_logits = k + 1).
+        """
+        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        return self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
 
     def score(self, tokens: torch.LongTensor) -> TargetStep:
         """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        out = self.extend(tokens, logits_to_keep=0, **extra)
+        return self._step(self.extend(tokens, logits_to_keep=0, **extra), tokens.shape[1])
+
+    def _step(self, out: Any, num_logits: int) -> TargetStep:
+        # Models without `logits_to_keep` return every position's logits: keep the last ones.
+        logits = out.logits[:, -num_logits:]
         hidden = out.decoder_hidden_states if self.is_encoder_decoder else getattr(out, "hidden_states", None)
-        return TargetStep(logits=out.logits, hidden_states=hidden if self.output_hidden_states else None)
+        return TargetStep(logits=logits, hidden_states=hidden if self.output_hidden_states else None)

@@ -22,6 +22,9 @@ class Drafter(ABC):
     vocab_size: int | None = None
     needs_target_hidden_states: bool = False
     forwards: int = 0
+    # True when drafts can be made from the prompt alone, before the target's prefill (then the
+    # first verification rides along with the prefill); False for drafters that read target features.
+    drafts_from_prompt: bool = True
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         """Called once before decoding with the prompt and the target's extra inputs."""

@@ -1,1 +1,75 @@
-"""Placeholder package; see the issues for what lands here."""
+"""The embedded toy model zoo: small models trained here on the shapes world, shipped in the package.
+
+A zoo name (e.g. "shapes-caption-lm") resolves to a packaged folder that loads through the
+normal `from_pretrained` path of its class. Each folder has a `zoo_card.json` that says what
+the model is, what it was trained on, how well it does and how to rebuild it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import MMSpecError
+
+MODELS_DIR = Path(__file__).parent / "models"
+
+
+@dataclass
+class ZooEntry:
+    name: str
+    path: Path
+    card: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def file_size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.card, "name": self.name, "path": str(self.path), "file_size_bytes": self.file_size_bytes}
+
+
+def entries() -> list[ZooEntry]:
+    """Every packaged zoo model, sorted by name."""
+    found = []
+    if MODELS_DIR.is_dir():
+        for folder in sorted(MODELS_DIR.iterdir()):
+            card_file = folder / "zoo_card.json"
+            if card_file.is_file():
+                found.append(ZooEntry(name=folder.name, path=folder, card=json.loads(card_file.read_text())))
+    return found
+
+
+def resolve(name_or_path: str | os.PathLike) -> str:
+    """A zoo name -> its packaged folder; a local folder -> itself; anything else is passed on as a Hub id."""
+    text = str(name_or_path)
+    for entry in entries():
+        if entry.name == text:
+            if not any(entry.path.glob("*.safetensors")):
+                raise MMSpecError(f"zoo model {text!r} has no weights in {entry.path}; rebuild it: {entry.card.get('rebuild_command')}")
+            return str(entry.path)
+    return text
+
+
+def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
+    """Load a causal LM (and its tokenizer) from a zoo name, a local folder or a cached Hub id, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    except (OSError, ValueError) as error:
+        known = ", ".join(e.name for e in entries()) or "none"
+        raise MMSpecError(
+            f"cannot load the {role} {str(name_or_path)!r}: not a zoo model (known: {known}), not a folder with a "
+            f"checkpoint, and not a Hub id available offline ({type(error).__name__})"
+        ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        tokenizer = None
+    return model, tokenizer

@@ -1,0 +1,146 @@
+"""Side-by-side benchmark harness: every method, same process, same inputs.
+
+Methods are run after a warm-up, in interleaved repetitions (method A, B, C, then again), so
+slow drift of the machine hits all of them alike; wall times are medians over repetitions.
+Every output is compared with the reference method's (plain greedy decoding).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ..stats import SpecStats
+
+# A method takes one input and returns (new token ids, stats of that call).
+MethodFn = Callable[[Any], tuple[list[int], SpecStats]]
+
+
+@dataclass
+class MethodResult:
+    name: str
+    stats: SpecStats
+    wall_times: list[float] = field(default_factory=list)
+    identical: bool = True
+    mismatches: int = 0
+
+    @property
+    def median_wall_time(self) -> float:
+        return statistics.median(self.wall_times) if self.wall_times else 0.0
+
+
+@dataclass
+class BenchReport:
+    title: str
+    reference: str
+    results: list[MethodResult]
+    settings: dict[str, Any]
+
+    def speed_up(self, result: MethodResult) -> float:
+        base = next(r for r in self.results if r.name == self.reference).median_wall_time
+        return base / result.median_wall_time if result.median_wall_time else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for r in self.results:
+            row = {"method": r.name, **r.stats.to_dict()}
+            row.update(
+                wall_time_median_s=r.median_wall_time,
+                wall_times_s=r.wall_times,
+                tokens_per_second=r.stats.new_tokens / r.median_wall_time if r.median_wall_time else 0.0,
+                speed_up=self.speed_up(r),
+                identical_to_reference=r.identical,
+                mismatched_outputs=r.mismatches,
+            )
+            rows.append(row)
+        return {"title": self.title, "reference": self.reference, "settings": self.settings, "methods": rows}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_table(self) -> str:
+        header = f"{'method':<26} {'tau':>5} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'tok/s':>8} {'speed-up':>8}  identical"
+        lines = [self.title, header, "-" * len(header)]
+        for r in self.results:
+            s = r.stats
+            alpha = f"{s.alpha:.2f}" if s.drafted else "-"
+            tps = s.new_tokens / r.median_wall_time if r.median_wall_time else 0.0
+            lines.append(
+                f"{r.name:<26} {s.tau:>5.2f} {alpha:>6} {s.target_forwards:>8} {s.drafter_forwards:>8} "
+                f"{r.median_wall_time:>8.3f} {tps:>8.1f} {self.speed_up(r):>7.2f}x  {'yes' if r.identical else f'NO ({r.mismatches})'}"
+            )
+        settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+        lines.append(f"({settings}; wall = median over repetitions of the total over all inputs)")
+        return "\n".join(lines)
+
+
+def run_benchmark(
+    title: str,
+    methods: dict[str, MethodFn],
+    inputs: Sequence[Any],
+    *,
+    reference: str,
+    repeats: int = 3,
+    warmup: int = 1,
+    settings: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> BenchReport:
+    """Run every method over every input, `repeats` interleaved times, after `warmup` passes."""
+    if reference not in methods:
+        raise ValueError(f"reference method {reference!r} is not among {list(methods)}")
+    warm_inputs = list(inputs[: max(1, min(len(inputs), 2))])
+    for _ in range(warmup):
+        for fn in methods.values():
+            for item in warm_inputs:
+                fn(item)
+
+    results = {name: MethodResult(name=name, stats=SpecStats(method=name)) for name in methods}
+    outputs: dict[str, list[list[int]]] = {}
+    bar = tqdm(total=repeats * len(methods) * len(inputs), desc=title, disable=not progress, leave=False)
+    for rep in range(repeats):
+        for name, fn in methods.items():
+            total = 0.0
+            stats = SpecStats(method=name)
+            produced = []
+            for item in inputs:
+                start = time.perf_counter()
+                tokens, call_stats = fn(item)
+                total += time.perf_counter() - start
+                stats = stats + call_stats
+                produced.append(tokens)
+                bar.update(1)
+            results[name].wall_times.append(total)
+            if rep == 0:
+                results[name].stats = stats
+                results[name].stats.method = name
+                outputs[name] = produced
+    bar.close()
+
+    for name, result in results.items():
+        result.mismatches = sum(a != b for a, b in zip(outputs[name], outputs[reference]))
+        result.identical = result.mismatches == 0
+    return BenchReport(title=title, reference=reference, results=list(results.values()), settings=settings or {})
+
+
+class ForwardCounter:
+    """Counts a module's forward calls through a forward hook (no patching)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *args: Any) -> None:
+        self.count += 1
+
+    def take(self) -> int:
+        count, self.count = self.count, 0
+        return count
+
+    def close(self) -> None:
+        self._handle.remove()

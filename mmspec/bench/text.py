@@ -1,0 +1,121 @@
+"""`mmspec bench text`: plain greedy vs mmspec speculative (each policy) vs transformers' assisted generation."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..decoding import SpeculativeDecoder
+from ..drafters import PromptLookupDrafter
+from ..policies import make_policy
+from ..sampling import SamplingConfig
+from ..stats import SpecStats
+from .harness import BenchReport, ForwardCounter, MethodFn, run_benchmark
+
+
+def plain_greedy(target: PreTrainedModel, max_new_tokens: int, counter: ForwardCounter) -> MethodFn:
+    def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
+        counter.take()
+        start = time.perf_counter()
+        out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
+        stats = SpecStats(method="plain", total_time=time.perf_counter() - start)
+        stats.new_tokens = out.shape[1] - input_ids.shape[1]
+        stats.target_forwards = counter.take()
+        return out[0, input_ids.shape[1]:].tolist(), stats
+
+    return run
+
+
+def hf_assisted(
+    target: PreTrainedModel, drafter: PreTrainedModel, max_new_tokens: int, num_tokens: int, schedule: str,
+    target_counter: ForwardCounter, drafter_counter: ForwardCounter,
+) -> MethodFn:
+    """transformers' assisted generation with the same drafter and draft length.
+
+    The draft length lives in the assistant's generation_config; without it transformers keeps
+    its own defaults (and a 0.4 confidence cut-off), so both are set before every call.
+    """
+
+    def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
+        config = drafter.generation_config
+        config.num_assistant_tokens = num_tokens
+        config.num_assistant_tokens_schedule = schedule
+        config.assistant_confidence_threshold = 0.0
+        target_counter.take()
+        drafter_counter.take()
+        start = time.perf_counter()
+        out = target.generate(input_ids, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
+        stats = SpecStats(method=f"hf-assisted-{schedule}", total_time=time.perf_counter() - start)
+        stats.new_tokens = out.shape[1] - input_ids.shape[1]
+        stats.target_forwards = target_counter.take()
+        stats.drafter_forwards = drafter_counter.take()
+        return out[0, input_ids.shape[1]:].tolist(), stats
+
+    return run
+
+
+def mmspec_method(decoder: SpeculativeDecoder, max_new_tokens: int) -> MethodFn:
+    def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
+        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=SamplingConfig())
+        return out.sequences[0, input_ids.shape[1]:].tolist(), out.stats
+
+    return run
+
+
+def bench_text(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel,
+    prompts: list[torch.Tensor],
+    *,
+    max_new_tokens: int = 48,
+    num_draft_tokens: int = 5,
+    policies: tuple[str, ...] = ("fixed", "heuristic", "adaptive"),
+    include_assisted: bool = True,
+    include_lookup: bool = True,
+    repeats: int = 3,
+    title: str = "bench text",
+    progress: bool = True,
+) -> BenchReport:
+    target_counter, drafter_counter = ForwardCounter(target), ForwardCounter(drafter)
+    methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(target, max_new_tokens, target_counter)}
+    for policy in policies:
+        decoder = SpeculativeDecoder(target, drafter, policy=make_policy(policy, num_draft_tokens), method=f"mmspec-{policy}")
+        methods[f"mmspec-{policy}"] = mmspec_method(decoder, max_new_tokens)
+    if include_lookup:
+        lookup = SpeculativeDecoder(target, PromptLookupDrafter(), policy=make_policy("fixed", num_draft_tokens))
+        methods["mmspec-prompt-lookup"] = mmspec_method(lookup, max_new_tokens)
+    if include_assisted:
+        for schedule in ("constant", "heuristic"):
+            methods[f"hf-assisted-{schedule}"] = hf_assisted(
+                target, drafter, max_new_tokens, num_draft_tokens, schedule, target_counter, drafter_counter
+            )
+    try:
+        with torch.inference_mode():
+            return run_benchmark(
+                title, methods, prompts, reference="plain-greedy", repeats=repeats, progress=progress,
+                settings={"prompts": len(prompts), "max_new_tokens": max_new_tokens, "k": num_draft_tokens,
+                          "repeats": repeats, "threads": torch.get_num_threads()},
+            )
+    finally:
+        target_counter.close()
+        drafter_counter.close()
+
+
+def inert_layer_pair(base: PreTrainedModel, drafter_layers: int) -> tuple[PreTrainedModel, PreTrainedModel]:
+    """A target whose layers past `drafter_layers` are inert (zeroed output projections, so each is
+    the identity through its residual) and a drafter made of its first layers: they agree on
+    every token while the target still pays for all its layers. Measures pure loop overhead."""
+    import copy
+
+    target = copy.deepcopy(base).eval()
+    with torch.no_grad():
+        for layer in target.model.layers[drafter_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    drafter = copy.deepcopy(target)
+    drafter.model.layers = drafter.model.layers[:drafter_layers]
+    drafter.config.num_hidden_layers = drafter_layers
+    return target, drafter

@@ -1,0 +1,181 @@
+"""The `mmspec` command line: a thin face over the pipelines and the bench harness."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import MMSpecError
+
+
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="shapes-caption-lm", help="zoo name, local folder or Hub id of the target")
+    parser.add_argument("--drafter", default="shapes-caption-drafter", help="zoo name, local folder or Hub id of the drafter")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .decoding import speculative_generate
+    from .drafters import PromptLookupDrafter
+    from .policies import make_policy
+    from .zoo import load_causal_lm
+
+    target, tokenizer = load_causal_lm(args.model, "target")
+    if tokenizer is None:
+        raise MMSpecError(f"{args.model!r} has no tokenizer; `mmspec generate` needs one to read the prompt")
+    drafter = PromptLookupDrafter() if args.drafter == "prompt-lookup" else load_causal_lm(args.drafter, "drafter")[0]
+    if not args.prompt.strip():
+        raise MMSpecError("the prompt is empty")
+    input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    generator = torch.Generator().manual_seed(args.seed)
+    out = speculative_generate(
+        target, drafter, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
+        policy=make_policy(args.policy, args.num_draft_tokens),
+    )
+    text = tokenizer.decode(out.sequences[0], skip_special_tokens=True)
+    if args.json:
+        print(json.dumps({"text": text, "tokens": out.sequences[0].tolist(), "stats": out.stats.to_dict()}, indent=2))
+    else:
+        print(text)
+        print(out.stats.summary(), file=sys.stderr)
+    return 0
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise MMSpecError(f"prompts file not found: {path}")
+        prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        if not prompts:
+            raise MMSpecError(f"prompts file {path} has no non-empty line")
+        return prompts[: args.num_prompts]
+    from .world import heldout_prompts
+
+    return heldout_prompts(args.num_prompts, seed=args.seed)
+
+
+def emit(report, args: argparse.Namespace) -> None:
+    print(report.to_json() if args.json else report.to_table())
+
+
+def cmd_bench_text(args: argparse.Namespace) -> int:
+    from .bench.text import bench_text
+    from .zoo import load_causal_lm
+
+    target, tokenizer = load_causal_lm(args.model, "target")
+    drafter, _ = load_causal_lm(args.drafter, "drafter")
+    if tokenizer is None:
+        raise MMSpecError(f"{args.model!r} has no tokenizer; bench text needs one to encode prompts")
+    prompts = [tokenizer(p, return_tensors="pt").input_ids for p in read_prompts(args)]
+    report = bench_text(
+        target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
+        repeats=args.repeats, title=f"bench text: {args.model} + {args.drafter}", progress=not args.json,
+    )
+    emit(report, args)
+    return 0
+
+
+def cmd_bench_overhead(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .bench.text import bench_text, inert_layer_pair
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
+                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512, eos_token_id=None)
+    target, drafter = inert_layer_pair(LlamaForCausalLM(config), drafter_layers=1)
+    prompts = [torch.randint(1, 1000, (1, 24), generator=torch.Generator().manual_seed(i)) for i in range(args.num_prompts)]
+    report = bench_text(
+        target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
+        policies=("fixed",), include_lookup=False, repeats=args.repeats, progress=not args.json,
+        title=f"bench overhead: {args.layers}-layer target (all but 1 inert) + its 1-layer prefix as drafter",
+    )
+    emit(report, args)
+    return 0
+
+
+def cmd_zoo_list(args: argparse.Namespace) -> int:
+    from .zoo import entries
+
+    found = [e.to_dict() for e in entries()]
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        print("the zoo is empty")
+    for e in found:
+        quality = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in e.get("quality", {}).items())
+        print(f"{e['name']}: {e.get('architecture', '?')} ({e.get('role', '?')}), {e.get('params', 0) / 1e6:.1f}M params, "
+              f"{e['file_size_bytes'] / 1e6:.1f} MB")
+        print(f"    trained on: {e.get('trained_on', '?')} in {e.get('train_wall_time_s', 0) / 60:.1f} min")
+        print(f"    quality: {quality}")
+        print(f"    rebuild: {e.get('rebuild_command', '?')}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal and non-text models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="speculative text generation with a target and a drafter; prints stats")
+    add_generation_args(gen)
+    gen.add_argument("prompt", help="text to continue")
+    gen.add_argument("--policy", default="fixed", choices=["fixed", "heuristic", "adaptive"])
+    gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (lossless)")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--json", action="store_true")
+    gen.set_defaults(func=cmd_generate)
+
+    bench = commands.add_parser("bench", help="side-by-side benchmarks").add_subparsers(dest="modality", required=True)
+    text = bench.add_parser("text", help="plain greedy vs mmspec (each policy) vs transformers assisted generation")
+    add_generation_args(text)
+    text.add_argument("--prompts", help="file with one prompt per line (default: held-out shapes-world caption prefixes)")
+    text.add_argument("--num-prompts", type=int, default=50)
+    text.add_argument("--repeats", type=int, default=3)
+    text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--json", action="store_true")
+    text.set_defaults(func=cmd_bench_text)
+
+    overhead = bench.add_parser("overhead", help="loop overhead vs transformers on a pair that always agrees")
+    overhead.add_argument("--layers", type=int, default=8)
+    overhead.add_argument("--hidden", type=int, default=512)
+    overhead.add_argument("--max-new-tokens", type=int, default=64)
+    overhead.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+    overhead.add_argument("--num-prompts", type=int, default=8)
+    overhead.add_argument("--repeats", type=int, default=3)
+    overhead.add_argument("--json", action="store_true")
+    overhead.set_defaults(func=cmd_bench_overhead)
+
+    zoo = commands.add_parser("zoo", help="the embedded toy model zoo").add_subparsers(dest="zoo_command", required=True)
+    zoo_list = zoo.add_parser("list", help="list zoo models with size, training data, quality and rebuild command")
+    zoo_list.add_argument("--json", action="store_true")
+    zoo_list.set_defaults(func=cmd_zoo_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except MMSpecError as error:
+        print(f"mmspec: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The bench harness and the command line: right fields, honest identity check, clear errors."""
+
+import json
+
+import pytest
+import torch
+
+from mmspec.bench.harness import run_benchmark
+from mmspec.bench.text import bench_text, inert_layer_pair
+from mmspec.cli import main
+from mmspec.stats import SpecStats
+
+
+def test_bench_text_reports_every_method(target, small_drafter):
+    prompts = [torch.tensor([[1, 5, 9, 12]]), torch.tensor([[1, 7, 7, 3, 2]])]
+    report = bench_text(target, small_drafter, prompts, max_new_tokens=12, num_draft_tokens=3, repeats=1, progress=False)
+    rows = {row["method"]: row for row in report.to_dict()["methods"]}
+    assert set(rows) == {"plain-greedy", "mmspec-fixed", "mmspec-heuristic", "mmspec-adaptive", "mmspec-prompt-lookup",
+                         "hf-assisted-constant", "hf-assisted-heuristic"}
+    assert all(row["identical_to_reference"] for row in rows.values())
+    assert rows["plain-greedy"]["tau"] == 1.0 and rows["plain-greedy"]["target_forwards"] == 24
+    for name in ("mmspec-fixed", "hf-assisted-constant"):
+        assert rows[name]["new_tokens"] == 24 and rows[name]["target_forwards"] >= 1
+    assert "speed-up" in report.to_table()
+
+
+def test_identity_check_catches_a_wrong_method():
+    def reference(item):
+        return [1, 2, 3], SpecStats(new_tokens=3, target_forwards=3)
+
+    def wrong(item):
+        return [1, 2, 4], SpecStats(new_tokens=3, target_forwards=1)
+
+    report = run_benchmark("t", {"plain": reference, "wrong": wrong}, [0, 1], reference="plain", repeats=2, progress=False)
+    wrong_row = next(r for r in report.results if r.name == "wrong")
+    assert not wrong_row.identical and wrong_row.mismatches == 2
+    assert "NO (2)" in report.to_table()
+
+
+def test_inert_pair_agrees_on_every_token(target):
+    inert_target, drafter = inert_layer_pair(target, drafter_layers=1)
+    ids = torch.tensor([[1, 4, 9, 16]])
+    with torch.inference_mode():
+        torch.testing.assert_close(inert_target(ids).logits, drafter(ids).logits)
+
+
+def test_cli_unknown_model_is_one_clear_error(capsys):
+    code = main(["bench", "text", "--model", "no-such-model", "--drafter", "no-such-drafter", "--num-prompts", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("mmspec: error: cannot load the target 'no-such-model'")
+    assert "Traceback" not in err
+
+
+def test_cli_missing_prompts_file(capsys, tmp_path):
+    from mmspec.zoo import entries
+
+    if not entries():
+        pytest.skip("needs the zoo")
+    code = main(["bench", "text", "--prompts", str(tmp_path / "missing.txt")])
+    assert code == 2 and "prompts file not found" in capsys.readouterr().err
+
+
+def test_cli_zoo_list_json(capsys):
+    assert main(["zoo", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    for entry in listed:
+        assert {"name", "params", "file_size_bytes", "trained_on", "quality", "rebuild_command"} <= set(entry)
