@@ -71,6 +71,7 @@ class SpeculativeDecoder:
                 f"drafter and target vocabularies differ ({self.drafter.vocab_size} vs {self.target.vocab_size} "
                 "logits); the drafter must share the target's tokenizer"
             )
+        self.drafter.bind(self.target)
         self.policy = policy or FixedDraftLength(5)
         self.rule = rule
         self.method = method
@@ -118,7 +119,9 @@ class SpeculativeDecoder:
                     step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
                     sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
                 else:
-                    first = choose_next(self.target.start(sequence, **model_inputs).logits[:, -1], sampling, generator)
+                    step = self.target.start(sequence, **model_inputs)
+                    self.drafter.on_target_prefill(sequence, step)
+                    first = choose_next(step.logits[:, -1], sampling, generator)
                     sequence = torch.cat([sequence, first[:, None]], dim=1)
                     done = int(first[0]) in stops
 

@@ -26,8 +26,14 @@ class Drafter(ABC):
     # first verification rides along with the prefill); False for drafters that read target features.
     drafts_from_prompt: bool = True
 
+    def bind(self, target: Any) -> None:
+        """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
+
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        """Called once before decoding with the prompt and the target's extra inputs."""
+        """Called once per generation, before the target's prefill, with the prompt and the target's extra inputs."""
+
+    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+        """Called right after the target's prefill of `sequence` (drafters that read the target's state)."""
 
     @abstractmethod
     def propose(

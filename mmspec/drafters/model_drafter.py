@@ -21,6 +21,23 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(mismatch[0, 0]) if mismatch.numel() else n
 
 
+def choose_draft_token(
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None, want_confidence: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+    """Pick a draft token from logits [B, V]: (token [B], q [B, V] when sampling else None, confidence).
+
+    The confidence (the drafter's probability of its own pick) feeds adaptive draft-length policies.
+    """
+    if sampling.do_sample:
+        q = probabilities(logits, sampling)
+        token = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+        confidence = float(q[0, token[0]]) if want_confidence else None
+        return token, q, confidence
+    token = logits.argmax(dim=-1)
+    confidence = float(logits[0].float().softmax(-1)[token[0]]) if want_confidence else None
+    return token, None, confidence
+
+
 class ModelDrafter(Drafter):
     """Drafts autoregressively with its own KV cache.
 
@@ -79,15 +96,7 @@ class ModelDrafter(Drafter):
         generator: torch.Generator | None,
         want_confidence: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
-        """Pick the draft token from logits [B, V]; returns (token [B], q [B, V] or None, confidence)."""
-        if sampling.do_sample:
-            q = probabilities(logits, sampling)
-            token = torch.multinomial(q, 1, generator=generator).squeeze(-1)
-            confidence = float(q[0, token[0]]) if want_confidence else None
-            return token, q, confidence
-        token = logits.argmax(dim=-1)
-        confidence = float(logits[0].float().softmax(-1)[token[0]]) if want_confidence else None
-        return token, None, confidence
+        return choose_draft_token(logits, sampling, generator, want_confidence)
 
     def _catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
         """Bring the cache in line with `sequence` and return the next-token logits [B, V]."""

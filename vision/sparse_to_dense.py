@@ -1,0 +1,191 @@
+"""Sparse-to-Dense (StD) self-speculation for Video-LLMs.
+
+Zhang et al., "Sparse-to-Dense: A Free Lunch for Lossless Acceleration of Video Understanding
+in LLMs", ACL 2025 (arXiv 2505.19155). The drafter is the target itself reading a sparse KV
+cache; the verifier is the target with its dense cache. Design, as in the paper:
+
+- At prefill, for every layer and every KV-head group, visual KV entries are ranked by the mean
+  attention the text query tokens (the prompt text after the visual span) pay to them; the top-K
+  are kept together with all text KV. Ranking is captured from the target's own prefill pass,
+  so no extra forward is spent on it.
+- Drafting: gamma tokens, one forward each, against the sparse cache; positions stay the true
+  positions so RoPE is unchanged.
+- Verification: one dense forward over the drafts (the shared loop).
+- New tokens go to both caches. Our choice: after each verification the sparse cache receives
+  the *dense* KV of the committed tokens (already computed by the verify pass) instead of its own
+  sparse-attention KV, so it costs nothing and keeps the drafter as close to the target as
+  possible; the drafts' own sparse KV is discarded on rollback.
+
+Lossless by construction: every committed token is checked by the dense target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from mmspec.cached_model import model_vocab_size
+from mmspec.drafters.base import Drafter
+from mmspec.drafters.model_drafter import choose_draft_token
+from mmspec.errors import MMSpecError
+from mmspec.policies import DraftLengthPolicy
+from mmspec.sampling import SamplingConfig
+from mmspec.types import Proposal
+
+from .attention_scoring import SCORING_ATTENTION, ImportanceCapture, _active_capture
+from .models import feature_token_ids
+
+
+def select_kv_positions(importance: torch.Tensor, visual_positions: torch.Tensor, text_positions: torch.Tensor, keep: int) -> torch.Tensor:
+    """Prompt positions to keep per KV head: the top-`keep` visual ones by importance, plus all text.
+
+    importance [B, H_kv, num_visual] -> LongTensor [B, H_kv, keep + num_text], sorted by position.
+    """
+    batch, kv_heads, num_visual = importance.shape
+    keep = min(keep, num_visual)
+    top = importance.topk(keep, dim=-1).indices
+    chosen_visual = visual_positions[top]
+    text = text_positions.view(1, 1, -1).expand(batch, kv_heads, -1)
+    return torch.cat([chosen_visual, text], dim=-1).sort(dim=-1).values
+
+
+def gather_positions(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """states [B, H_kv, L, D] -> [B, H_kv, P, D] at per-head positions [B, H_kv, P]."""
+    return states.gather(2, positions[..., None].expand(-1, -1, -1, states.shape[-1]))
+
+
+def language_attention_setting(model: PreTrainedModel, implementation: str) -> str | dict:
+    """`set_attn_implementation` argument that targets only the language model of a multimodal model."""
+    return {"text_config": implementation} if "text_config" in getattr(model.config, "sub_configs", {}) else implementation
+
+
+class SparseToDenseDrafter(Drafter):
+    """The target drafting with top-K visual KV per layer and KV-head group (see module docstring).
+
+    Args:
+        model: the target model itself (StD is self-speculative).
+        kv_budget: KV entries kept per layer and head group, text included (the paper's K + m_t;
+            default 1024). Visual entries kept = kv_budget - number of text tokens (at least 1).
+        visual_keep: keep exactly this many visual entries instead (overrides kv_budget).
+    """
+
+    drafts_from_prompt = False
+
+    def __init__(self, model: PreTrainedModel, kv_budget: int = 1024, visual_keep: int | None = None) -> None:
+        if kv_budget < 1 or (visual_keep is not None and visual_keep < 1):
+            raise MMSpecError("Sparse-to-Dense needs a positive KV budget")
+        self.model = model
+        self.kv_budget = kv_budget
+        self.visual_keep = visual_keep
+        self.vocab_size = model_vocab_size(model)
+        self.visual_ids = feature_token_ids(model)
+        self.forwards = 0
+        self.target: Any = None
+        self.sparse_cache: DynamicCache | None = None
+        self.kept_visual = 0
+        self.num_visual = 0
+
+    def bind(self, target: Any) -> None:
+        if target.model is not self.model:
+            raise MMSpecError("Sparse-to-Dense drafts with the target's own weights: build it with the target model")
+        self.target = target
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        tokens = sequence[0]
+        is_visual = torch.isin(tokens, torch.tensor(sorted(self.visual_ids), device=tokens.device))
+        visual = is_visual.nonzero().flatten()
+        if visual.numel() == 0:
+            raise MMSpecError("Sparse-to-Dense needs visual tokens in the prompt (an image or a video)")
+        text = (~is_visual).nonzero().flatten()
+        queries = text[text > visual[0]]
+        if queries.numel() == 0:
+            queries = text[-1:] if text.numel() else visual[-1:]
+        self.num_visual = visual.numel()
+        self.kept_visual = self.visual_keep or max(1, self.kv_budget - text.numel())
+        self._visual, self._text = visual, text
+        self._capture = ImportanceCapture(text_positions=queries, visual_positions=visual)
+        self._saved_attention = self.model.config.get_text_config()._attn_implementation
+        self.model.set_attn_implementation(language_attention_setting(self.model, SCORING_ATTENTION))
+        self._capture_token = _active_capture.set(self._capture)
+
+    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+        _active_capture.reset(self._capture_token)
+        self.model.set_attn_implementation(language_attention_setting(self.model, self._saved_attention))
+        dense = self.target.cache
+        self.sparse_cache = DynamicCache()
+        for layer_idx, layer in enumerate(dense.layers):
+            importance = self._capture.per_layer[layer_idx]
+            keep = select_kv_positions(importance, self._visual, self._text, self.kept_visual)
+            self.sparse_cache.update(gather_positions(layer.keys, keep), gather_positions(layer.values, keep), layer_idx)
+        self._sparse_prompt_length = self.sparse_cache.get_seq_length()
+        self._synced = dense.get_seq_length()  # dense positions mirrored into the sparse cache
+        self._prompt_length = self._synced
+        self._rope_deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+        token = sequence[:, -1]
+        position = sequence.shape[1] - 1
+        tokens, dists = [], []
+        for step in range(max_tokens):
+            logits = self._sparse_step(token, position)
+            token, dist, confidence = choose_draft_token(logits, sampling, generator, policy.needs_confidence)
+            tokens.append(token)
+            if dist is not None:
+                dists.append(dist)
+            if confidence is not None and not policy.keep_drafting(confidence):
+                break
+            position += 1
+        probs = torch.stack(dists, dim=1) if dists else None
+        return Proposal(tokens=torch.stack(tokens, dim=1), probs=probs)
+
+    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+        """Drop the drafts' sparse KV; mirror the dense KV of newly committed tokens."""
+        dense = self.target.cache
+        self._truncate_sparse(self._sparse_prompt_length + (self._synced - self._prompt_length))
+        new_length = dense.get_seq_length()
+        for layer_idx, layer in enumerate(dense.layers):
+            self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
+        self._synced = new_length
+
+    def _sparse_step(self, token: torch.Tensor, position: int) -> torch.Tensor:
+        """One drafting forward of `token` [B] at true `position`, attending to the whole sparse cache."""
+        kv_length = self.sparse_cache.get_seq_length() + 1
+        attend_all = torch.ones(token.shape[0], 1, 1, kv_length, dtype=torch.bool, device=token.device)
+        self.forwards += 1
+        out = self.model(
+            input_ids=token[:, None],
+            past_key_values=self.sparse_cache,
+            position_ids=self._position_ids(position, token.shape[0]),
+            attention_mask=attend_all,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    def _position_ids(self, position: int, batch: int) -> torch.Tensor:
+        if self._rope_deltas is None:
+            return torch.full((batch, 1), position, dtype=torch.long)
+        # Qwen2-VL style M-RoPE: text after the visual span sits at position + rope delta on all 3 axes.
+        shifted = (position + self._rope_deltas).view(1, -1, 1).expand(3, batch, 1)
+        return shifted.long()
+
+    def _truncate_sparse(self, length: int) -> None:
+        excess = self.sparse_cache.get_seq_length() - length
+        if excess > 0:
+            self.sparse_cache.crop(-excess)
+
+    @property
+    def kept_fraction(self) -> float:
+        """Share of visual KV entries the drafter reads."""
+        return min(self.kept_visual, self.num_visual) / self.num_visual if self.num_visual else 0.0
