@@ -12,6 +12,10 @@ from .cached_model import CachedModel
 from .errors import MMSpecError
 
 
+# Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
+PER_TOKEN_INPUTS = ("mm_token_type_ids", "token_type_ids")
+
+
 @dataclass
 class TargetStep:
     """What one target forward produced, handed to drafters in `observe()`."""
@@ -53,10 +57,35 @@ class Target(CachedModel):
     def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
         """Prefill all of `sequence`, keeping the logits of its last `num_logits` positions.
 
-        With drafts appended to the prompt, this is the first verification too (num_logits = k + 1).
+        With drafts appended to the prompt (num_logits = k + 1) this is the first verification too.
+        When the drafts may not join the prefill (see `drafts_can_join_prefill`), the prompt is
+        prefilled alone and the drafts are scored in a second forward.
         """
+        num_drafts = num_logits - 1
+        if num_drafts > 0 and not self.drafts_can_join_prefill(sequence[:, -num_drafts:], model_inputs):
+            first = self.start(sequence[:, :-num_drafts], 1, **model_inputs)
+            rest = self.score(sequence[:, -num_drafts:])
+            hidden = None
+            if first.hidden_states is not None and rest.hidden_states is not None:
+                hidden = tuple(torch.cat(pair, dim=1) for pair in zip(first.hidden_states, rest.hidden_states))
+            return TargetStep(logits=torch.cat([first.logits, rest.logits], dim=1), hidden_states=hidden)
+        for name in PER_TOKEN_INPUTS:
+            value = model_inputs.get(name)
+            if value is not None and value.shape[-1] < sequence.shape[-1]:
+                # The drafts riding along with the prefill are text.
+                pad = value.new_zeros((*value.shape[:-1], sequence.shape[-1] - value.shape[-1]))
+                model_inputs[name] = torch.cat([value, pad], dim=-1)
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
         return self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
+
+    def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
+        """Whether drafts may be appended to the prompt in the prefill forward.
+
+        Safe by default only for text-only decoder inputs and for encoder-decoders (whose extra
+        inputs feed the encoder). Multimodal targets opt in through their adapter's Target, which
+        knows which draft tokens would be mistaken for image or video slots.
+        """
+        return self.is_encoder_decoder or not model_inputs
 
     def score(self, tokens: torch.LongTensor) -> TargetStep:
         """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""

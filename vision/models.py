@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForImageTextToText, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from ..errors import MMSpecError
 
@@ -126,12 +127,39 @@ def load_vision_model(
     Any loading failure (missing folder, unknown id, a checkpoint that is not an image-text-to-text
     model, missing weights) becomes one `MMSpecError`. Extra keyword arguments go to `from_pretrained`.
     """
+    where = str(Path(name_or_path).expanduser()) if str(name_or_path).startswith("~") else str(name_or_path)
+    if _looks_like_local_path(where) and not Path(where).is_dir():
+        raise MMSpecError(f"model folder not found: {where!r}")
     try:
-        model = AutoModelForImageTextToText.from_pretrained(str(name_or_path), dtype=dtype, **kwargs)
-    except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is wrong
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise MMSpecError(f"could not load a vision-language model from {str(name_or_path)!r}: {detail}") from err
+        config = AutoConfig.from_pretrained(where, **_config_kwargs(kwargs))
+    except Exception as err:  # OSError (not found / offline), ValueError (bad config.json), ...
+        raise MMSpecError(f"could not load a vision-language model from {where!r}: {_first_line(err)}") from err
+    if config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        raise MMSpecError(
+            f"{where!r} holds a {config.model_type!r} model, not a vision-language (image-text-to-text) model; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(where, dtype=dtype, **kwargs)
+    except Exception as err:  # missing or mismatched weights, unsupported options, ...
+        raise MMSpecError(f"could not load a vision-language model from {where!r}: {_first_line(err)}") from err
     if device is not None:
         model = model.to(device)
     feature_token_ids(model)  # fail now, clearly, if the model has no visual placeholder tokens
     return model.eval()
+
+
+def _looks_like_local_path(name: str) -> bool:
+    """Hub ids are `name` or `owner/name`; anything else (absolute, ./, ~, deeper) is a folder."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    # Only the options that tell AutoConfig where and how to look.
+    names = ("revision", "cache_dir", "local_files_only", "token", "trust_remote_code", "subfolder")
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

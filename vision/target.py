@@ -1,0 +1,46 @@
+"""A `Target` for vision-language models: the prefill sees the visual inputs, the drafts do not.
+
+The core target prefills `prompt + drafts` in one forward when the drafter can draft from the
+prompt alone, but only for text inputs unless an adapter opts in. This target opts in: inputs
+shaped like the prompt (Qwen2-VL's `mm_token_type_ids`) are extended over the drafts by the core,
+and drafts join the prefill unless one is a visual placeholder id (prompt lookup copies them from
+the prompt; a random model may emit them): the model would count it as a slot for visual
+features and fail, while in `generate` a generated placeholder is a plain token embedding. Then
+the prompt is prefilled alone and the drafts are scored in a second forward.
+
+Qwen2-VL also needs `mm_token_type_ids` whenever an image or video grid is given; it is built
+from the placeholder tokens if the caller did not pass it.
+
+Qwen2-VL's 3-D M-RoPE needs nothing more: at prefill the model stores `rope_deltas`, and on
+every later forward it places new tokens at `cache length + rope_deltas`, so cropping the
+cache on rollback also rolls the positions back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..targets import Target
+from .models import feature_token_ids, modality_token_types
+
+
+class VisionTarget(Target):
+    """`Target` that keeps multimodal prefill inputs consistent with the drafts riding along."""
+
+    def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
+        super().__init__(model, output_hidden_states=output_hidden_states)
+        self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long)
+
+    def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
+        sequence = super().initial_sequence(input_ids, model_inputs)
+        has_grid = model_inputs.get("image_grid_thw") is not None or model_inputs.get("video_grid_thw") is not None
+        if has_grid and model_inputs.get("mm_token_type_ids") is None:
+            model_inputs["mm_token_type_ids"] = modality_token_types(self.model, sequence)
+        return sequence
+
+    def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
+        # A placeholder id among the drafts would be counted as a slot for visual features.
+        return not bool(torch.isin(drafts, self.placeholder_ids.to(drafts.device)).any())

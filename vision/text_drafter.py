@@ -1,0 +1,79 @@
+"""A small text-only LM drafting for a vision-language target.
+
+Gagrani et al. 2024, "On Speculative Decoding for Multimodal Large Language Models": a small
+language model sharing the target's vocabulary drafts well for LLaVA even though it never sees
+the image. It reads the committed sequence with every visual placeholder (and vision start/end
+marker) removed; the target alone consumes the pixels.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from transformers import PreTrainedModel
+
+from ..drafters import ModelDrafter
+from ..errors import MMSpecError
+from ..policies import DraftLengthPolicy
+from ..sampling import SamplingConfig
+from ..types import Proposal
+from .models import visual_token_ids
+
+
+class TextOnlyDrafter(ModelDrafter):
+    """Drafts from the text of the committed sequence only; never receives images or videos.
+
+    `ModelDrafter` keeps its cache in step with the sequence it is given; here that sequence is
+    the filtered one, so the cache holds text tokens only and rollback works on text positions.
+    It never proposes a visual token id either.
+
+    Args:
+        model: a decoder-only causal LM with the target's vocabulary.
+        visual_tokens: the ids to remove, or the vision-language target to read them from.
+    """
+
+    def __init__(self, model: PreTrainedModel, visual_tokens: Iterable[int] | PreTrainedModel) -> None:
+        super().__init__(model)
+        if self.lm.is_encoder_decoder:
+            raise MMSpecError("TextOnlyDrafter needs a decoder-only language model, got an encoder-decoder")
+        ids = visual_token_ids(visual_tokens) if isinstance(visual_tokens, PreTrainedModel) else {int(t) for t in visual_tokens}
+        if not ids:
+            raise MMSpecError("TextOnlyDrafter needs at least one visual token id to remove")
+        self.visual_ids = torch.tensor(sorted(ids), dtype=torch.long)
+
+    def text_only(self, sequence: torch.LongTensor) -> torch.LongTensor:
+        """`sequence` [1, L] without its visual tokens, [1, L']."""
+        keep = ~torch.isin(sequence[0], self.visual_ids.to(sequence.device))
+        return sequence[:, keep]
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        # Pixels, grids and per-token modality ids belong to the target; the drafter gets none of them.
+        super().prefill(self.text_only(sequence), {})
+
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        text = self.text_only(sequence)
+        if text.shape[1] == 0:
+            # A prompt of nothing but visual tokens gives a text model no context: skip drafting.
+            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+        return super().propose(text, max_tokens, sampling, generator, policy)
+
+    def choose(
+        self,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        want_confidence: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+        # A drafter that never sees pixels has no business proposing a visual placeholder; masking
+        # before choosing keeps q (for speculative sampling) the distribution the draft came from.
+        ids = self.visual_ids.to(logits.device)
+        ids = ids[ids < logits.shape[-1]]
+        return super().choose(logits.index_fill(-1, ids, float("-inf")), sampling, generator, want_confidence)
