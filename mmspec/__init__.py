@@ -1,7 +1,7 @@
 """mmspec: speculative (draft-then-verify) decoding for multimodal and non-text models."""
 
 from .decoding import SpeculativeDecoder, SpeculativeOutput, speculative_generate
-from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .errors import MMSpecError
 from .policies import ConfidenceStopDraftLength, DraftLengthPolicy, FixedDraftLength, HeuristicDraftLength, make_policy
 from .rules import greedy_match, speculative_sampling
@@ -20,6 +20,7 @@ __all__ = [
     "HeuristicDraftLength",
     "MMSpecError",
     "ModelDrafter",
+    "NoDrafter",
     "PromptLookupDrafter",
     "Proposal",
     "SamplingConfig",

@@ -12,7 +12,7 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from transformers import PreTrainedModel
@@ -85,8 +85,10 @@ class SpeculativeDecoder:
         sampling: SamplingConfig = SamplingConfig(),
         generator: torch.Generator | None = None,
         eos_token_id: int | Iterable[int] | None = None,
+        on_tokens: Callable[[int], None] | None = None,
         **model_inputs: Any,
     ) -> SpeculativeOutput:
+        """Decode up to `max_new_tokens`; `on_tokens(n)` is called with the count committed each round."""
         if max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if input_ids is not None and (input_ids.dim() != 2 or input_ids.shape[1] == 0):
@@ -97,6 +99,7 @@ class SpeculativeDecoder:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
             generator = torch.Generator(device=self.target.model.device)
             generator.manual_seed(int(torch.randint(0, 2**62, (1,))))
+        self.on_tokens = on_tokens
         rule = self.rule or default_rule(sampling)
         policy = self.policy.fresh()
         stops = eos_ids(self.target.model, eos_token_id)
@@ -123,6 +126,8 @@ class SpeculativeDecoder:
                     self.drafter.on_target_prefill(sequence, step)
                     first = choose_next(step.logits[:, -1], sampling, generator)
                     sequence = torch.cat([sequence, first[:, None]], dim=1)
+                    if on_tokens is not None:
+                        on_tokens(1)
                     done = int(first[0]) in stops
 
             while not done and sequence.shape[1] - prompt_length < max_new_tokens:
@@ -146,6 +151,8 @@ class SpeculativeDecoder:
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, done = self._truncate_at_stop(new_tokens, stops)
         sequence = torch.cat([sequence, new_tokens[None]], dim=1)
+        if self.on_tokens is not None:
+            self.on_tokens(new_tokens.shape[0])
         # The cache now holds every committed token but the newest; drop the rejected drafts.
         self.target.truncate(self.target.length - (proposal.length - accepted))
         self.drafter.observe(sequence, verdict, step)
@@ -183,6 +190,7 @@ def speculative_generate(
     policy: DraftLengthPolicy | None = None,
     rule: AcceptanceRule | None = None,
     eos_token_id: int | Iterable[int] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
     **model_inputs: Any,
 ) -> SpeculativeOutput:
     """Generate with speculative decoding; greedy output equals `target.generate(do_sample=False)`.
@@ -194,10 +202,12 @@ def speculative_generate(
         num_draft_tokens: k for the default fixed policy; ignored when `policy` is given.
         policy: a draft-length policy (fixed, heuristic, adaptive confidence stop).
         rule: the acceptance rule; default greedy match, or lossless speculative sampling.
+        on_tokens: called with the number of tokens committed each round (progress bars).
         model_inputs: extra target inputs (pixel_values, attention_mask, input_features, ...).
     """
     sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule)
     return decoder.generate(
-        input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator, eos_token_id=eos_token_id, **model_inputs
+        input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator, eos_token_id=eos_token_id,
+        on_tokens=on_tokens, **model_inputs,
     )

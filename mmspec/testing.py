@@ -72,7 +72,7 @@ def assert_greedy_equal(
     target: PreTrainedModel, drafter: Any, input_ids: torch.LongTensor | None, *, max_new_tokens: int, **kwargs: Any
 ) -> SpeculativeOutput:
     """Speculative greedy output must equal `target.generate(do_sample=False)` token for token."""
-    model_inputs = {k: v for k, v in kwargs.items() if k not in ("policy", "num_draft_tokens", "rule")}
+    model_inputs = {k: v for k, v in kwargs.items() if k not in ("policy", "num_draft_tokens", "rule", "on_tokens")}
     expected = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **model_inputs)
     out = speculative_generate(target, drafter, input_ids, max_new_tokens=max_new_tokens, **kwargs)
     if not torch.equal(out.sequences, expected):

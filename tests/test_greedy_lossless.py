@@ -55,3 +55,12 @@ def test_stops_at_eos_like_generate(target, prompt):
 
 def test_attention_mask_of_ones_is_accepted(target, small_drafter, prompt):
     assert_greedy_equal(target, small_drafter, prompt, max_new_tokens=10, attention_mask=torch.ones_like(prompt))
+
+
+def test_no_drafter_is_plain_decoding(target, prompt):
+    from mmspec import NoDrafter
+
+    seen = []
+    out = assert_greedy_equal(target, NoDrafter(), prompt, max_new_tokens=15, on_tokens=seen.append)
+    assert out.stats.tau == 1.0 and out.stats.drafted == 0 and out.stats.target_forwards == 15
+    assert sum(seen) == 15

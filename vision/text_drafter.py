@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import torch
 from transformers import PreTrainedModel
 
+from ..cached_model import model_vocab_size
 from ..drafters import ModelDrafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
@@ -28,9 +29,15 @@ class TextOnlyDrafter(ModelDrafter):
     the filtered one, so the cache holds text tokens only and rollback works on text positions.
     It never proposes a visual token id either.
 
+    The drafter may lack the visual special tokens a vision-language model appends to its text
+    model's vocabulary (e.g. `<image>`, `<video>` added after training the LM): when every id
+    beyond the drafter's vocabulary is such a token, its logits are padded with -inf up to the
+    target's width, so token ids and probabilities line up exactly.
+
     Args:
         model: a decoder-only causal LM with the target's vocabulary.
-        visual_tokens: the ids to remove, or the vision-language target to read them from.
+        visual_tokens: the ids to remove, or the vision-language target to read them (and its
+            vocabulary width) from.
     """
 
     def __init__(self, model: PreTrainedModel, visual_tokens: Iterable[int] | PreTrainedModel) -> None:
@@ -41,6 +48,13 @@ class TextOnlyDrafter(ModelDrafter):
         if not ids:
             raise MMSpecError("TextOnlyDrafter needs at least one visual token id to remove")
         self.visual_ids = torch.tensor(sorted(ids), dtype=torch.long)
+        self._pad_to = None
+        if isinstance(visual_tokens, PreTrainedModel):
+            target_width = model_vocab_size(visual_tokens)
+            missing = set(range(self.vocab_size, target_width))
+            if missing and missing <= ids:
+                self._pad_to = target_width
+                self.vocab_size = target_width
 
     def text_only(self, sequence: torch.LongTensor) -> torch.LongTensor:
         """`sequence` [1, L] without its visual tokens, [1, L']."""
@@ -74,6 +88,8 @@ class TextOnlyDrafter(ModelDrafter):
     ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
         # A drafter that never sees pixels has no business proposing a visual placeholder; masking
         # before choosing keeps q (for speculative sampling) the distribution the draft came from.
+        if self._pad_to is not None:
+            logits = torch.nn.functional.pad(logits, (0, self._pad_to - logits.shape[-1]), value=float("-inf"))
         ids = self.visual_ids.to(logits.device)
         ids = ids[ids < logits.shape[-1]]
         return super().choose(logits.index_fill(-1, ids, float("-inf")), sampling, generator, want_confidence)

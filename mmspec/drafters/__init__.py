@@ -2,6 +2,7 @@
 
 from .base import Drafter
 from .model_drafter import ModelDrafter
+from .no_drafter import NoDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter"]
+__all__ = ["Drafter", "ModelDrafter", "NoDrafter", "PromptLookupDrafter"]

@@ -6,6 +6,7 @@ import torch
 from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, speculative_generate
 from mmspec.vision import TextOnlyDrafter, VisionTarget, visual_token_ids
 
+from .test_sparse_to_dense import tiny_llava  # noqa: F401 (fixture)
 from .tiny_vlms import IMAGE, VIDEO, VISION_END, VISION_START
 
 VISUAL = {IMAGE, VIDEO, VISION_START, VISION_END}
@@ -75,3 +76,26 @@ def test_constructor_reads_ids_from_the_target(vlm_cases, text_lm):
     assert set(drafter.visual_ids.tolist()) == visual_token_ids(target) == VISUAL
     with pytest.raises(MMSpecError):
         TextOnlyDrafter(text_lm, [])
+
+
+
+def test_drafter_without_the_appended_visual_tokens_is_padded(tiny_llava):
+    """A drafter trained before `<image>` was appended to the vocabulary still drafts for the target."""
+    from mmspec.testing import assert_greedy_equal, tiny_llama
+
+    from .test_sparse_to_dense import IMAGE_TOKEN, llava_inputs
+
+    input_ids, pixel_values = llava_inputs()
+    small = tiny_llama(vocab_size=IMAGE_TOKEN, num_layers=1, hidden_size=32, seed=5)  # ids 0..98: no <image>
+    drafter = TextOnlyDrafter(small, tiny_llava)
+    assert drafter.vocab_size == IMAGE_TOKEN + 1
+    out = assert_greedy_equal(tiny_llava, drafter, input_ids, max_new_tokens=12, num_draft_tokens=3, pixel_values=pixel_values)
+    assert out.stats.drafted > 0
+
+
+def test_drafter_missing_ordinary_tokens_is_refused(tiny_llava):
+    from mmspec.testing import tiny_llama
+
+    small = tiny_llama(vocab_size=90, num_layers=1, hidden_size=32, seed=5)
+    with pytest.raises(MMSpecError, match="vocabularies differ"):
+        speculative_generate(tiny_llava, TextOnlyDrafter(small, tiny_llava), torch.tensor([[1, 5, 6]]), max_new_tokens=3)

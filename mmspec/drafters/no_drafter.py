@@ -1,0 +1,26 @@
+"""Plain autoregressive decoding through the same loop: a drafter that never drafts.
+
+Gives the baseline the same target wrapper, the same stats object (tau = 1.0, alpha = 0) and
+the same sampling code as every speculative method, so comparisons measure only the drafting.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..policies import DraftLengthPolicy
+from ..sampling import SamplingConfig
+from ..types import Proposal
+from .base import Drafter
+
+
+class NoDrafter(Drafter):
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))

@@ -1,0 +1,63 @@
+"""Caption corpora and prompts drawn from the shapes world, generated on the fly.
+
+Each example ``i`` of a split gets its own integer seed. Train seeds are even and
+held-out seeds are odd, so the two splits can never share a scene seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+from .captions import caption
+from .scenes import Scene, sample_scene
+
+SPLITS = ("train", "heldout")
+
+
+def example_seed(split: str, seed: int, index: int) -> int:
+    """The scene/caption seed of example ``index``; the low bit encodes the split."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    digest = hashlib.sha256(f"{split}:{seed}:{index}".encode()).digest()
+    return (int.from_bytes(digest[:8], "little") >> 1 << 1) | SPLITS.index(split)
+
+
+def sample_example(example: int, max_shapes: int = 3) -> tuple[Scene, str]:
+    """The scene and caption for one example seed (see :func:`example_seed`)."""
+    rng = random.Random(example)
+    scene = sample_scene(rng, max_shapes=max_shapes)
+    return scene, caption(scene, rng)
+
+
+def examples(n: int, seed: int = 0, split: str = "train") -> list[tuple[Scene, str]]:
+    """``n`` (scene, caption) pairs of ``split``."""
+    return [sample_example(example_seed(split, seed, i)) for i in range(n)]
+
+
+def caption_corpus(n: int, seed: int = 0, split: str = "train") -> list[str]:
+    """``n`` captions of ``split`` ("train" or "heldout", disjoint seed streams)."""
+    return [c for _, c in examples(n, seed, split)]
+
+
+def caption_prefix(text: str, rng: random.Random, lo: float = 0.3, hi: float = 0.5) -> str:
+    """The first ``lo``..``hi`` share of the words of ``text`` (at least one word,
+    never the whole caption)."""
+    words = text.split()
+    k = max(1, min(len(words) - 1, round(len(words) * rng.uniform(lo, hi))))
+    return " ".join(words[:k])
+
+
+def heldout_prompts(n: int, seed: int = 0) -> list[str]:
+    """Prefixes (the first 30-50% of the words) of ``n`` held-out captions."""
+    rng = random.Random(f"prompts:{seed}")
+    return [caption_prefix(c, rng) for c in caption_corpus(n, seed, "heldout")]
+
+
+def write_prompts_file(path: str | Path, n: int = 200, seed: int = 0) -> Path:
+    """Write ``heldout_prompts(n, seed)``, one per line, to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(heldout_prompts(n, seed)) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,1 @@
+"""Reproducible training scripts for the embedded toy model zoo (``mmspec/zoo/models``)."""
