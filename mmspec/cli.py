@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -103,6 +102,44 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def cmd_caption(args: argparse.Namespace) -> int:
+    import torch
+
+    from .vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
+
+    if args.model is None:
+        from .zoo import entries
+
+        if DEFAULT_CAPTIONER not in {e.name for e in entries()}:
+            raise MMSpecError(f"the toy captioner {DEFAULT_CAPTIONER!r} is not in this install's zoo; pass --model ID|PATH")
+        print(f"mmspec: using the embedded toy captioner {DEFAULT_CAPTIONER!r} (trained on synthetic shapes videos; "
+              "pass --model for a real checkpoint)", file=sys.stderr)
+    pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=args.drafter)
+    if args.method is None:
+        print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
+    media = {"image": args.path} if Path(args.path).suffix.lower() in IMAGE_SUFFIXES else {"video": args.path}
+    generator = torch.Generator().manual_seed(args.seed)
+    out = pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
+               fps=args.fps, do_sample=args.temperature is not None, temperature=args.temperature or 1.0,
+               generator=generator, progress_bar=not args.json)
+    s = out.stats
+    if args.json:
+        print(json.dumps({
+            "text": out.text, "method": out.method, "model": out.model,
+            "stats": {"new_tokens": s.new_tokens, "target_forwards": s.target_forwards, "mean_accepted_length": s.tau,
+                      "acceptance_rate": s.alpha, "wall_time_s": s.total_time, "tokens_per_s": s.tokens_per_second,
+                      "drafter_forwards": s.drafter_forwards, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+                      "prefill_time_s": s.prefill_time, "draft_time_s": s.draft_time, "verify_time_s": s.verify_time},
+        }, indent=2))
+    else:
+        print(out.text)
+        print(s.summary(), file=sys.stderr)
+    return 0
+
+
 def cmd_zoo_list(args: argparse.Namespace) -> int:
     from .zoo import entries
 
@@ -158,6 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--json", action="store_true")
     overhead.set_defaults(func=cmd_bench_overhead)
 
+    caption = commands.add_parser("caption", help="caption a video or an image, speculatively (lossless)")
+    caption.add_argument("path", help="video (any file PyAV decodes) or image file")
+    caption.add_argument("--model", default=None, help="zoo name, local folder or Hub id (default: the toy captioner)")
+    caption.add_argument("--drafter", default=None, help="text drafter for --method text (default: the model's zoo pair)")
+    caption.add_argument("--method", choices=["ar", "text", "std"], default=None,
+                         help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense (default: fastest measured)")
+    caption.add_argument("--frames", type=int, default=8, help="frames sampled uniformly from the video")
+    caption.add_argument("--fps", type=float, default=None, help="sample frames at this rate instead (capped by --frames)")
+    caption.add_argument("--prompt", default=None)
+    caption.add_argument("--max-new-tokens", type=int, default=64)
+    caption.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
+    caption.add_argument("--seed", type=int, default=0)
+    caption.add_argument("--json", action="store_true")
+    caption.set_defaults(func=cmd_caption)
+
     zoo = commands.add_parser("zoo", help="the embedded toy model zoo").add_subparsers(dest="zoo_command", required=True)
     zoo_list = zoo.add_parser("list", help="list zoo models with size, training data, quality and rebuild command")
     zoo_list.add_argument("--json", action="store_true")
@@ -166,7 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,209 @@
+"""A diffusers-style caption pipeline over the vision targets and their drafters.
+
+    pipe = CaptionPipeline.from_pretrained("shapes-video-captioner")      # or a Hub id / folder
+    out = pipe(video="clip.mp4", prompt="describe the video .", max_new_tokens=48)
+    out.text, out.method, out.stats.tau
+
+Methods (all lossless, greedy output identical to the model's own `generate`):
+  ar    plain autoregressive decoding through the same loop (the baseline)
+  text  a small text-only LM drafts (Gagrani et al. 2024)
+  std   Sparse-to-Dense self-speculation (Zhang et al., ACL 2025)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+from transformers import AutoProcessor, PreTrainedModel
+
+from ..decoding import SpeculativeDecoder
+from ..drafters import Drafter, NoDrafter
+from ..errors import MMSpecError
+from ..policies import DraftLengthPolicy, FixedDraftLength
+from ..sampling import SamplingConfig
+from ..stats import SpecStats
+from ..zoo import entries, load_causal_lm, resolve
+from .inputs import load_image, load_video
+from .models import image_token_ids, load_vision_model, video_token_ids
+from .sparse_to_dense import SparseToDenseDrafter
+from .target import VisionTarget
+from .text_drafter import TextOnlyDrafter
+
+DEFAULT_CAPTIONER = "shapes-video-captioner"
+METHODS = ("ar", "text", "std")
+
+
+@dataclass
+class CaptionOutput:
+    """What a caption call produced, and how."""
+
+    text: str
+    method: str
+    model: str
+    stats: SpecStats
+    sequences: torch.LongTensor
+
+
+def zoo_card(name_or_path: str) -> dict[str, Any]:
+    for entry in entries():
+        if entry.name == name_or_path or Path(resolve(name_or_path)) == entry.path:
+            return entry.card
+    return {}
+
+
+class CaptionPipeline:
+    """Caption a video or an image with a vision-language model, speculatively.
+
+    Args:
+        model: a supported vision-language model (LLaVA, LLaVA-OneVision, LLaVA-NeXT-Video, Qwen2-VL).
+        processor: its processor (turns frames and text into model inputs).
+        drafter: a small text LM for the `text` method (None: the method is unavailable).
+        model_name: shown in outputs.
+        card: zoo card of the model, if it came from the zoo (prompt format, measured best method).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        processor: Any,
+        drafter: PreTrainedModel | None = None,
+        model_name: str = "",
+        card: dict[str, Any] | None = None,
+        std_kv_budget: int = 1024,
+        num_draft_tokens: int = 5,
+    ) -> None:
+        self.model = model.eval()
+        self.processor = processor
+        self.drafter_model = drafter
+        self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
+        self.card = card or {}
+        self.std_kv_budget = std_kv_budget
+        self.num_draft_tokens = num_draft_tokens
+        self.target = VisionTarget(model)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str | os.PathLike = DEFAULT_CAPTIONER,
+        drafter: str | os.PathLike | PreTrainedModel | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> "CaptionPipeline":
+        """Load a model (zoo name, local folder or Hub id available offline) and, optionally, a drafter.
+
+        With no `drafter`, a zoo model gets the text drafter it was paired with.
+        """
+        name = str(model_id_or_path)
+        path = resolve(name)
+        card = zoo_card(name)
+        model = load_vision_model(path, dtype=dtype, device=device)
+        try:
+            processor = AutoProcessor.from_pretrained(path)
+        except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
+            raise MMSpecError(f"could not load the processor of {name!r}: {str(error).splitlines()[0]}") from None
+        if drafter is None and card.get("pairs_with"):
+            drafter = card["pairs_with"]
+        if drafter is not None and not isinstance(drafter, PreTrainedModel):
+            drafter = load_causal_lm(drafter, "drafter")[0].to(device=device, dtype=dtype)
+        return cls(model, processor, drafter=drafter, model_name=name, card=card, **kwargs)
+
+    @property
+    def available_methods(self) -> list[str]:
+        return [m for m in METHODS if m != "text" or self.drafter_model is not None]
+
+    @property
+    def default_method(self) -> str:
+        """The fastest lossless method measured for this model (zoo card), else text if a drafter is loaded, else StD."""
+        measured = self.card.get("fastest_lossless_method")
+        if measured in self.available_methods:
+            return measured
+        return "text" if self.drafter_model is not None else "std"
+
+    def make_drafter(self, method: str) -> Drafter:
+        if method not in METHODS:
+            raise MMSpecError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method == "ar":
+            return NoDrafter()
+        if method == "std":
+            return SparseToDenseDrafter(self.model, kv_budget=self.std_kv_budget)
+        if self.drafter_model is None:
+            raise MMSpecError("the `text` method needs a drafter: pass drafter=... (a small LM with the model's tokenizer)")
+        return TextOnlyDrafter(self.drafter_model, self.model)
+
+    def prepare_inputs(
+        self,
+        video: str | os.PathLike | np.ndarray | None = None,
+        image: Any = None,
+        prompt: str | None = None,
+        num_frames: int = 8,
+        fps: float | None = None,
+    ) -> dict[str, Any]:
+        """Model inputs (input_ids, pixel tensors, ...) for one video or one image and a prompt."""
+        if (video is None) == (image is None):
+            raise MMSpecError("pass exactly one of video=... or image=...")
+        if video is not None:
+            if not video_token_ids(self.model):
+                raise MMSpecError(f"{self.model_name} reads images, not videos: pass an image (or one frame of the video)")
+            frames = video if isinstance(video, np.ndarray) else load_video(video, num_frames=num_frames, fps=fps)
+            media, kind = {"videos": [frames]}, "video"
+        else:
+            if not image_token_ids(self.model):
+                raise MMSpecError(f"{self.model_name} reads videos, not images")
+            media, kind = {"images": [load_image(image)]}, "image"
+        text = self._prompt_text(kind, prompt)
+        try:
+            inputs = self.processor(text=[text], return_tensors="pt", **media)
+        except Exception as error:  # noqa: BLE001 - processors raise many types for bad media
+            raise MMSpecError(f"the processor could not prepare this {kind}: {str(error).splitlines()[0]}") from None
+        return dict(inputs)
+
+    def _prompt_text(self, kind: str, prompt: str | None) -> str:
+        prompt = prompt if prompt is not None else self.card.get("default_prompt", f"Describe this {kind}.")
+        placeholder = getattr(self.processor, f"{kind}_token")
+        template = self.card.get("prompt_template")
+        if template:
+            return template.format(media=placeholder, prompt=prompt)
+        if getattr(self.processor, "chat_template", None):
+            content = [{"type": kind}, {"type": "text", "text": prompt}]
+            return self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+        return f"{placeholder}\n{prompt}"
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        video: str | os.PathLike | np.ndarray | None = None,
+        image: Any = None,
+        prompt: str | None = None,
+        *,
+        max_new_tokens: int = 64,
+        method: str | None = None,
+        num_frames: int = 8,
+        fps: float | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        policy: DraftLengthPolicy | None = None,
+        progress_bar: bool = True,
+    ) -> CaptionOutput:
+        method = method or self.default_method
+        drafter = self.make_drafter(method)
+        inputs = self.prepare_inputs(video=video, image=image, prompt=prompt, num_frames=num_frames, fps=fps)
+        input_ids = inputs.pop("input_ids")
+        decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.num_draft_tokens), method=method)
+        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        with tqdm(total=max_new_tokens, desc=f"caption ({method})", disable=not progress_bar, leave=False) as bar:
+            out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
+                                   on_tokens=bar.update, **inputs)
+        new_tokens = out.sequences[0, input_ids.shape[1]:]
+        text = self.processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
+        return CaptionOutput(text=text, method=method, model=self.model_name, stats=out.stats, sequences=out.sequences)
