@@ -1,0 +1,172 @@
+"""`mmspec bench vision`: caption methods side by side on the same videos, in one process.
+
+Besides the harness's numbers (tau, alpha, forwards, wall time, speed-up, identical outputs) it
+reports two things that explain them:
+
+- the share of one decoding step spent on attention over visual KV entries (measured: a step
+  over the full cache vs the same step over the text KV alone);
+- a modelled memory-bound speed-up: bytes of weights and KV a method reads per committed token,
+  plain vs method. On a GPU decoding is memory-bound and this predicts the gain; on this CPU
+  small-matrix compute dominates, so the measured wall-clock speed-up is lower. Both are shown
+  and labelled.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..bench.harness import BenchReport, ForwardCounter, MethodFn, run_benchmark
+from ..decoding import SpeculativeDecoder
+from ..policies import FixedDraftLength
+from ..stats import SpecStats
+from .models import feature_token_ids
+from .sparse_to_dense import SparseToDenseDrafter, gather_positions
+from .target import VisionTarget
+from .text_drafter import TextOnlyDrafter
+
+
+@dataclass
+class CaptionInput:
+    input_ids: torch.Tensor
+    model_inputs: dict[str, Any]
+
+
+def plain_greedy(model: PreTrainedModel, max_new_tokens: int, counter: ForwardCounter) -> MethodFn:
+    def run(item: CaptionInput) -> tuple[list[int], SpecStats]:
+        counter.take()
+        start = time.perf_counter()
+        out = model.generate(item.input_ids, do_sample=False, max_new_tokens=max_new_tokens, **item.model_inputs)
+        stats = SpecStats(method="plain", total_time=time.perf_counter() - start)
+        stats.new_tokens = out.shape[1] - item.input_ids.shape[1]
+        stats.target_forwards = counter.take()
+        return out[0, item.input_ids.shape[1]:].tolist(), stats
+
+    return run
+
+
+def speculative(model: PreTrainedModel, make_drafter, k: int, max_new_tokens: int, name: str) -> MethodFn:
+    target = VisionTarget(model)
+
+    def run(item: CaptionInput) -> tuple[list[int], SpecStats]:
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=FixedDraftLength(k), method=name)
+        out = decoder.generate(item.input_ids, max_new_tokens=max_new_tokens, **item.model_inputs)
+        return out.sequences[0, item.input_ids.shape[1]:].tolist(), out.stats
+
+    return run
+
+
+def visual_attention_share(model: PreTrainedModel, item: CaptionInput, repeats: int = 20) -> dict[str, float]:
+    """Time of one decoding step over the full prompt cache vs over its text entries only."""
+    target = VisionTarget(model)
+    with torch.inference_mode():
+        target.start(item.input_ids, **item.model_inputs)
+        dense = target.cache
+        length = dense.get_seq_length()
+        ids = torch.tensor(sorted(feature_token_ids(model)))
+        text = (~torch.isin(item.input_ids[0], ids)).nonzero().flatten()
+        token = item.input_ids[:, -1:]
+
+        def step_time(cache_factory) -> float:
+            times = []
+            for _ in range(repeats):
+                cache = cache_factory()
+                kv_length = cache.get_seq_length() + 1
+                mask = torch.ones(1, 1, 1, kv_length, dtype=torch.bool)
+                start = time.perf_counter()
+                model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[length]]), attention_mask=mask, use_cache=True, logits_to_keep=1)
+                times.append(time.perf_counter() - start)
+            return sorted(times)[len(times) // 2]
+
+        def copy_of(positions: torch.Tensor):
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            for i, layer in enumerate(dense.layers):
+                index = positions.view(1, 1, -1).expand(layer.keys.shape[0], layer.keys.shape[1], -1)
+                cache.update(gather_positions(layer.keys, index), gather_positions(layer.values, index), i)
+            return cache
+
+        everything = torch.arange(length)
+        full = step_time(lambda: copy_of(everything))
+        text_only = step_time(lambda: copy_of(text))
+    return {"step_ms_full_cache": full * 1e3, "step_ms_text_cache": text_only * 1e3,
+            "visual_attention_share": max(0.0, (full - text_only) / full), "prompt_tokens": length,
+            "visual_tokens": length - text.numel()}
+
+
+def bytes_per_committed_token(stats: SpecStats, target_read: int, drafter_read: int = 0) -> float:
+    """Memory-bound model: bytes read per committed token.
+
+    `target_read` / `drafter_read` are the bytes one forward of each reads (weights + KV entries).
+    """
+    total = stats.target_forwards * target_read + stats.drafter_forwards * drafter_read
+    return total / max(stats.new_tokens, 1)
+
+
+def kv_bytes_per_token(config: Any) -> int:
+    """fp16 K and V bytes of one token across all layers."""
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 2
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def bench_vision(
+    model: PreTrainedModel,
+    inputs: list[CaptionInput],
+    *,
+    drafter: PreTrainedModel | None,
+    max_new_tokens: int = 48,
+    num_draft_tokens: int = 5,
+    std_settings: tuple[tuple[int, int], ...] = ((32, 5), (32, 9), (72, 5)),
+    repeats: int = 3,
+    progress: bool = True,
+    title: str = "bench vision",
+) -> tuple[BenchReport, dict[str, Any]]:
+    counter = ForwardCounter(model)
+    methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(model, max_new_tokens, counter)}
+    if drafter is not None:
+        methods[f"text-only k={num_draft_tokens}"] = speculative(
+            model, lambda: TextOnlyDrafter(drafter, model), num_draft_tokens, max_new_tokens, "text-only")
+    for keep, gamma in std_settings:
+        methods[f"std K={keep} gamma={gamma}"] = speculative(
+            model, lambda keep=keep: SparseToDenseDrafter(model, visual_keep=keep), gamma, max_new_tokens, "std")
+    try:
+        with torch.inference_mode():
+            report = run_benchmark(title, methods, inputs, reference="plain-greedy", repeats=repeats, progress=progress,
+                                   settings={"videos": len(inputs), "max_new_tokens": max_new_tokens, "repeats": repeats,
+                                             "threads": torch.get_num_threads()})
+    finally:
+        counter.close()
+
+    share = visual_attention_share(model, inputs[0])
+    weights = model_bytes(model) // 2  # as fp16
+    visual_tokens = share["visual_tokens"]
+    context = share["prompt_tokens"] + max_new_tokens // 2  # mean context over a caption
+    target_read = weights + kv_bytes_per_token(model.config) * context
+    modelled = {}
+    for result in report.results:
+        name = result.name
+        if name.startswith("text-only"):
+            drafter_read = model_bytes(drafter) // 2 + kv_bytes_per_token(drafter.config) * (context - visual_tokens)
+        elif name.startswith("std"):
+            keep = int(name.split("K=")[1].split()[0])
+            drafter_read = weights + kv_bytes_per_token(model.config) * (context - visual_tokens + keep)
+        else:
+            drafter_read = 0
+        modelled[name] = bytes_per_committed_token(result.stats, target_read, drafter_read)
+    plain_bytes = modelled["plain-greedy"]
+    extras = {
+        **share,
+        "modelled_bytes_per_token": modelled,
+        "modelled_memory_bound_speed_up": {name: plain_bytes / b for name, b in modelled.items()},
+    }
+    return report, extras
