@@ -102,6 +102,35 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_vision(args: argparse.Namespace) -> int:
+    from .vision.bench import CaptionInput, bench_vision
+    from .vision.pipeline import CaptionPipeline
+    from .world import examples, render_video
+
+    pipe = CaptionPipeline.from_pretrained(args.model, drafter=args.drafter)
+    frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
+    items = []
+    for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout"):
+        inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
+        items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
+    std = tuple(tuple(int(x) for x in setting.split(",")) for setting in args.std)
+    report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, max_new_tokens=args.max_new_tokens,
+                                  num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats,
+                                  progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
+    if args.json:
+        print(json.dumps({**report.to_dict(), "extras": extras}, indent=2))
+        return 0
+    print(report.to_table())
+    print(f"visual tokens {extras['visual_tokens']} of {extras['prompt_tokens']} prompt tokens; one decode step: "
+          f"{extras['step_ms_full_cache']:.2f} ms over the full cache, {extras['step_ms_text_cache']:.2f} ms over text KV only "
+          f"(visual attention share {extras['visual_attention_share']:.0%}, measured)")
+    print("modelled memory-bound speed-up (bytes of weights + KV read per committed token, plain / method; a GPU-like "
+          "regime, NOT measured here):")
+    for name, value in extras["modelled_memory_bound_speed_up"].items():
+        print(f"  {name:<26} {value:.2f}x")
+    return 0
+
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -184,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--seed", type=int, default=0)
     text.add_argument("--json", action="store_true")
     text.set_defaults(func=cmd_bench_text)
+
+    vision = bench.add_parser("vision", help="caption methods side by side on held-out shapes videos")
+    vision.add_argument("--model", default="shapes-video-captioner")
+    vision.add_argument("--drafter", default=None, help="text-only drafter (default: the model's zoo pair)")
+    vision.add_argument("--num-videos", type=int, default=10)
+    vision.add_argument("--max-new-tokens", type=int, default=48)
+    vision.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+    vision.add_argument("--std", nargs="+", default=["32,5", "32,9", "72,5"], metavar="K,GAMMA",
+                        help="Sparse-to-Dense settings: visual KV entries kept, draft length")
+    vision.add_argument("--repeats", type=int, default=3)
+    vision.add_argument("--seed", type=int, default=0)
+    vision.add_argument("--json", action="store_true")
+    vision.set_defaults(func=cmd_bench_vision)
 
     overhead = bench.add_parser("overhead", help="loop overhead vs transformers on a pair that always agrees")
     overhead.add_argument("--layers", type=int, default=8)
