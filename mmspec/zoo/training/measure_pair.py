@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="measure the caption target/drafter pair")
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only; leave the cards alone")
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     target, drafter = load(TARGET_DIR), load(DRAFTER_DIR)
     tok = AutoTokenizer.from_pretrained(TARGET_DIR)
     lat = {
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     taus = {f"k{k}": round(replay_tau(matches, k), 3) for k in (1, 3, 5, 8)}
     result = {
         "latency": {**lat, "setup": f"fp32, inference_mode, KV cache of {CACHE_LEN} tokens, "
-                                    "mean of 100 calls, torch.set_num_threads(2)"},
+                                    f"mean of 100 calls, torch.set_num_threads({args.threads})"},
         "greedy_agreement": round(acc, 4),
         "greedy_tau_replayed": taus,
         "agreement_setup": f"{args.prompts} held-out prompts (heldout_prompts(n={args.prompts}, "

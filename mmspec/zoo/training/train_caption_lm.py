@@ -148,8 +148,9 @@ def distil_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask
     return (kl * mask).sum() / mask.sum()
 
 
-def train(which: str, seed: int, steps: int | None, time_steps: int | None, distil: bool) -> None:
-    torch.set_num_threads(2)
+def train(which: str, seed: int, steps: int | None, time_steps: int | None, distil: bool,
+          threads: int = 2) -> None:
+    torch.set_num_threads(threads)
     seed_everything(seed)
     recipe = RECIPES[which]
     if steps is not None:
@@ -207,11 +208,11 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
     model.float()
     quality = evaluate(model, tok, held_seqs)
     print(json.dumps(quality), flush=True)
-    save(model, tok, recipe, seed, n_params, wall, quality, distil)
+    save(model, tok, recipe, seed, n_params, wall, quality, distil, threads)
 
 
 def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, seed: int,
-         n_params: int, wall: float, quality: dict, distil: bool) -> None:
+         n_params: int, wall: float, quality: dict, distil: bool, threads: int) -> None:
     folder = recipe.folder
     folder.mkdir(parents=True, exist_ok=True)
     model.half().save_pretrained(folder, safe_serialization=True)
@@ -238,7 +239,7 @@ def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, 
                                 "intermediate_size": recipe.intermediate},
         "optimiser": f"AdamW lr {recipe.lr}, warm-up {recipe.warmup}, cosine to 10%",
         "train_wall_time_s": round(wall, 1),
-        "train_machine": "2 CPU cores, torch.set_num_threads(2)",
+        "train_machine": f"2 CPU cores (shared with other jobs), torch.set_num_threads({threads})",
         "quality": {**quality, "measured_on": f"mmspec.world.caption_corpus(n={HELDOUT_N}, seed={seed}, split='heldout')"},
         "rebuild_command": f"python -m mmspec.zoo.training.train_caption_lm --which {recipe.role}"
                            + (" --distil" if distil else ""),
@@ -254,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
     parser.add_argument("--time-steps", type=int, default=None,
                         help="only time this many training steps; save nothing")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads; 1 is faster for the drafter on a busy machine")
     parser.add_argument("--distil", action="store_true",
                         help="drafter only: add a KL term to the saved target's logits")
     args = parser.parse_args(argv)
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.distil and args.which != "drafter":
         parser.error("--distil only applies to --which drafter")
-    train(args.which, args.seed, args.steps, args.time_steps, args.distil)
+    train(args.which, args.seed, args.steps, args.time_steps, args.distil, args.threads)
 
 
 if __name__ == "__main__":
