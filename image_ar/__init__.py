@@ -1,1 +1,43 @@
-"""Placeholder package; see the issues for what lands here."""
+"""Visual autoregressive models (LlamaGen-style) and their speculative methods: SJD, GSD, LANTERN."""
+
+from transformers import AutoConfig, AutoModel
+
+from .jacobi import jacobi_generate
+from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
+from .rules import (
+    Decision,
+    gsd_accept,
+    gsd_group_mask,
+    lantern_accept,
+    lantern_neighbours,
+    sjd_accept,
+)
+from .target import CFGTarget, ImageTokensOutput, ar_generate
+from .vq import VQConfig, VQModel, tiny_vq
+
+for _config, _model in ((LlamaGenConfig, LlamaGenForClassConditional), (VQConfig, VQModel)):
+    try:
+        AutoConfig.register(_config.model_type, _config)
+        AutoModel.register(_config, _model)
+    except ValueError:  # already registered (module reloaded)
+        pass
+
+__all__ = [
+    "CFGTarget",
+    "Decision",
+    "ImageTokensOutput",
+    "LlamaGenCache",
+    "LlamaGenConfig",
+    "LlamaGenForClassConditional",
+    "VQConfig",
+    "VQModel",
+    "ar_generate",
+    "gsd_accept",
+    "gsd_group_mask",
+    "jacobi_generate",
+    "lantern_accept",
+    "lantern_neighbours",
+    "sjd_accept",
+    "tiny_llamagen",
+    "tiny_vq",
+]

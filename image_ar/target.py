@@ -1,0 +1,152 @@
+"""Class-conditional target with classifier-free guidance inside, and plain AR sampling.
+
+`CFGTarget` runs the conditional and the unconditional rows in ONE forward
+(batch = [cond rows; uncond rows], the uncond rows labelled `config.null_class`) and returns
+guided logits `uncond + scale * (cond - uncond)`. Every consumer (AR sampling, Jacobi drafts and
+verification, a drafter's target features) goes through it, so all see the same guided model.
+With guidance_scale == 1 the guided logits equal the conditional ones, and the unconditional
+rows are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.errors import MMSpecError
+from mmspec.sampling import SamplingConfig, choose_next
+from mmspec.stats import SpecStats
+
+from .llamagen import LlamaGenCache, LlamaGenForClassConditional
+
+
+def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    return uncond + scale * (cond - uncond)
+
+
+class CFGTarget:
+    """A class-conditional AR image model plus its KV cache, seen through classifier-free guidance.
+
+    Cache bookkeeping counts positions the model has consumed: 1 class position + image tokens.
+    `length` is the number of *image tokens* in the cache.
+    """
+
+    def __init__(self, model: LlamaGenForClassConditional, guidance_scale: float = 1.0) -> None:
+        self.model = model.eval()
+        self.config = model.config
+        self.guidance_scale = float(guidance_scale)
+        self.cache: LlamaGenCache | None = None
+        self.batch = 0
+        self.forwards = 0
+
+    @property
+    def uses_guidance(self) -> bool:
+        return self.guidance_scale != 1.0
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.config.block_size)
+
+    @property
+    def grid_size(self) -> int:
+        return int(self.config.grid_size)
+
+    @property
+    def length(self) -> int:
+        if self.cache is None:
+            return 0
+        return self.cache.get_seq_length() - self.config.cls_token_num
+
+    def _rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor, tensor]) if self.uses_guidance else tensor
+
+    def _guide(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.uses_guidance:
+            return logits
+        cond, uncond = logits.chunk(2)
+        return guided_logits(cond, uncond, self.guidance_scale)
+
+    def labels_with_null(self, class_labels: torch.LongTensor) -> torch.LongTensor:
+        if not self.uses_guidance:
+            return class_labels
+        if self.config.class_dropout_prob <= 0:
+            raise MMSpecError("classifier-free guidance needs a model trained with a null class (class_dropout_prob > 0)")
+        return torch.cat([class_labels, torch.full_like(class_labels, self.config.null_class)])
+
+    @torch.no_grad()
+    def start(self, class_labels: torch.LongTensor, tokens: torch.LongTensor | None = None) -> torch.Tensor:
+        """Prefill the class position (plus optional image tokens [B, T]); guided logits [B, 1 + T, V]."""
+        class_labels = torch.as_tensor(class_labels, dtype=torch.long, device=self.model.device).reshape(-1)
+        if int(class_labels.min()) < 0 or int(class_labels.max()) >= self.config.num_classes:
+            raise MMSpecError(f"class labels must be in [0, {self.config.num_classes}), got {class_labels.tolist()}")
+        self.batch = class_labels.shape[0]
+        out = self.model(
+            class_labels=self.labels_with_null(class_labels),
+            input_ids=None if tokens is None else self._rows(tokens),
+            past_key_values=LlamaGenCache(),
+            use_cache=True,
+        )
+        self.forwards += 1
+        self.cache = out.past_key_values
+        return self._guide(out.logits)
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.LongTensor) -> torch.Tensor:
+        """Feed image tokens [B, T] after the cache; guided logits [B, T, V]."""
+        if self.cache is None:
+            raise RuntimeError("extend() called before start()")
+        out = self.model(input_ids=self._rows(tokens), past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
+        return self._guide(out.logits)
+
+    def truncate(self, length: int) -> None:
+        """Roll the cache back to hold the class position and the first `length` image tokens."""
+        if length > self.length:
+            raise RuntimeError(f"cannot truncate a cache of {self.length} image tokens to {length}")
+        self.cache.crop(self.config.cls_token_num + length)
+
+    @torch.no_grad()
+    def full_logits(self, class_labels: torch.LongTensor, tokens: torch.LongTensor) -> torch.Tensor:
+        """Guided logits for a whole prefix, without a cache: [B, 1 + T, V] (for tests and scoring)."""
+        out = self.model(class_labels=self.labels_with_null(class_labels), input_ids=self._rows(tokens))
+        return self._guide(out.logits)
+
+
+@dataclass
+class ImageTokensOutput:
+    """Generated token grids [B, h, w] and the statistics of the run."""
+
+    tokens: torch.LongTensor
+    stats: SpecStats
+
+
+def ar_generate(
+    target: CFGTarget | LlamaGenForClassConditional,
+    class_labels: torch.LongTensor,
+    sampling: SamplingConfig = SamplingConfig(do_sample=True),
+    generator: torch.Generator | None = None,
+    guidance_scale: float = 1.0,
+) -> ImageTokensOutput:
+    """Plain autoregressive decoding: one target forward per image token (the baseline)."""
+    if not isinstance(target, CFGTarget):
+        target = CFGTarget(target, guidance_scale)
+    stats = SpecStats(method="ar")
+    with stats.timer("total"):
+        with stats.timer("prefill"):
+            logits = target.start(class_labels)[:, -1]
+        tokens = []
+        for step in range(target.num_tokens):
+            token = choose_next(logits, sampling, generator)
+            tokens.append(token)
+            stats.new_tokens += 1
+            stats.target_forwards += 1
+            if step + 1 < target.num_tokens:
+                with stats.timer("verify"):
+                    logits = target.extend(token[:, None])[:, -1]
+    grid = torch.stack(tokens, dim=1).view(-1, target.grid_size, target.grid_size)
+    return ImageTokensOutput(tokens=grid, stats=stats)
