@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.rules import leading_true_count
+from mmspec.rules import accept_and_residual, leading_true_count
 from mmspec.sampling import sample
 from mmspec.types import Verdict
 
@@ -73,32 +73,9 @@ def _decide(
     accepted: torch.Tensor,
     excluded: Callable[[torch.LongTensor], torch.Tensor] | None = None,
 ) -> Decision:
-    """Shared tail: accepted prefix, then the residual norm(max(p_n - d_n, 0)) at the first rejection n.
-
-    `excluded(n)` may return a bool mask [B, V] of tokens removed from the residual at row n.
-    If the residual has no mass (p == d up to rounding), the next token is drawn from p_n itself
-    (minus the excluded tokens when that leaves mass), as in `mmspec.rules.speculative_sampling`.
-    """
-    batch, width = draft_tokens.shape
-    num_accepted = leading_true_count(accepted)
-    rows = torch.arange(batch, device=p.device)
-    p_next = p[rows, num_accepted]
-    fallback = p_next
-    if width > 0:
-        at = num_accepted.clamp(max=width - 1)
-        rejected = (num_accepted < width)[:, None]
-        raw = (p_next - d[rows, at]).clamp(min=0)
-        if excluded is not None:
-            drop = excluded(at) & rejected
-            raw = raw.masked_fill(drop, 0.0)
-            kept = p_next.masked_fill(drop, 0.0)
-            fallback = torch.where(kept.sum(-1, keepdim=True) > 0, kept, p_next)
-        residual = torch.where(rejected, raw, p_next)
-    else:
-        residual = p_next
-    mass = residual.sum(dim=-1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), fallback)
-    return Decision(num_accepted=num_accepted, next_probs=residual)
+    """Accepted prefix, then the residual norm(max(p_n - d_n, 0)) at the first rejection n (core tail)."""
+    num_accepted, next_probs = accept_and_residual(draft_tokens, d, p, accepted, excluded)
+    return Decision(num_accepted=num_accepted, next_probs=next_probs)
 
 
 # --------------------------------------------------------------------------- SJD

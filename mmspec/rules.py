@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -48,6 +48,43 @@ def one_hot_drafts(proposal: Proposal, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(proposal.tokens, vocab_size).float()
 
 
+def accept_and_residual(
+    draft_tokens: torch.LongTensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    accepted: torch.Tensor,
+    excluded: Callable[[torch.LongTensor], torch.Tensor] | None = None,
+) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The shared tail of speculative-sampling-style rules.
+
+    Given per-draft acceptance `accepted` [B, k], returns the accepted prefix length [B] and the
+    distribution [B, V] of the token appended after it: the residual norm(max(p_n - q_n, 0)) at
+    the first rejection n, or p_k (bonus) when all drafts are accepted. `excluded(n)` may return
+    a bool mask [B, V] of tokens removed from the residual at row n (relaxed rules). When the
+    residual has no mass (p == q up to rounding), p_n itself (minus excluded tokens, if that
+    leaves mass) is the right fallback.
+    """
+    batch, k = draft_tokens.shape
+    num_accepted = leading_true_count(accepted)
+    rows = torch.arange(batch, device=p.device)
+    p_next = p[rows, num_accepted]
+    fallback = p_next
+    if k > 0:
+        at = num_accepted.clamp(max=k - 1)
+        rejected = (num_accepted < k)[:, None]
+        raw = (p_next - q[rows, at]).clamp(min=0)
+        if excluded is not None:
+            drop = excluded(at) & rejected
+            raw = raw.masked_fill(drop, 0.0)
+            kept = p_next.masked_fill(drop, 0.0)
+            fallback = torch.where(kept.sum(-1, keepdim=True) > 0, kept, p_next)
+        residual = torch.where(rejected, raw, p_next)
+    else:
+        residual = p_next
+    mass = residual.sum(dim=-1, keepdim=True)
+    return num_accepted, torch.where(mass > 0, residual / mass.clamp(min=1e-30), fallback)
+
+
 def speculative_sampling(
     proposal: Proposal,
     target_logits: torch.Tensor,
@@ -68,20 +105,8 @@ def speculative_sampling(
     p_draft = p[:, :k].gather(-1, tokens).squeeze(-1)
     q_draft = q.gather(-1, tokens).squeeze(-1)
     uniforms = torch.rand(batch, k, generator=generator, device=p.device)
-    num_accepted = leading_true_count(uniforms * q_draft <= p_draft)
-
-    rows = torch.arange(batch, device=p.device)
-    p_next = p[rows, num_accepted]
-    if k > 0:
-        q_next = q[rows, num_accepted.clamp(max=k - 1)]
-        rejected = (num_accepted < k)[:, None]
-        residual = torch.where(rejected, (p_next - q_next).clamp(min=0), p_next)
-    else:
-        residual = p_next
-    # p == q up to rounding can leave no residual mass; p itself is then the right fallback.
-    mass = residual.sum(dim=-1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_next)
-    return Verdict(num_accepted=num_accepted, next_token=sample(residual, generator))
+    num_accepted, next_probs = accept_and_residual(proposal.tokens, q, p, uniforms * q_draft <= p_draft)
+    return Verdict(num_accepted=num_accepted, next_token=sample(next_probs, generator))
 
 
 def default_rule(sampling: SamplingConfig) -> AcceptanceRule:

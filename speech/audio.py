@@ -1,0 +1,178 @@
+"""Reading audio into float32 mono arrays at the model's rate, with one clear `MMSpecError` for bad input.
+
+Any file FFmpeg (PyAV) can read works: wav, flac, mp3, ogg/opus, m4a, and the audio track of a
+video. Channels are mixed down to mono and the signal is resampled with PyAV's own
+`AudioResampler` (FFmpeg's swresample), so files and in-memory arrays take the same path.
+
+Silence is not an error here: `is_silent` tells it apart, and the caller decides (a silent clip
+may legitimately transcribe to nothing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from ..errors import MMSpecError
+
+DEFAULT_SAMPLING_RATE = 16_000
+AudioSource = str | Path | np.ndarray
+
+
+def load_audio(
+    source: AudioSource,
+    sampling_rate: int = DEFAULT_SAMPLING_RATE,
+    *,
+    source_sampling_rate: int | None = None,
+) -> np.ndarray:
+    """Decode `source` into a 1-D float32 array of mono samples in [-1, 1] at `sampling_rate` Hz.
+
+    Args:
+        source: a path to any audio (or video) file PyAV reads, or a numpy array of samples:
+            1-D mono, or 2-D [channels, samples] / [samples, channels] (the shorter axis is taken
+            as the channels). Integer arrays are scaled from their full range; float arrays are
+            taken as already in [-1, 1].
+        sampling_rate: the rate to return (the model's rate: 16 kHz for Whisper).
+        source_sampling_rate: the rate of an array `source` (required for arrays).
+
+    Raises:
+        MMSpecError: missing, empty, corrupt or non-audio file; an array without its rate; no samples.
+    """
+    if not isinstance(sampling_rate, int) or sampling_rate <= 0:
+        raise MMSpecError(f"sampling_rate must be a positive integer, got {sampling_rate!r}")
+    if isinstance(source, np.ndarray):
+        if source_sampling_rate is None:
+            raise MMSpecError("an audio array needs its rate: pass source_sampling_rate=... (samples per second)")
+        return _resample_array(_mono_float(source), int(source_sampling_rate), sampling_rate)
+    if isinstance(source, (str, Path)):
+        return _decode_file(_existing_file(source), sampling_rate)
+    raise MMSpecError(f"audio must be a file path or a numpy array of samples, got {type(source).__name__}")
+
+
+def is_silent(audio: np.ndarray, threshold: float = 1e-3) -> bool:
+    """True when the clip's RMS amplitude is below `threshold` (1e-3 is -60 dBFS), or it has no samples."""
+    if audio.size == 0:
+        return True
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+    return rms < threshold
+
+
+def split_chunks(audio: np.ndarray, chunk_seconds: float = 30.0, sampling_rate: int = DEFAULT_SAMPLING_RATE) -> list[np.ndarray]:
+    """Cut a long clip into consecutive chunks of at most `chunk_seconds` (the last may be shorter).
+
+    Whisper-style encoders read a fixed window (30 s for Whisper; shorter for the toy model):
+    each chunk is transcribed on its own and the texts are joined.
+    """
+    if not chunk_seconds > 0:
+        raise MMSpecError(f"chunk_seconds must be > 0, got {chunk_seconds}")
+    size = int(round(chunk_seconds * sampling_rate))
+    if size < 1:
+        raise MMSpecError(f"chunks of {chunk_seconds} s at {sampling_rate} Hz hold no samples")
+    return [audio[start : start + size] for start in range(0, audio.shape[0], size)]
+
+
+def duration_seconds(audio: np.ndarray, sampling_rate: int = DEFAULT_SAMPLING_RATE) -> float:
+    return audio.shape[0] / float(sampling_rate)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _existing_file(source: str | Path) -> Path:
+    path = Path(source)
+    if not path.exists():
+        raise MMSpecError(f"audio file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise MMSpecError(f"{str(path)!r} is a folder, not an audio file")
+    if path.stat().st_size == 0:
+        raise MMSpecError(f"audio file {str(path)!r} is empty (0 bytes)")
+    return path
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
+    try:
+        container = av.open(str(path))
+    except Exception as err:  # av.error.InvalidDataError, FileNotFoundError, ...: all "cannot read"
+        raise MMSpecError(f"cannot read audio {str(path)!r}: not a readable audio file ({_reason(err)})") from err
+    try:
+        with container:
+            if not container.streams.audio:
+                raise MMSpecError(f"{str(path)!r} has no audio track")
+            stream = container.streams.audio[0]
+            # Planar float at the target rate, original channel layout; channels are then averaged
+            # (FFmpeg's own downmix would scale a stereo signal by 1/sqrt(2) instead).
+            resampler = av.AudioResampler(format="fltp", rate=sampling_rate)
+            pieces: list[np.ndarray] = []
+            for frame in container.decode(stream):
+                frame.pts = None  # let the resampler count samples itself (robust to odd timestamps)
+                pieces.extend(_frames_to_arrays(resampler.resample(frame)))
+            pieces.extend(_frames_to_arrays(resampler.resample(None)))  # flush the resampler's delay
+    except MMSpecError:
+        raise
+    except Exception as err:  # av.FFmpegError, codec errors, truncated files
+        raise MMSpecError(f"cannot read audio {str(path)!r}: {_reason(err)}") from err
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    if audio.size == 0:
+        raise MMSpecError(f"audio {str(path)!r} holds no samples")
+    return _finite(audio, str(path))
+
+
+def _frames_to_arrays(frames: Any) -> list[np.ndarray]:
+    if frames is None:
+        return []
+    if not isinstance(frames, (list, tuple)):
+        frames = [frames]
+    # Planar float: to_ndarray() is [channels, samples]; packed mono float is [1, samples].
+    return [frame.to_ndarray().astype(np.float32, copy=False).mean(axis=0) for frame in frames]
+
+
+def _mono_float(array: np.ndarray) -> np.ndarray:
+    if array.ndim == 2:
+        channel_axis = 0 if array.shape[0] <= array.shape[1] else 1
+        array = _to_float(array).mean(axis=channel_axis)
+    elif array.ndim == 1:
+        array = _to_float(array)
+    else:
+        raise MMSpecError(f"an audio array must be 1-D (mono) or 2-D (channels x samples), got shape {tuple(array.shape)}")
+    if array.size == 0:
+        raise MMSpecError("the audio array holds no samples")
+    return _finite(np.ascontiguousarray(array, dtype=np.float32), "the audio array")
+
+
+def _to_float(array: np.ndarray) -> np.ndarray:
+    if np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float32, copy=False)
+    if np.issubdtype(array.dtype, np.signedinteger):
+        return array.astype(np.float32) / float(-np.iinfo(array.dtype).min)
+    if np.issubdtype(array.dtype, np.unsignedinteger):
+        half = (float(np.iinfo(array.dtype).max) + 1.0) / 2.0
+        return (array.astype(np.float32) - half) / half
+    raise MMSpecError(f"audio samples must be numbers, got dtype {array.dtype}")
+
+
+def _finite(audio: np.ndarray, what: str) -> np.ndarray:
+    if not np.isfinite(audio).all():
+        raise MMSpecError(f"{what} contains NaN or infinite samples")
+    return audio
+
+
+def _resample_array(audio: np.ndarray, source_rate: int, rate: int) -> np.ndarray:
+    if source_rate <= 0:
+        raise MMSpecError(f"source_sampling_rate must be > 0, got {source_rate}")
+    if source_rate == rate:
+        return audio
+    frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
+    frame.sample_rate = source_rate
+    resampler = av.AudioResampler(format="fltp", layout="mono", rate=rate)
+    pieces = _frames_to_arrays(resampler.resample(frame)) + _frames_to_arrays(resampler.resample(None))
+    out = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    if out.size == 0:
+        raise MMSpecError(f"the audio array is too short to resample from {source_rate} Hz to {rate} Hz")
+    return out

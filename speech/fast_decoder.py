@@ -1,0 +1,321 @@
+"""The fast decoder of Hybrid Decoding: a light non-autoregressive CTC head on the frozen encoder.
+
+Lim et al., "Hybrid Decoding: Rapid Pass and Selective Detailed Correction for Sequence Models"
+(arXiv 2508.19671): a lightweight decoder attached to the pretrained encoder of an attention
+encoder-decoder ASR model produces the whole hypothesis in one pass; the big decoder verifies it.
+Only the added module is trained; the big model is not touched.
+
+Here the fast decoder is: a linear projection of the encoder states, an optional learned
+upsampling (CTC needs at least as many frames as output tokens plus repeats; Whisper's encoder
+gives 50 frames per second, plenty, but a toy model with a short window may not), one transformer
+encoder layer, and a linear layer over the target's vocabulary plus one CTC blank (the last id).
+Greedy CTC decoding (argmax per frame, collapse repeats, drop blanks) turns it into token ids of
+the target's own vocabulary, so no mapping between tokenizers is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
+
+from ..cached_model import model_vocab_size
+from ..errors import MMSpecError
+
+MODEL_TYPE = "mmspec_ctc_fast_decoder"
+
+
+class CTCFastDecoderConfig(PretrainedConfig):
+    """Configuration of `CTCFastDecoder`.
+
+    Args:
+        vocab_size: the target's vocabulary (logit width); the CTC blank is id `vocab_size`.
+        encoder_hidden_size: width of the target encoder's output (Whisper's d_model).
+        hidden_size, num_attention_heads, intermediate_size, num_layers: the small transformer.
+        upsample: frames produced per encoder frame (>= 1).
+        max_positions: learned positional embeddings over the (upsampled) frames.
+        dropout: used in training only.
+    """
+
+    model_type = MODEL_TYPE
+
+    def __init__(
+        self,
+        vocab_size: int = 51865,
+        encoder_hidden_size: int = 384,
+        hidden_size: int = 256,
+        num_attention_heads: int = 4,
+        intermediate_size: int = 1024,
+        num_layers: int = 1,
+        upsample: int = 1,
+        max_positions: int = 1500,
+        dropout: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.encoder_hidden_size = encoder_hidden_size
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.num_layers = num_layers
+        self.upsample = upsample
+        self.max_positions = max_positions
+        self.dropout = dropout
+        super().__init__(**kwargs)
+
+    @property
+    def blank_id(self) -> int:
+        return self.vocab_size
+
+
+@dataclass
+class CTCFastDecoderOutput(ModelOutput):
+    """logits [B, T', V + 1] (blank last); loss when labels were given."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+class CTCFastDecoder(PreTrainedModel):
+    """Non-autoregressive CTC head over a frozen encoder's output (see the module docstring)."""
+
+    config_class = CTCFastDecoderConfig
+    base_model_prefix = "fast_decoder"
+    main_input_name = "encoder_hidden_states"
+
+    def __init__(self, config: CTCFastDecoderConfig) -> None:
+        super().__init__(config)
+        if config.upsample < 1:
+            raise MMSpecError(f"upsample must be >= 1, got {config.upsample}")
+        self.input_proj = nn.Linear(config.encoder_hidden_size, config.hidden_size * config.upsample)
+        self.positions = nn.Embedding(config.max_positions, config.hidden_size)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d_model=config.hidden_size,
+                nhead=config.num_attention_heads,
+                dim_feedforward=config.intermediate_size,
+                dropout=config.dropout,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(config.num_layers)
+        )
+        self.norm = nn.LayerNorm(config.hidden_size)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size + 1)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @property
+    def blank_id(self) -> int:
+        return self.config.blank_id
+
+    def forward(
+        self,
+        encoder_hidden_states: torch.Tensor,
+        labels: torch.LongTensor | None = None,
+        label_lengths: torch.LongTensor | None = None,
+        **_: Any,
+    ) -> CTCFastDecoderOutput:
+        """encoder_hidden_states [B, T, D_enc] -> logits [B, T * upsample, V + 1].
+
+        labels [B, L] (padded with -100) with the target's token ids; the CTC loss is averaged
+        over the batch, each utterance's loss divided by its label length (torch's "mean").
+        """
+        batch, frames, _ = encoder_hidden_states.shape
+        hidden = self.input_proj(encoder_hidden_states.to(self.input_proj.weight.dtype))
+        hidden = hidden.view(batch, frames * self.config.upsample, self.config.hidden_size)
+        length = hidden.shape[1]
+        if length > self.config.max_positions:
+            raise MMSpecError(
+                f"the fast decoder reads at most {self.config.max_positions} frames, got {length} "
+                f"({frames} encoder frames x upsample {self.config.upsample})"
+            )
+        hidden = hidden + self.positions.weight[:length]
+        for layer in self.layers:
+            hidden = layer(hidden)
+        logits = self.head(self.norm(hidden))
+        loss = None
+        if labels is not None:
+            loss = ctc_loss(logits, labels, self.blank_id, label_lengths)
+        return CTCFastDecoderOutput(loss=loss, logits=logits)
+
+    @torch.inference_mode()
+    def hypothesis(self, encoder_hidden_states: torch.Tensor) -> list[list[int]]:
+        """Greedy CTC hypotheses, one list of target token ids per utterance."""
+        logits = self(encoder_hidden_states).logits
+        return [ctc_greedy_decode(row, self.blank_id) for row in logits.argmax(-1)]
+
+    @classmethod
+    def for_target(cls, target_model: PreTrainedModel, **config_kwargs: Any) -> "CTCFastDecoder":
+        """A fresh fast decoder sized for `target_model`'s encoder and vocabulary."""
+        encoder_width = getattr(target_model.config, "d_model", None) or target_model.config.hidden_size
+        max_source = getattr(target_model.config, "max_source_positions", 1500)
+        upsample = config_kwargs.get("upsample", 1)
+        config_kwargs.setdefault("max_positions", max_source * upsample)
+        config = CTCFastDecoderConfig(
+            vocab_size=model_vocab_size(target_model), encoder_hidden_size=encoder_width, **config_kwargs
+        )
+        return cls(config)
+
+
+AutoConfig.register(MODEL_TYPE, CTCFastDecoderConfig, exist_ok=True)
+
+
+def ctc_greedy_decode(frame_ids: torch.Tensor | Sequence[int], blank_id: int) -> list[int]:
+    """Best-path CTC decoding of per-frame argmax ids [T]: collapse repeats, then drop blanks."""
+    ids = frame_ids.tolist() if isinstance(frame_ids, torch.Tensor) else list(frame_ids)
+    out: list[int] = []
+    previous = None
+    for token in ids:
+        if token != previous and token != blank_id:
+            out.append(int(token))
+        previous = token
+    return out
+
+
+def ctc_loss(logits: torch.Tensor, labels: torch.LongTensor, blank_id: int, label_lengths: torch.LongTensor | None = None) -> torch.Tensor:
+    """CTC loss of logits [B, T, V + 1] against labels [B, L] padded with -100 (or with explicit lengths)."""
+    if label_lengths is None:
+        label_lengths = (labels >= 0).sum(dim=1)
+    log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # [T, B, C]
+    input_lengths = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.long, device=logits.device)
+    targets = labels.clamp(min=0)
+    return nn.functional.ctc_loss(log_probs, targets, input_lengths, label_lengths, blank=blank_id, zero_infinity=True)
+
+
+def target_encoder_states(target_model: PreTrainedModel, input_features: torch.Tensor) -> torch.Tensor:
+    """The frozen target encoder's output [B, T, D] (no gradient)."""
+    with torch.no_grad():
+        return target_model.get_encoder()(input_features, return_dict=True).last_hidden_state
+
+
+def distillation_labels(target_model: PreTrainedModel, input_features: torch.Tensor, max_new_tokens: int = 128) -> list[int]:
+    """The target's own greedy transcript of one clip [1, mel bins, frames], as training labels.
+
+    Token ids without the forced prompt and without end-of-text (what the fast decoder must draft).
+    Decoded through `WhisperTarget`, i.e. exactly the transcript Whisper's greedy `generate` gives.
+    """
+    from ..decoding import speculative_generate
+    from ..drafters import NoDrafter
+    from .target import WhisperTarget
+
+    target = WhisperTarget(target_model)
+    inputs: dict[str, Any] = {"input_features": input_features}
+    prompt = target.prompt_ids(inputs)
+    limit = target.max_new_tokens_for(prompt.shape[1], max_new_tokens)
+    out = speculative_generate(target, NoDrafter(), None, max_new_tokens=limit, decoder_input_ids=prompt, **inputs)
+    tokens = out.sequences[0, prompt.shape[1]:].tolist()
+    eos = target_model.generation_config.eos_token_id
+    stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    while tokens and tokens[-1] in stops:
+        tokens.pop()
+    return tokens
+
+
+def train_fast_decoder(
+    target_model: PreTrainedModel,
+    dataset: Iterable[tuple[torch.Tensor, Sequence[int]]],
+    steps: int,
+    fast_decoder: CTCFastDecoder | None = None,
+    *,
+    batch_size: int = 8,
+    learning_rate: float = 1e-3,
+    warmup_steps: int = 0,
+    seed: int = 0,
+    progress_bar: bool = True,
+    cache_encoder_states: bool = True,
+    **config_kwargs: Any,
+) -> tuple[CTCFastDecoder, list[float]]:
+    """Train a CTC fast decoder on the frozen target's encoder; returns (fast decoder, loss per step).
+
+    Args:
+        target_model: the ASR model (never modified: its encoder runs without gradients).
+        dataset: (input_features [mel bins, frames], token ids) pairs; the ids are the transcript in
+            the target's vocabulary WITHOUT the forced prompt (start/language/task/no-timestamps)
+            and without end-of-text: the target's own greedy transcripts (distillation, best for
+            acceptance) or the ground truth.
+        steps: optimiser steps (batches drawn with replacement from a seeded shuffle).
+        fast_decoder: continue training this one; default a fresh `CTCFastDecoder.for_target`.
+        cache_encoder_states: run the encoder once per example up front (fast for small sets).
+    """
+    if steps < 1:
+        raise MMSpecError(f"steps must be >= 1, got {steps}")
+    examples = [(torch.as_tensor(f), [int(t) for t in ids]) for f, ids in dataset]
+    if not examples:
+        raise MMSpecError("the training set is empty")
+    vocab = model_vocab_size(target_model)
+    for _, ids in examples:
+        if any(not 0 <= t < vocab for t in ids):
+            raise MMSpecError(f"a label holds token ids outside the target's vocabulary (0..{vocab - 1})")
+    fast_decoder = fast_decoder or CTCFastDecoder.for_target(target_model, **config_kwargs)
+    if fast_decoder.config.vocab_size != vocab:
+        raise MMSpecError(f"the fast decoder predicts {fast_decoder.config.vocab_size} tokens, the target has {vocab}")
+    target_model.eval()
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    states: list[torch.Tensor] | None = None
+    if cache_encoder_states:
+        states = [target_encoder_states(target_model, f[None])[0] for f, _ in examples]
+    optimiser = torch.optim.AdamW(fast_decoder.parameters(), lr=learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _lr_factor(s, steps, warmup_steps))
+    fast_decoder.train()
+    losses: list[float] = []
+    order: list[int] = []
+    with tqdm(total=steps, desc="train fast decoder", disable=not progress_bar) as bar:
+        for _ in range(steps):
+            batch = []
+            while len(batch) < min(batch_size, len(examples)):
+                if not order:
+                    order = list(range(len(examples)))
+                    rng.shuffle(order)
+                batch.append(order.pop())
+            if states is not None:
+                hidden = torch.stack([states[i] for i in batch])
+            else:
+                hidden = target_encoder_states(target_model, torch.stack([examples[i][0] for i in batch]))
+            labels = _pad_labels([examples[i][1] for i in batch])
+            loss = fast_decoder(hidden.clone(), labels=labels).loss
+            optimiser.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(fast_decoder.parameters(), 1.0)
+            optimiser.step()
+            schedule.step()
+            losses.append(loss.detach().item())
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.update(1)
+    fast_decoder.eval()
+    return fast_decoder, losses
+
+
+def _lr_factor(step: int, steps: int, warmup: int) -> float:
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _pad_labels(labels: list[list[int]]) -> torch.LongTensor:
+    width = max(1, max(len(ids) for ids in labels))
+    out = torch.full((len(labels), width), -100, dtype=torch.long)
+    for row, ids in enumerate(labels):
+        if ids:
+            out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out

@@ -1,0 +1,323 @@
+"""Whisper as the verifier: the forced decoder prompt and the token suppression of Whisper's `generate`.
+
+What `WhisperForConditionalGeneration.generate(input_features, do_sample=False)` does for one
+short-form clip (one encoder window) in transformers 5.x, and how it is reproduced here:
+
+1. **Forced prompt** (`_retrieve_init_tokens`): `[decoder_start_token_id, <|lang|>, <|task|>,
+   <|notimestamps|>]`. The language comes from `language=`, else from a legacy
+   `forced_decoder_ids` entry, else (multilingual models: the config has `lang_to_id`) it is
+   *detected*: one decoder step on the start token, argmax restricted to the language ids.
+   The task token is added when `task=` is given, or when a language is given and no task token is
+   present yet ("transcribe"); `<|notimestamps|>` is appended when timestamps are off.
+   `whisper_prompt_ids()` reproduces this; language detection reuses the encoder output, so the
+   encoder still runs once.
+2. **Logits processors** (`_retrieve_logit_processors`): `SuppressTokensLogitsProcessor`
+   (`generation_config.suppress_tokens`, -inf at every step) and
+   `SuppressTokensAtBeginLogitsProcessor` (`begin_suppress_tokens`, -inf at the first generated
+   position only, typically the blank " " and end-of-text). Real checkpoints set both. They are
+   applied here to every verified position of every target forward (`WhisperTarget.start` /
+   `.score`) as vocabulary masks (the same -inf fill as transformers' classes, which
+   `whisper_logits_processors` builds and the tests compare against), the begin mask on the one
+   row that predicts the first generated token; so greedy verification picks exactly the tokens
+   `generate` picks. Extra processors passed by the caller run row by row, each row seeing the
+   token prefix it would see in `generate`.
+   The timestamp processor is not used (transcription without timestamps) and the no-speech
+   detector only records probabilities for the temperature fallback (not used by greedy short-form).
+3. Output: `generate` returns the new tokens without the prompt and with the final end-of-text
+   removed (`return_dict_in_generate=True` gives prompt + new tokens + end-of-text, which is
+   what `speculative_generate` returns).
+
+Generation settings that would add other logits processors (repetition penalty, n-gram
+blocking, bad words, minimum lengths, timestamps) are refused with an `MMSpecError` rather than
+silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from transformers import PreTrainedModel
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from transformers.modeling_outputs import BaseModelOutput
+
+from ..errors import MMSpecError
+from ..targets import Target, TargetStep
+
+TASKS = ("transcribe", "translate")
+
+# Generation settings whose logits processors WhisperTarget does not reproduce, with their neutral value.
+_UNSUPPORTED_SETTINGS = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "sequence_bias": (None,),
+    "exponential_decay_length_penalty": (None,),
+}
+
+
+def encoder_outputs_of(model: PreTrainedModel, model_inputs: dict[str, Any]) -> BaseModelOutput:
+    """Run the encoder once and put its output into `model_inputs` in place of `input_features`.
+
+    Later forwards (the target's prefill, a fast decoder) then reuse it; calling this again is free.
+    """
+    existing = model_inputs.get("encoder_outputs")
+    if existing is not None:
+        if not isinstance(existing, BaseModelOutput):
+            existing = BaseModelOutput(last_hidden_state=existing[0])
+            model_inputs["encoder_outputs"] = existing
+        model_inputs.pop("input_features", None)
+        return existing
+    features = model_inputs.pop("input_features", None)
+    if features is None:
+        raise MMSpecError("a speech model needs input_features (log-mel features) or encoder_outputs")
+    expected = getattr(model.config, "num_mel_bins", None)
+    if features.dim() != 3 or (expected is not None and features.shape[1] != expected):
+        raise MMSpecError(
+            f"input_features must be [batch, {expected} mel bins, frames], got shape {tuple(features.shape)}"
+        )
+    mask = model_inputs.get("attention_mask")
+    with torch.no_grad():  # not inference_mode: callers may feed the states to a trainable head
+        out = model.get_encoder()(features, attention_mask=mask, return_dict=True)
+    encoder_outputs = BaseModelOutput(last_hidden_state=out.last_hidden_state)
+    model_inputs["encoder_outputs"] = encoder_outputs
+    return encoder_outputs
+
+
+def detect_language(model: PreTrainedModel, encoder_outputs: BaseModelOutput) -> int:
+    """Whisper's language detection: one decoder step on the start token, argmax over the language ids."""
+    config = model.generation_config
+    start = torch.full((encoder_outputs.last_hidden_state.shape[0], 1), int(config.decoder_start_token_id), dtype=torch.long,
+                       device=encoder_outputs.last_hidden_state.device)
+    with torch.no_grad():
+        logits = model(encoder_outputs=encoder_outputs, decoder_input_ids=start, use_cache=False).logits[:, -1]
+    lang_ids = torch.tensor(sorted(config.lang_to_id.values()), device=logits.device)
+    masked = torch.full_like(logits, float("-inf"))
+    masked[:, lang_ids] = logits[:, lang_ids]
+    return int(masked.argmax(-1)[0])
+
+
+def language_id(model: PreTrainedModel, language: str) -> int:
+    """Token id of `language` given as a token (`<|fr|>`), a code (`fr`) or a name (`french`)."""
+    lang_to_id = getattr(model.generation_config, "lang_to_id", None)
+    if not lang_to_id:
+        raise MMSpecError("this model's generation config has no language tokens (lang_to_id): it is not multilingual")
+    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+    name = language.lower()
+    candidates = [name, f"<|{name}|>", f"<|{TO_LANGUAGE_CODE.get(name, name)}|>"]
+    for token in candidates:
+        if token in lang_to_id:
+            return int(lang_to_id[token])
+    raise MMSpecError(f"unsupported language {language!r}; this model knows {', '.join(sorted(lang_to_id))}")
+
+
+def whisper_prompt_ids(
+    model: PreTrainedModel,
+    model_inputs: dict[str, Any] | None = None,
+    *,
+    language: str | None = None,
+    task: str | None = None,
+) -> torch.LongTensor:
+    """The forced decoder prompt of Whisper's short-form `generate` (no timestamps), [1, P].
+
+    `model_inputs` (holding `input_features` or `encoder_outputs`) is only needed when the
+    language has to be detected; the encoder output is then stored back into it for reuse.
+    """
+    config = model.generation_config
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else model.config.decoder_start_token_id
+    if start is None:
+        raise MMSpecError("the model has no decoder_start_token_id")
+    if task is not None and task not in TASKS:
+        raise MMSpecError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    if (language is not None or task is not None) and getattr(config, "is_multilingual", None) is False:
+        raise MMSpecError("language and task cannot be set for an English-only model")
+    task = task if task is not None else getattr(config, "task", None)
+    language = language if language is not None else getattr(config, "language", None)
+    tokens: list[int | None] = [int(start)]
+    if task is None and language is None:
+        forced = getattr(config, "forced_decoder_ids", None) or getattr(model.config, "forced_decoder_ids", None)
+        if forced:
+            position = 1
+            for index, token in forced:
+                if index != position:
+                    raise MMSpecError(f"forced_decoder_ids {forced} do not follow Whisper's prompt pattern")
+                tokens.append(None if token is None else int(token))
+                position += 1
+    lang_to_id = getattr(config, "lang_to_id", None)
+    language_missing = len(tokens) <= 1 or tokens[1] is None
+    lang: int | None = None
+    if language is not None:
+        lang = language_id(model, language)
+    elif lang_to_id and language_missing:
+        if model_inputs is None:
+            raise MMSpecError("detecting the language needs the audio: pass model_inputs, or set language=...")
+        lang = detect_language(model, encoder_outputs_of(model, model_inputs))
+    if lang is not None:
+        if len(tokens) > 1:
+            tokens[1] = lang
+        else:
+            tokens.append(lang)
+    task_to_id = getattr(config, "task_to_id", None) or {}
+    if task is not None:
+        if task not in task_to_id:
+            raise MMSpecError(f"this model's generation config has no {task!r} task token")
+        task_token = int(task_to_id[task])
+        known = set(int(t) for t in task_to_id.values())
+        if any(t in known for t in tokens if t is not None):
+            tokens = [task_token if t in known else t for t in tokens]
+        else:
+            tokens.append(task_token)
+    elif language is not None and task_to_id:
+        if not any(t in set(task_to_id.values()) for t in tokens):
+            tokens.append(int(task_to_id["transcribe"]))
+    no_timestamps = getattr(config, "no_timestamps_token_id", None)
+    if no_timestamps is not None and tokens[-1] != no_timestamps:
+        tokens.append(int(no_timestamps))
+    ids = [t for t in tokens if t is not None]
+    return torch.tensor([ids], dtype=torch.long, device=model.device)
+
+
+def whisper_logits_processors(model: PreTrainedModel, begin_index: int) -> LogitsProcessorList:
+    """The processors Whisper's greedy short-form `generate` applies, built from the generation config."""
+    config = model.generation_config
+    processors = LogitsProcessorList()
+    device = model.device
+    if config.suppress_tokens:
+        processors.append(SuppressTokensLogitsProcessor(list(config.suppress_tokens), device=device))
+    if config.begin_suppress_tokens:
+        processors.append(SuppressTokensAtBeginLogitsProcessor(list(config.begin_suppress_tokens), begin_index, device=device))
+    return processors
+
+
+def check_supported_generation_config(model: PreTrainedModel) -> None:
+    config = model.generation_config
+    for name, neutral in _UNSUPPORTED_SETTINGS.items():
+        value = getattr(config, name, None)
+        if value not in neutral and value != {} and value != []:
+            raise MMSpecError(
+                f"the model's generation config sets {name}={value!r}, which speculative transcription does not "
+                f"reproduce; clear it (model.generation_config.{name} = None) to decode greedily"
+            )
+
+
+class WhisperTarget(Target):
+    """`Target` for Whisper-style encoder-decoders whose greedy output equals `model.generate`.
+
+    - `initial_sequence` runs the encoder once (its output replaces `input_features` in the model
+      inputs, so the prefill and a fast decoder reuse it) and builds the forced prompt unless
+      `decoder_input_ids` is given.
+    - every target forward's logits go through Whisper's suppression processors, position by
+      position, with the token prefix each position predicts after (see the module docstring).
+
+    Args:
+        model: a `WhisperForConditionalGeneration` (or a speech seq2seq model with the same
+            generation-config conventions).
+        language, task: as in Whisper's `generate` (None: the generation config's, or detected).
+        logits_processors: extra processors to apply after Whisper's own (advanced).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        language: str | None = None,
+        task: str | None = None,
+        output_hidden_states: bool = False,
+        logits_processors: Iterable[Any] = (),
+    ) -> None:
+        super().__init__(model, output_hidden_states=output_hidden_states)
+        if not self.is_encoder_decoder:
+            raise MMSpecError(f"WhisperTarget needs an encoder-decoder speech model, got {type(model).__name__}")
+        check_supported_generation_config(model)
+        self.language = language
+        self.task = task
+        self.extra_processors = list(logits_processors)
+        self.processors = LogitsProcessorList()
+        self._suppress: torch.Tensor | None = None
+        self._begin_suppress: torch.Tensor | None = None
+        self.begin_index = 0
+        self._tokens = torch.empty((1, 0), dtype=torch.long)  # decoder tokens held in the cache
+
+    @property
+    def max_target_positions(self) -> int | None:
+        return getattr(self.model.config, "max_target_positions", None)
+
+    def max_new_tokens_for(self, prompt_length: int, wanted: int) -> int:
+        """`wanted`, capped so that prompt + new tokens fit the decoder's positions (as `generate` does)."""
+        limit = self.max_target_positions
+        return wanted if limit is None else max(1, min(wanted, limit - prompt_length))
+
+    def prompt_ids(self, model_inputs: dict[str, Any]) -> torch.LongTensor:
+        return whisper_prompt_ids(self.model, model_inputs, language=self.language, task=self.task)
+
+    def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
+        if input_ids is not None:
+            raise MMSpecError("a speech target takes input_features=..., not input_ids")
+        encoder_outputs_of(self.model, model_inputs)
+        decoder_ids = model_inputs.pop("decoder_input_ids", None)
+        if decoder_ids is None:
+            decoder_ids = self.prompt_ids(model_inputs)
+        if decoder_ids.dim() != 2 or decoder_ids.shape[0] != 1 or decoder_ids.shape[1] == 0:
+            raise MMSpecError(f"decoder_input_ids must be a non-empty [1, length] tensor, got shape {tuple(decoder_ids.shape)}")
+        self.begin_index = decoder_ids.shape[1]
+        self.processors = whisper_logits_processors(self.model, self.begin_index)
+        self.processors.extend(self.extra_processors)
+        # The two suppressions as masks over the vocabulary, applied to all rows at once (the same
+        # -inf fill as transformers' processors, without a Python call per verified position).
+        config = self.model.generation_config
+        self._suppress = self._mask(config.suppress_tokens)
+        self._begin_suppress = self._mask(config.begin_suppress_tokens)
+        return decoder_ids
+
+    def _mask(self, tokens: Iterable[int] | None) -> torch.Tensor | None:
+        if not tokens:
+            return None
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.model.device)
+        ids = torch.tensor([int(t) for t in tokens if 0 <= int(t) < self.vocab_size], dtype=torch.long)
+        mask[ids.to(mask.device)] = True
+        return mask
+
+    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
+        step = super().start(sequence, num_logits, **model_inputs)
+        self._tokens = sequence
+        return self._process(step, sequence.shape[1] - num_logits)
+
+    def score(self, tokens: torch.LongTensor) -> TargetStep:
+        first_position = self.length
+        step = super().score(tokens)
+        self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
+        return self._process(step, first_position)
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        self._tokens = self._tokens[:, :length]
+
+    def _process(self, step: TargetStep, first_position: int) -> TargetStep:
+        """Suppress tokens in logits row j, which predicts the token at position first_position + j + 1."""
+        logits = step.logits
+        if self._suppress is not None:
+            logits = logits.masked_fill(self._suppress, float("-inf"))
+        begin_row = self.begin_index - 1 - first_position
+        if self._begin_suppress is not None and 0 <= begin_row < logits.shape[1]:
+            logits = logits.clone()
+            logits[:, begin_row] = logits[:, begin_row].masked_fill(self._begin_suppress, float("-inf"))
+        if self.extra_processors:
+            rows = []
+            for j in range(logits.shape[1]):
+                prefix = self._tokens[:, : first_position + j + 1]
+                row = logits[:, j]
+                for processor in self.extra_processors:
+                    row = processor(prefix, row)
+                rows.append(row)
+            logits = torch.stack(rows, dim=1)
+        return TargetStep(logits=logits, hidden_states=step.hidden_states)
