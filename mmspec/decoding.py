@@ -23,7 +23,7 @@ from .policies import DraftLengthPolicy, FixedDraftLength
 from .rules import AcceptanceRule, default_rule
 from .sampling import SamplingConfig, choose_next
 from .stats import SpecStats
-from .targets import Target
+from .targets import Target, as_target
 
 
 @dataclass
@@ -64,7 +64,7 @@ class SpeculativeDecoder:
         method: str = "speculative",
     ) -> None:
         self.drafter = as_drafter(drafter)
-        self.target = target if isinstance(target, Target) else Target(target)
+        self.target = as_target(target)
         self.target.output_hidden_states = self.drafter.needs_target_hidden_states
         if self.drafter.vocab_size is not None and self.drafter.vocab_size != self.target.vocab_size:
             raise MMSpecError(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+import importlib
+from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -97,3 +98,28 @@ class Target(CachedModel):
         logits = out.logits[:, -num_logits:]
         hidden = out.decoder_hidden_states if self.is_encoder_decoder else getattr(out, "hidden_states", None)
         return TargetStep(logits=logits, hidden_states=hidden if self.output_hidden_states else None)
+
+
+# model_type -> Target factory. Adapters register the targets their models need (Whisper's
+# suppressed tokens, VLM placeholder handling); the core looks them up for raw models.
+TARGET_FACTORIES: dict[str, Callable[[PreTrainedModel], Target]] = {}
+# Adapter packages imported (once, lazily) so they can register: plug-in discovery by name only.
+ADAPTER_PACKAGES = ("mmspec.vision", "mmspec.speech")
+
+
+def register_target(model_type: str, factory: Callable[[PreTrainedModel], Target]) -> None:
+    TARGET_FACTORIES[model_type] = factory
+
+
+def as_target(model: PreTrainedModel | Target) -> Target:
+    """The right `Target` for a raw model: its adapter's, if one registered for its model type."""
+    if isinstance(model, Target):
+        return model
+    if not isinstance(model, PreTrainedModel):
+        raise MMSpecError(f"the target must be a transformers PreTrainedModel, got {type(model).__name__}")
+    model_type = getattr(model.config, "model_type", "")
+    if model_type not in TARGET_FACTORIES:
+        for package in ADAPTER_PACKAGES:
+            importlib.import_module(package)
+    factory = TARGET_FACTORIES.get(model_type, Target)
+    return factory(model)

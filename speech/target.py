@@ -46,7 +46,7 @@ from transformers.generation.logits_process import (
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..errors import MMSpecError
-from ..targets import Target, TargetStep
+from ..targets import Target, TargetStep, register_target
 
 TASKS = ("transcribe", "translate")
 
@@ -321,3 +321,6 @@ class WhisperTarget(Target):
                 rows.append(row)
             logits = torch.stack(rows, dim=1)
         return TargetStep(logits=logits, hidden_states=step.hidden_states)
+
+
+register_target("whisper", WhisperTarget)

@@ -50,3 +50,17 @@ def test_plain_decoding_has_tau_one(target, prompt):
 
     out = speculative_generate(target, NeverAgreeDrafter(target), prompt, max_new_tokens=10)
     assert out.stats.tau == 1.0 and out.stats.alpha == 0.0
+
+
+def test_raw_models_get_their_adapters_target():
+    from mmspec.targets import as_target
+    from mmspec.testing import tiny_llama
+
+    assert type(as_target(tiny_llama())).__name__ == "Target"
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    config = LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                        num_attention_heads=2, image_size=28, patch_size=14),
+                         text_config=LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                 num_attention_heads=2), image_token_id=49)
+    assert type(as_target(LlavaForConditionalGeneration(config))).__name__ == "VisionTarget"

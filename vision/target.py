@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ..targets import Target
+from ..targets import Target, register_target
 from .models import feature_token_ids, modality_token_types
 
 
@@ -44,3 +44,7 @@ class VisionTarget(Target):
     def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
         # A placeholder id among the drafts would be counted as a slot for visual features.
         return not bool(torch.isin(drafts, self.placeholder_ids.to(drafts.device)).any())
+
+
+for _model_type in ("llava", "llava_onevision", "llava_next_video", "qwen2_vl"):
+    register_target(_model_type, VisionTarget)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmspec import PromptLookupDrafter, speculative_generate
+from mmspec import PromptLookupDrafter, Target, speculative_generate
 from mmspec.vision import TextOnlyDrafter, VisionTarget
 
 from .drafters import MultimodalFlakyDrafter, MultimodalNeverAgreeDrafter, MultimodalSelfDrafter
@@ -33,26 +33,27 @@ def make_drafter(kind, case, text_lm):
     return MultimodalFlakyDrafter(case.model)
 
 
-def run(case, drafter, k, raw_model=False, **overrides):
+def run(case, drafter, k, wrap="vision-target", **overrides):
     inputs = dict(case.inputs, **overrides)
-    # A raw model takes the core's safe path (prompt prefilled alone); VisionTarget lets drafts join the prefill.
-    target = case.model if raw_model else VisionTarget(case.model)
+    # A raw model gets VisionTarget from the registry; the plain core Target takes the safe path
+    # (prompt prefilled alone, drafts scored after); VisionTarget lets drafts join the prefill.
+    target = {"vision-target": VisionTarget, "raw-model": lambda m: m, "core-target": Target}[wrap](case.model)
     out = speculative_generate(target, drafter, case.input_ids, max_new_tokens=MAX_NEW, num_draft_tokens=k, **inputs)
     want = expected(case)
     assert out.sequences[0].tolist() == want[0].tolist(), f"{case.name}: speculative output differs from generate"
     return out
 
 
-@pytest.mark.parametrize("raw_model", [False, True], ids=["vision-target", "raw-model"])
+@pytest.mark.parametrize("wrap", ["vision-target", "raw-model", "core-target"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("kind", ["text-only", "never", "lookup"])
 @pytest.mark.parametrize("name", CASES)
-def test_greedy_identical(name, kind, k, raw_model, vlm_cases, text_lm):
+def test_greedy_identical(name, kind, k, wrap, vlm_cases, text_lm):
     case = vlm_cases[name]
-    out = run(case, make_drafter(kind, case, text_lm), k, raw_model=raw_model)
+    out = run(case, make_drafter(kind, case, text_lm), k, wrap=wrap)
     if kind == "never":
         assert out.stats.accepted == 0
-        assert out.stats.target_forwards == out.stats.new_tokens + (1 if raw_model else 0)
+        assert out.stats.target_forwards == out.stats.new_tokens + (1 if wrap == "core-target" else 0)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
