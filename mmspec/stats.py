@@ -58,6 +58,11 @@ class SpecStats:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def step_compression(self) -> float:
+        """Image-AR name for tau: tokens per target forward."""
+        return self.tau
+
+    @property
     def alpha(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
@@ -87,6 +92,7 @@ class SpecStats:
         data = asdict(self)
         data.update(
             tau=self.tau,
+            step_compression=self.tau,
             alpha=self.alpha,
             tokens_per_second=self.tokens_per_second,
             per_position_acceptance=self.per_position_acceptance,

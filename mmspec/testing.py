@@ -69,11 +69,24 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def assert_greedy_equal(
-    target: PreTrainedModel, drafter: Any, input_ids: torch.LongTensor | None, *, max_new_tokens: int, **kwargs: Any
+    target: PreTrainedModel,
+    drafter: Any,
+    input_ids: torch.LongTensor | None,
+    *,
+    max_new_tokens: int,
+    reference: torch.Tensor | None = None,
+    **kwargs: Any,
 ) -> SpeculativeOutput:
-    """Speculative greedy output must equal `target.generate(do_sample=False)` token for token."""
+    """Speculative greedy output must equal `target.generate(do_sample=False)` token for token.
+
+    `reference` replaces the generate call for models whose `generate` returns another layout
+    (e.g. Whisper without `return_dict_in_generate`); it must be prompt + new tokens.
+    """
     model_inputs = {k: v for k, v in kwargs.items() if k not in ("policy", "num_draft_tokens", "rule", "on_tokens")}
-    expected = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **model_inputs)
+    if reference is not None:
+        expected = reference
+    else:
+        expected = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **model_inputs)
     out = speculative_generate(target, drafter, input_ids, max_new_tokens=max_new_tokens, **kwargs)
     if not torch.equal(out.sequences, expected):
         at = first_difference(out.sequences, expected)

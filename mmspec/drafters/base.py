@@ -30,7 +30,12 @@ class Drafter(ABC):
         """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        """Called once per generation, before the target's prefill, with the prompt and the target's extra inputs."""
+        """Called once per generation, before the target's prefill, with the prompt and the target's extra inputs.
+
+        `model_inputs` is the same dict the target's prefill receives next: a drafter may replace
+        an input with a derived one both can use (e.g. `encoder_outputs` for `input_features`,
+        so the encoder runs once).
+        """
 
     def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
         """Called right after the target's prefill of `sequence` (drafters that read the target's state)."""

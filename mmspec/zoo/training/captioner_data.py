@@ -218,3 +218,50 @@ AUX_DIM = (2 * len(AUX_COLOURS) + len(AUX_KINDS) + len(AUX_MOTIONS) + len(AUX_DI
 
 def zoo_folder() -> Path:
     return Path(__file__).resolve().parents[1] / "models" / "shapes-video-captioner"
+
+
+# ---------------------------------------------------------------- dense per-token targets
+
+DENSE_COLOURS = ("none",) + SHAPE_COLOURS  # 7 classes
+DENSE_KINDS = ("none",) + AUX_KINDS  # 5 classes
+_INDEX_COLOURS = ("red", "blue", "green", "yellow", "purple", "orange")  # shape i drawn in colour i
+
+
+def dense_targets(scene, num_frames: int = FRAMES, size: int = FRAME_SIZE, min_pixels: int = 12) -> np.ndarray:
+    """Per frame and per pooled token (a 16x16-pixel cell of the 6x6 grid): the colour
+    and kind of the shape covering most of the cell (class 0 = background).
+
+    Shapes are identified by re-rendering the scene with shape ``i`` painted in a unique
+    colour (same geometry as :func:`mmspec.world.render_video`). Returns int64
+    ``[num_frames, 36, 2]`` (colour class, kind class).
+    """
+    from dataclasses import replace
+
+    from mmspec.world import Scene, render_video
+    from mmspec.world.render import shape_state
+    from mmspec.world.scenes import RGB
+
+    shapes = scene.shapes
+    if len(shapes) > len(_INDEX_COLOURS):
+        raise ValueError("too many shapes for index rendering")
+    painted = tuple(replace(s, colour=_INDEX_COLOURS[i], motion="still" if s.motion == "changing" else s.motion,
+                            to_colour=None) for i, s in enumerate(shapes))
+    frames = render_video(Scene(painted, "white"), num_frames, size).astype(np.int32)
+    index = np.zeros(frames.shape[:3], np.int64)  # 0 = background
+    for i in range(len(shapes)):
+        r, g, b = RGB[_INDEX_COLOURS[i]]
+        index[(frames[..., 0] == r) & (frames[..., 1] == g) & (frames[..., 2] == b)] = i + 1
+    side = PATCHES_PER_SIDE // POOL_STRIDE
+    cell = size // side
+    cells = index.reshape(num_frames, side, cell, side, cell).transpose(0, 1, 3, 2, 4).reshape(num_frames, side * side, -1)
+    counts = np.stack([(cells == i + 1).sum(-1) for i in range(len(shapes))], -1)  # [T, 36, n]
+    best = counts.argmax(-1)
+    covered = counts.max(-1) >= min_pixels
+    out = np.zeros((num_frames, side * side, 2), np.int64)
+    ts = [i / (num_frames - 1) if num_frames > 1 else 0.0 for i in range(num_frames)]
+    for f, t in enumerate(ts):
+        colours = [DENSE_COLOURS.index(shape_state(s, t)[3]) for s in shapes]
+        kinds = [DENSE_KINDS.index(s.kind) for s in shapes]
+        for c in np.nonzero(covered[f])[0]:
+            out[f, c] = (colours[best[f, c]], kinds[best[f, c]])
+    return out

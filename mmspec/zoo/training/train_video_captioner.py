@@ -111,7 +111,9 @@ def build_model(lm_dir: Path, seed: int):
 
 
 class AuxHead(nn.Module):
-    """Throw-away head for stage A: one transformer block over the pooled visual tokens."""
+    """Throw-away heads for stage A: a per-token linear head (colour and kind of the shape
+    under each pooled token, per frame) and one transformer block over the 288 pooled
+    tokens of a video for video-level multi-label targets (motions, directions, ...)."""
 
     def __init__(self, dim: int, frames: int, out: int):
         super().__init__()
@@ -121,12 +123,28 @@ class AuxHead(nn.Module):
         self.block = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.norm = nn.LayerNorm(dim)
         self.out = nn.Linear(dim, out)
+        self.dense = nn.Linear(dim, len(cd.DENSE_COLOURS) + len(cd.DENSE_KINDS))
 
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:  # [B*T, 36, dim] -> [B, out]
+    def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B*T, 36, dim]`` -> video logits ``[B, out]``, token logits ``[B*T, 36, 12]``."""
         bt, n, d = pooled.shape
         x = pooled.view(bt // self.frames, self.frames, n, d) + self.frame_emb
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x.flatten(1, 2)], 1)
-        return self.out(self.norm(self.block(x)[:, 0]))
+        return self.out(self.norm(self.block(x)[:, 0])), self.dense(pooled)
+
+
+DENSE_CLASS_WEIGHT = torch.tensor([0.25] + [1.0] * 6), torch.tensor([0.25] + [1.0] * 4)  # background down-weighted
+
+
+def aux_loss(head: AuxHead, pooled: torch.Tensor, scenes) -> torch.Tensor:
+    """Multi-label video loss + per-token colour/kind cross-entropy."""
+    video_logits, token_logits = head(pooled)
+    target = torch.from_numpy(np.stack([cd.aux_targets(s) for s in scenes]))
+    dense = torch.from_numpy(np.stack([cd.dense_targets(s) for s in scenes])).flatten(0, 1)  # [B*T, 36, 2]
+    nc = len(cd.DENSE_COLOURS)
+    colour = F.cross_entropy(token_logits[..., :nc].flatten(0, 1), dense[..., 0].flatten(), weight=DENSE_CLASS_WEIGHT[0])
+    kind = F.cross_entropy(token_logits[..., nc:].flatten(0, 1), dense[..., 1].flatten(), weight=DENSE_CLASS_WEIGHT[1])
+    return 5.0 * F.binary_cross_entropy_with_logits(video_logits, target) + colour + kind
 
 
 def pooled_features(model, pixel_values_videos: torch.Tensor) -> torch.Tensor:
@@ -184,8 +202,16 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
 def aux_accuracy(model, head, examples_) -> float:
     """Exact-set accuracy of the stage-A head on colours/kinds/motions (3 groups averaged)."""
     model.eval()
-    logits = head(pooled_features(model, videos([s for s, _ in examples_])))
+    scenes = [s for s, _ in examples_]
+    pooled = pooled_features(model, videos(scenes))
+    logits, token_logits = head(pooled)
     model.train()
+    dense = torch.from_numpy(np.stack([cd.dense_targets(s) for s in scenes])).flatten(0, 1)
+    nc = len(cd.DENSE_COLOURS)
+    fg = dense[..., 0] > 0
+    colour_acc = (token_logits[..., :nc].argmax(-1) == dense[..., 0])[fg].float().mean().item()
+    kind_acc = (token_logits[..., nc:].argmax(-1) == dense[..., 1])[fg].float().mean().item()
+    print(f"held-out token accuracy on shape cells: colour {colour_acc:.3f}, kind {kind_acc:.3f}", flush=True)
     pred = (logits > 0).float().numpy()
     true = np.stack([cd.aux_targets(s) for s, _ in examples_])
     spans = {"colours": (0, 6), "kinds": (12, 16), "motions": (16, 22)}
@@ -217,6 +243,7 @@ def evaluate(model, tok, examples_, batch_size: int = 10) -> tuple[dict, list[di
                          "pred": cd.parse_caption(text), "gold": cd.scene_attributes(scene)})
     model.train()
     n = len(rows)
+    said_bg = [r for r in rows if r["pred"]["background"] is not None]
     acc = lambda key: sum(r["pred"][key] == r["gold"][key] for r in rows) / n  # noqa: E731
     quality = {
         "heldout_videos": n,
@@ -228,7 +255,9 @@ def evaluate(model, tok, examples_, batch_size: int = 10) -> tuple[dict, list[di
         "heldout_all_three_correct": round(sum(all(r["pred"][k] == r["gold"][k] for k in ("colours", "kinds", "motions"))
                                                for r in rows) / n, 4),
         "heldout_direction_accuracy": round(acc("directions"), 4),
-        "heldout_background_accuracy": round(acc("background"), 4),
+        "heldout_background_accuracy_when_mentioned": (
+            round(sum(r["pred"]["background"] == r["gold"]["background"] for r in said_bg) / len(said_bg), 4)
+            if said_bg else None),
         "heldout_caption_loss": round(nll / count, 4),
         "heldout_mean_new_tokens": round(sum(r["new_tokens"] for r in rows) / n, 2),
         "heldout_ended_with_eos": round(sum(r["ended"] for r in rows) / n, 4),
@@ -256,6 +285,14 @@ def train(args) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"captioner: {n_params / 1e6:.2f}M parameters, vocab {old_vocab} -> {len(tok)}, "
           f"{cd.VISUAL_TOKENS} visual tokens per video", flush=True)
+    with torch.inference_mode():  # the caption LM's own greedy caption (no video): a chance-level reference
+        model.eval()
+        bos = torch.tensor([[tok.bos_token_id]])
+        out = model.generate(input_ids=bos, attention_mask=torch.ones_like(bos), max_new_tokens=MAX_NEW_TOKENS,
+                             do_sample=False)
+        text_only_caption = tok.decode(out[0, 1:], skip_special_tokens=True).strip()
+        model.train()
+    print(f"text-only greedy caption of the LM: {text_only_caption!r}", flush=True)
     head = AuxHead(VISION["hidden_size"], cd.FRAMES, cd.AUX_DIM)
     stream = Stream(args.seed)
     heldout = [sample_example(example_seed("heldout", args.seed, i)) for i in range(args.eval_n)]
@@ -267,29 +304,43 @@ def train(args) -> None:
     vision_params = list(model.model.vision_tower.parameters()) + list(head.parameters())
     proj_params = list(model.model.multi_modal_projector.parameters())
 
-    # ---- stage A: vision tower + pooler with the multi-label head
+    # ---- stage A: vision tower + pooler with the per-token and per-video heads
     opt_a = torch.optim.AdamW(vision_params, lr=args.aux_lr, weight_decay=0.01)
     t_a = time.time()
-    bar = tqdm(range(args.aux_steps), desc="stage A (vision)", mininterval=10)
-    for step in bar:
-        if time.time() > deadline - 60:
-            print("deadline reached in stage A", flush=True)
+    aux_total = args.aux_steps
+    aux_deadline = t_a + args.aux_minutes * 60
+    bar = tqdm(total=aux_total or None, desc="stage A (vision)", mininterval=10)
+    step, timed = 0, []
+    while not aux_total or step < aux_total:
+        now = time.time()
+        if now > deadline - 60 or (not aux_total and step > 3 and now > aux_deadline):
+            print(f"stage-A time budget reached at step {step}", flush=True)
             break
+        if not aux_total and len(timed) == 3:
+            aux_total = step + max(1, int((aux_deadline - now) / float(np.median(timed))))
+            bar.total = aux_total
+            print(f"stage A: {np.median(timed):.2f}s per step -> {aux_total} steps", flush=True)
+        t0 = time.time()
         batch = stream.take(args.aux_batch_size)
-        target = torch.from_numpy(np.stack([cd.aux_targets(s) for s, _ in batch]))
         for g in opt_a.param_groups:
-            g["lr"] = args.aux_lr * lr_factor(step, args.aux_steps, 30)
-        loss = F.binary_cross_entropy_with_logits(head(pooled_features(model, videos([s for s, _ in batch]))), target)
+            g["lr"] = args.aux_lr * lr_factor(step, aux_total or 10**9, 30)
+        scenes = [s for s, _ in batch]
+        loss = aux_loss(head, pooled_features(model, videos(scenes)), scenes)
         opt_a.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vision_params, 1.0)
         opt_a.step()
-        if step % 25 == 0 or step == args.aux_steps - 1:
+        if step >= 1 and len(timed) < 3:
+            timed.append(time.time() - t0)
+        if step % 25 == 0 or step == aux_total - 1:
             bar.set_postfix(loss=f"{loss.item():.4f}")
             print(f"A step {step} aux_loss {loss.item():.4f} elapsed {time.time() - start:.0f}s", flush=True)
-    aux_steps_done = step + 1 if args.aux_steps else 0
+        bar.update(1)
+        step += 1
+    bar.close()
+    aux_steps_done = step
     stage_a_s = time.time() - t_a
-    aux_acc = aux_accuracy(model, head, heldout[:64]) if args.aux_steps else None
+    aux_acc = aux_accuracy(model, head, heldout[:64]) if aux_steps_done else None
     print(f"stage A: {aux_steps_done} steps in {stage_a_s:.0f}s; held-out aux set accuracy {aux_acc}", flush=True)
     del opt_a
 
@@ -339,9 +390,7 @@ def train(args) -> None:
             hook.remove()
         loss = out.loss
         if args.aux_weight > 0:
-            aux_target = torch.from_numpy(np.stack([cd.aux_targets(s) for s, _ in batch]))
-            aux = F.binary_cross_entropy_with_logits(head(captured["pooled"]), aux_target)
-            loss = loss + args.aux_weight * aux
+            loss = loss + args.aux_weight * aux_loss(head, captured["pooled"], [s for s, _ in batch])
         f = lr_factor(step, plan, args.warmup)
         for g, spec in zip(opt.param_groups, groups):
             g["lr"] = spec["base"] * f
@@ -378,6 +427,11 @@ def train(args) -> None:
     model.eval()
     t_e = time.time()
     quality, rows = evaluate(model, tok, heldout)
+    base = cd.parse_caption(text_only_caption)
+    golds = [cd.scene_attributes(s) for s, _ in heldout]
+    quality["reference_text_only_caption"] = text_only_caption
+    quality["reference_text_only_attribute_accuracy"] = round(
+        sum(base[k] == g[k] for g in golds for k in ("colours", "kinds", "motions")) / (3 * len(golds)), 4)
     quality["eval_wall_time_s"] = round(time.time() - t_e, 1)
     print(json.dumps(quality, indent=1), flush=True)
     for r in rows[:8]:
@@ -431,7 +485,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
         "trained_on": (f"shapes-world train examples rendered on the fly (mmspec.world.sample_example("
                        f"example_seed('train', {args.seed}, i)), render_video(scene, {cd.FRAMES}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage A: {info['aux_steps']} steps x {args.aux_batch_size} videos, "
-                       f"multi-label scene-content loss on the vision tower; stage B: {info['steps']} steps x "
+                       f"per-token colour/kind cross-entropy + per-video multi-label scene-content loss on throw-away heads over the pooled vision tokens; stage B: {info['steps']} steps x "
                        f"{args.batch_size} videos, caption cross-entropy (+{args.aux_weight} x stage-A loss), LM frozen"
                        + (f" until step {info['lm_start']}, then lr {args.lm_lr}" if info["lm_start"] is not None else "")),
         "seed": args.seed,
@@ -453,8 +507,9 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
                                    f"{args.seed}, i)), greedy, max {MAX_NEW_TOKENS} new tokens, fp16 weights "
                                    "upcast to fp32"},
         "rebuild_command": (f"python -m mmspec.zoo.training.train_video_captioner --seed {args.seed} "
-                            f"--aux-steps {info['aux_steps']} --steps {info['steps']} --batch-size {args.batch_size} "
-                            f"--lm-frac {args.lm_frac} --max-minutes {args.max_minutes}"),
+                            f"--aux-steps {info['aux_steps']} --aux-batch-size {args.aux_batch_size} --steps {info['steps']} "
+                            f"--batch-size {args.batch_size} "
+                            f"--lm-frac {args.lm_frac} --max-minutes 600"),
     }
     (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
     (folder / "heldout_samples.json").write_text(json.dumps(rows[:20], indent=1) + "\n")
@@ -467,17 +522,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lm-dir", default=str(LM_DIR))
     parser.add_argument("--out", default=str(OUT_DIR))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-minutes", type=float, default=48.0,
+    parser.add_argument("--max-minutes", type=float, default=50.0,
                         help="wall-clock budget of training (evaluation and saving come after)")
-    parser.add_argument("--aux-steps", type=int, default=500)
+    parser.add_argument("--aux-steps", type=int, default=0, help="stage-A steps; 0 = fit --aux-minutes")
+    parser.add_argument("--aux-minutes", type=float, default=10.0)
     parser.add_argument("--aux-batch-size", type=int, default=32)
     parser.add_argument("--aux-lr", type=float, default=2e-3)
     parser.add_argument("--steps", type=int, default=0, help="stage-B steps; 0 = fit the time budget")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--vision-lr", type=float, default=5e-4)
     parser.add_argument("--proj-lr", type=float, default=1e-3)
-    parser.add_argument("--lm-lr", type=float, default=5e-5)
-    parser.add_argument("--lm-frac", type=float, default=0.35, help="last share of stage B with the LM unfrozen")
+    parser.add_argument("--lm-lr", type=float, default=1e-4)
+    parser.add_argument("--lm-frac", type=float, default=0.5, help="last share of stage B with the LM unfrozen")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--aux-weight", type=float, default=0.3)
     parser.add_argument("--eval-n", type=int, default=50)
