@@ -61,6 +61,13 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     return heldout_prompts(args.num_prompts, seed=args.seed)
 
 
+def set_threads(args: argparse.Namespace) -> None:
+    import torch
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+
+
 def emit(report, args: argparse.Namespace) -> None:
     print(report.to_json() if args.json else report.to_table())
 
@@ -69,6 +76,7 @@ def cmd_bench_text(args: argparse.Namespace) -> int:
     from .bench.text import bench_text
     from .zoo import load_causal_lm
 
+    set_threads(args)
     target, tokenizer = load_causal_lm(args.model, "target")
     drafter, _ = load_causal_lm(args.drafter, "drafter")
     if tokenizer is None:
@@ -88,6 +96,7 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
 
     from .bench.text import bench_text, inert_layer_pair
 
+    set_threads(args)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=1000, hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512, eos_token_id=None)
@@ -107,6 +116,7 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
     from .vision.pipeline import CaptionPipeline
     from .world import examples, render_video
 
+    set_threads(args)
     pipe = CaptionPipeline.from_pretrained(args.model, drafter=args.drafter)
     frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
     items = []
@@ -211,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--num-prompts", type=int, default=50)
     text.add_argument("--repeats", type=int, default=3)
     text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     text.add_argument("--json", action="store_true")
     text.set_defaults(func=cmd_bench_text)
 
@@ -224,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
     vision.add_argument("--repeats", type=int, default=3)
     vision.add_argument("--seed", type=int, default=0)
+    vision.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     vision.add_argument("--json", action="store_true")
     vision.set_defaults(func=cmd_bench_vision)
 
@@ -234,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--num-draft-tokens", "-k", type=int, default=5)
     overhead.add_argument("--num-prompts", type=int, default=8)
     overhead.add_argument("--repeats", type=int, default=3)
+    overhead.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     overhead.add_argument("--json", action="store_true")
     overhead.set_defaults(func=cmd_bench_overhead)
 

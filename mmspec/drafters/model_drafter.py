@@ -50,6 +50,9 @@ class ModelDrafter(Drafter):
     def __init__(self, model: PreTrainedModel) -> None:
         self.lm = CachedModel(model, role="drafter")
         self.vocab_size = self.lm.vocab_size
+        # Drafting past an end token is wasted work: the target stops there too.
+        eos = model.generation_config.eos_token_id
+        self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
         self._cached_tokens = torch.empty(0, dtype=torch.long)
         self._encoder_inputs: dict[str, Any] = {}
 
@@ -81,6 +84,8 @@ class ModelDrafter(Drafter):
             if dist is not None:
                 dists.append(dist)
             if step + 1 == max_tokens or (confidence is not None and not policy.keep_drafting(confidence)):
+                break
+            if int(token[0]) in self._stop_ids:
                 break
             logits = self.lm.extend(token[:, None], logits_to_keep=1).logits[:, -1, :]
         drafted = torch.stack(tokens, dim=1)
