@@ -36,7 +36,7 @@ class SpeculativeOutput:
 
 def eos_ids(model: PreTrainedModel, eos_token_id: int | Iterable[int] | None) -> set[int]:
     if eos_token_id is None:
-        eos_token_id = model.generation_config.eos_token_id
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos_token_id is None:
         return set()
     if isinstance(eos_token_id, int):

@@ -51,7 +51,7 @@ class ModelDrafter(Drafter):
         self.lm = CachedModel(model, role="drafter")
         self.vocab_size = self.lm.vocab_size
         # Drafting past an end token is wasted work: the target stops there too.
-        eos = model.generation_config.eos_token_id
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
         self._cached_tokens = torch.empty(0, dtype=torch.long)
         self._encoder_inputs: dict[str, Any] = {}
