@@ -118,7 +118,7 @@ def test_prompts_are_prefixes_of_heldout_captions(tmp_path):
 def test_write_video_round_trips(tmp_path):
     av = pytest.importorskip("av")
     frames = render_video(sample_scene(2), num_frames=10, size=(33, 45))  # odd sides on purpose
-    path = write_video(frames, tmp_path / "video.mp4", fps=8)
+    path = write_video(tmp_path / "video.mp4", frames, fps=8)
     with av.open(str(path)) as container:
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(decoded) == 10

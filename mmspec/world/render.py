@@ -8,11 +8,10 @@ colour-changing shapes switch colour half-way.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
-from pathlib import Path
-
 import numpy as np
 from PIL import Image, ImageDraw
+
+from ..media import write_video  # noqa: F401 (re-exported: the world writes its videos with it)
 
 from .scenes import RGB, SIZE_RADIUS, Scene, Shape
 
@@ -99,37 +98,3 @@ def render_video(scene: Scene, num_frames: int = 16, size: int | tuple[int, int]
         raise ValueError("num_frames must be >= 1")
     ts = [i / (num_frames - 1) if num_frames > 1 else 0.0 for i in range(num_frames)]
     return np.stack([np.asarray(render_image(scene, size, t)) for t in ts])
-
-
-def _codec() -> str:
-    import av
-
-    # libx264 is sharper for the same size; mpeg4 is the fallback every av wheel has.
-    return "libx264" if "libx264" in av.codecs_available else "mpeg4"
-
-
-def write_video(frames: np.ndarray, path: str | Path, fps: int = 8) -> Path:
-    """Encode uint8 ``[T, H, W, 3]`` frames to ``path`` (e.g. ``video.mp4``) with PyAV."""
-    import av
-
-    frames = np.asarray(frames)
-    if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
-        raise ValueError(f"expected frames of shape [T, H, W, 3], got {frames.shape}")
-    frames = frames.astype(np.uint8, copy=False)
-    # yuv420p needs even sides: pad by repeating the last row / column.
-    _, h, w, _ = frames.shape
-    ph, pw = h % 2, w % 2
-    if ph or pw:
-        frames = np.pad(frames, ((0, 0), (0, ph), (0, pw), (0, 0)), mode="edge")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(_codec(), rate=Fraction(int(fps), 1))
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():  # flush the encoder
-            container.mux(packet)
-    return path

@@ -97,8 +97,8 @@ def test_file_without_video_stream(tmp_path):
 
 
 def test_write_video_validates_frames(tmp_path):
-    with pytest.raises(MMSpecError, match="even"):
-        write_video(tmp_path / "odd.mp4", np.zeros((2, 5, 6, 3), dtype=np.uint8))
+    # Odd sides are padded to even (yuv420p), not refused.
+    assert load_video(write_video(tmp_path / "odd.mp4", np.zeros((2, 5, 7, 3), dtype=np.uint8)), num_frames=2).shape == (2, 6, 8, 3)
     with pytest.raises(MMSpecError, match="uint8"):
         write_video(tmp_path / "float.mp4", np.zeros((2, 4, 4, 3)))
 

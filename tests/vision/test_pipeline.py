@@ -1,0 +1,106 @@
+"""The caption pipeline and `mmspec caption` on a tiny random LLaVA-NeXT-Video with a real processor.
+
+The processor is the zoo captioner's (built offline from the zoo tokenizer); the model is random,
+so only exactness and plumbing are tested here, not caption quality.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, CLIPVisionConfig, LlamaConfig, LlavaNextVideoConfig, LlavaNextVideoForConditionalGeneration
+
+from mmspec.cli import main
+from mmspec.vision import write_video
+from mmspec.vision.pipeline import CaptionPipeline
+from mmspec.zoo import resolve
+from mmspec.zoo.training import captioner_data as cd
+
+
+@pytest.fixture(scope="module")
+def tiny_captioner_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-captioner")
+    tokenizer = cd.extend_tokenizer(AutoTokenizer.from_pretrained(resolve("shapes-caption-lm")))
+    processor = cd.build_processor(tokenizer)
+    torch.manual_seed(0)
+    config = LlavaNextVideoConfig(
+        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                       image_size=cd.FRAME_SIZE, patch_size=cd.PATCH_SIZE),
+        text_config=LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                pad_token_id=tokenizer.pad_token_id),
+        video_token_id=tokenizer.convert_tokens_to_ids(cd.VIDEO_TOKEN),
+        image_token_id=tokenizer.convert_tokens_to_ids(cd.IMAGE_TOKEN),
+        vision_feature_select_strategy="default", vision_feature_layer=-1, spatial_pool_stride=cd.POOL_STRIDE,
+        image_grid_pinpoints=[[cd.FRAME_SIZE, cd.FRAME_SIZE]],
+    )
+    model = LlavaNextVideoForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def frames():
+    from mmspec.world import examples, render_video
+
+    scene, _ = examples(1, seed=3, split="heldout")[0]
+    return render_video(scene, num_frames=cd.FRAMES, size=cd.FRAME_SIZE)
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_captioner_folder):
+    return CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter")
+
+
+@pytest.mark.parametrize("method", ["ar", "text", "std"])
+def test_every_method_gives_the_models_own_greedy_caption(pipe, frames, method):
+    inputs = pipe.prepare_inputs(video=frames)
+    assert int((inputs["input_ids"] == pipe.model.config.video_token_id).sum()) == cd.VISUAL_TOKENS
+    expected = pipe.model.generate(**inputs, do_sample=False, max_new_tokens=16)
+    out = pipe(video=frames, max_new_tokens=16, method=method, progress_bar=False)
+    assert out.sequences[0].tolist() == expected[0].tolist()
+    assert out.method == method and out.stats.new_tokens == expected.shape[1] - inputs["input_ids"].shape[1]
+
+
+def test_default_method_and_text_drafter_vocab(pipe):
+    assert pipe.default_method == "text"  # a drafter is loaded and no measurement says otherwise
+    assert pipe.make_drafter("text").vocab_size == pipe.model.get_output_embeddings().weight.shape[0]
+
+
+def test_bad_calls(pipe, frames, tmp_path):
+    from mmspec import MMSpecError
+
+    with pytest.raises(MMSpecError, match="exactly one"):
+        pipe(video=frames, image=frames[0])
+    with pytest.raises(MMSpecError, match="unknown method"):
+        pipe(video=frames, method="magic")
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"\x00\x01not a video" * 100)
+    with pytest.raises(MMSpecError):
+        pipe(video=broken)
+
+
+def test_cli_caption_json_on_a_foreign_video(tiny_captioner_folder, tmp_path, capsys):
+    # A video the shapes world did not make: moving gradient noise, odd size, 15 frames.
+    rng = np.random.default_rng(0)
+    clip = (np.linspace(0, 255, 15 * 50 * 70 * 3).reshape(15, 50, 70, 3) + rng.integers(0, 40, (15, 50, 70, 3))) % 256
+    path = write_video(tmp_path / "foreign.mp4", clip.astype(np.uint8))
+    code = main(["caption", str(path), "--model", str(tiny_captioner_folder), "--drafter", "shapes-caption-drafter",
+                 "--max-new-tokens", "8", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["method"] == "text" and "method 'text'" in captured.err
+    assert {"new_tokens", "target_forwards", "mean_accepted_length", "acceptance_rate", "wall_time_s", "tokens_per_s"} <= set(result["stats"])
+
+
+def test_cli_caption_corrupt_file(tiny_captioner_folder, tmp_path, capsys):
+    bad = tmp_path / "corrupt.mp4"
+    bad.write_bytes(b"garbage" * 1000)
+    code = main(["caption", str(bad), "--model", str(tiny_captioner_folder), "--drafter", "shapes-caption-drafter"])
+    err = capsys.readouterr().err
+    assert code == 2 and "mmspec: error:" in err and "Traceback" not in err
