@@ -179,6 +179,38 @@ def cmd_caption(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    from .speech.pipeline import DEFAULT_ASR_MODEL, TranscriptionPipeline
+
+    if args.model is None:
+        from .zoo import entries
+
+        if DEFAULT_ASR_MODEL not in {e.name for e in entries()}:
+            raise MMSpecError(f"the toy ASR model {DEFAULT_ASR_MODEL!r} is not in this install's zoo; pass --model ID|PATH")
+        print(f"mmspec: using the embedded toy ASR model {DEFAULT_ASR_MODEL!r} (trained on synthetic speech; "
+              "pass --model for a real checkpoint)", file=sys.stderr)
+    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder)
+    if args.method is None:
+        print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
+    out = pipe(args.path, method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
+               progress_bar=not args.json)
+    s = out.stats
+    if out.note:
+        print(f"mmspec: {out.note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({
+            "text": out.text, "method": out.method, "mode": out.mode, "model": out.model, "note": out.note,
+            "stats": {"new_tokens": s.new_tokens, "target_forwards": s.target_forwards, "mean_accepted_length": s.tau,
+                      "acceptance_rate": s.alpha, "wall_time_s": s.total_time, "tokens_per_s": s.tokens_per_second,
+                      "decoder_passes": out.decoder_passes, "drafter_forwards": s.drafter_forwards,
+                      "chunks": len(out.chunks), "transcription_time_s": out.total_time_s},
+        }, indent=2))
+    else:
+        print(out.text)
+        print(f"{s.summary()}; {out.decoder_passes} decoder passes over {len(out.chunks)} chunk(s)", file=sys.stderr)
+    return 0
+
+
 def cmd_zoo_list(args: argparse.Namespace) -> int:
     from .zoo import entries
 
@@ -264,6 +296,20 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--seed", type=int, default=0)
     caption.add_argument("--json", action="store_true")
     caption.set_defaults(func=cmd_caption)
+
+    transcribe = commands.add_parser("transcribe", help="transcribe speech with hybrid decoding (fast draft + Whisper verification)")
+    transcribe.add_argument("path", help="audio file (any file PyAV decodes, or the audio track of a video)")
+    transcribe.add_argument("--model", default=None, help="zoo name, local folder or Hub id of a Whisper model (default: the toy ASR model)")
+    transcribe.add_argument("--fast-decoder", default=None,
+                            help="folder of a trained CTC fast decoder (default: the model folder's fast_decoder/, if any)")
+    transcribe.add_argument("--method", choices=["ar", "hybrid"], default=None,
+                            help="ar = plain greedy decoding, hybrid = fast draft + verification (default: hybrid if a fast decoder exists)")
+    transcribe.add_argument("--mode", choices=["strict", "relaxed"], default="strict",
+                            help="strict = identical to greedy decoding; relaxed = accept highly ranked drafts (hybrid only)")
+    transcribe.add_argument("--language", default=None, help="language code or name (default: detected)")
+    transcribe.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
+    transcribe.add_argument("--json", action="store_true")
+    transcribe.set_defaults(func=cmd_transcribe)
 
     zoo = commands.add_parser("zoo", help="the embedded toy model zoo").add_subparsers(dest="zoo_command", required=True)
     zoo_list = zoo.add_parser("list", help="list zoo models with size, training data, quality and rebuild command")

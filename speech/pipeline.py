@@ -1,0 +1,336 @@
+"""A diffusers-style transcription pipeline: Whisper verifies, a fast CTC decoder drafts (Hybrid Decoding).
+
+    pipe = TranscriptionPipeline.from_pretrained("path/to/whisper-folder")   # or a zoo name / Hub id
+    out = pipe(audio="clip.wav", method="hybrid", mode="strict")
+    out.text, out.decoder_passes, out.stats.tau
+
+Methods:
+  hybrid  Hybrid Decoding (Lim et al., "Hybrid Decoding: Rapid Pass and Selective Detailed
+          Correction for Sequence Models", arXiv 2508.19671): the fast decoder drafts the whole
+          chunk in one pass, the big decoder verifies and corrects it (`speech/hybrid.py`).
+          `strict` output is identical to the model's greedy `generate`; `relaxed` accepts
+          drafts the big decoder ranks highly enough (not lossless, see `relaxed_top_r_rule`).
+  ar      plain greedy decoding through the same loop and the same Whisper target (the baseline).
+
+Conventions and decisions:
+  - Fast decoder: pass `fast_decoder=` (a folder or a `CTCFastDecoder`); otherwise a
+    `fast_decoder/` subfolder of the model folder is loaded if present (the model folder is the
+    Whisper checkpoint + processor; `fast_decoder/` holds the `CTCFastDecoder.save_pretrained`
+    files). Without one, only `ar` is available.
+  - Chunking: the audio is cut into consecutive, non-overlapping windows of exactly the length
+    the feature extractor pads to (`n_samples`, 30 s for Whisper; it must match the encoder's
+    `2 x max_source_positions` frames). Each chunk is transcribed on its own (the language is
+    detected per chunk when not given) and the chunk texts are joined with one space. A word cut
+    at a boundary may be garbled; no overlap or timestamp stitching is attempted.
+  - Silence: silence is not an error. A chunk whose RMS is below `silence_threshold`
+    (1e-3 = -60 dBFS) transcribes to nothing without running the decoder (Whisper tends to
+    hallucinate text on silence); a wholly silent clip gives `text == ""` and a `note`.
+    `silence_threshold=None` transcribes every chunk. Empty, corrupt or unsupported audio raises
+    `MMSpecError` (from `load_audio`).
+  - `decoder_passes` counts forward passes of the big decoder, Whisper's one-step language
+    detection included; fast-decoder passes are `stats.drafter_forwards`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForConditionalGeneration
+
+from ..cached_model import model_vocab_size
+from ..decoding import SpeculativeDecoder
+from ..drafters import Drafter, NoDrafter
+from ..errors import MMSpecError
+from ..stats import SpecStats
+from ..zoo import entries, resolve
+from .audio import AudioSource, is_silent, load_audio, split_chunks
+from .fast_decoder import CTCFastDecoder
+from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, HybridDrafter, hybrid_policy, hybrid_rule
+from .target import WhisperTarget
+
+DEFAULT_ASR_MODEL = "shapes-whisper-asr"
+FAST_DECODER_FOLDER = "fast_decoder"
+METHODS = ("hybrid", "ar")
+SILENCE_THRESHOLD = 1e-3
+FALLBACK_MAX_NEW_TOKENS = 448  # Whisper's decoder length, for models that do not state theirs
+
+
+@dataclass
+class ChunkTranscript:
+    """One window of the audio: where it lies, what it says, and how it was decoded."""
+
+    start_s: float
+    end_s: float
+    text: str
+    tokens: list[int]
+    stats: SpecStats
+    decoder_passes: int
+    silent: bool = False
+
+
+@dataclass
+class TranscriptionOutput:
+    """What a transcription call produced, and how (stats summed over chunks)."""
+
+    text: str
+    method: str
+    mode: str
+    model: str
+    stats: SpecStats
+    decoder_passes: int
+    chunks: list[ChunkTranscript] = field(default_factory=list)
+    total_time_s: float = 0.0  # the whole call: audio decoding, features, encoder and decoding
+    note: str | None = None
+
+
+class TranscriptionPipeline:
+    """Transcribe audio with a Whisper model, by hybrid decoding (fast draft + verification) or plainly.
+
+    Args:
+        model: a `WhisperForConditionalGeneration`.
+        processor: its `WhisperProcessor` (feature extractor + tokenizer).
+        fast_decoder: a `CTCFastDecoder` trained on this model's encoder (None: `hybrid` unavailable).
+        model_name: shown in outputs.
+        num_draft_tokens: the longest draft verified in one decoder pass.
+        relaxed_top_r, relaxed_margin: the `relaxed` acceptance rule (`relaxed_top_r_rule`).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        processor: Any,
+        fast_decoder: CTCFastDecoder | None = None,
+        model_name: str = "",
+        *,
+        num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        relaxed_top_r: int = 3,
+        relaxed_margin: float = 2.0,
+    ) -> None:
+        self.model = model.eval()
+        self.processor = processor
+        self.feature_extractor = getattr(processor, "feature_extractor", None)
+        self.tokenizer = getattr(processor, "tokenizer", None)
+        if self.feature_extractor is None or self.tokenizer is None:
+            raise MMSpecError(f"the processor must hold a feature extractor and a tokenizer (a WhisperProcessor), "
+                              f"got {type(processor).__name__}")
+        self.fast_decoder = fast_decoder.eval() if fast_decoder is not None else None
+        if self.fast_decoder is not None:
+            check_fast_decoder(self.fast_decoder, model)
+        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.num_draft_tokens = num_draft_tokens
+        self.relaxed_top_r = relaxed_top_r
+        self.relaxed_margin = relaxed_margin
+        self.sampling_rate = int(self.feature_extractor.sampling_rate)
+        self.chunk_seconds = self._chunk_seconds()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str | os.PathLike = DEFAULT_ASR_MODEL,
+        fast_decoder: str | os.PathLike | CTCFastDecoder | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> "TranscriptionPipeline":
+        """Load a Whisper model + processor (zoo name, local folder, or Hub id available offline) and a fast decoder.
+
+        With no `fast_decoder`, the model folder's `fast_decoder/` subfolder is used if it exists.
+        """
+        name = str(model_id_or_path)
+        path = resolve(name)
+        model, processor = load_whisper(name, path, dtype=dtype, device=device)
+        if fast_decoder is None and (Path(path) / FAST_DECODER_FOLDER).is_dir():
+            fast_decoder = Path(path) / FAST_DECODER_FOLDER
+        if fast_decoder is not None and not isinstance(fast_decoder, CTCFastDecoder):
+            try:
+                fast_decoder = CTCFastDecoder.from_pretrained(str(fast_decoder))
+            except Exception as error:  # noqa: BLE001 - any failure means "not a fast decoder folder"
+                raise MMSpecError(f"cannot load the fast decoder {str(fast_decoder)!r}: {_first_line(error)}") from None
+        if fast_decoder is not None:
+            fast_decoder = fast_decoder.to(device=device, dtype=dtype)
+        return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
+
+    # --- configuration ------------------------------------------------------------------------
+
+    @property
+    def available_methods(self) -> list[str]:
+        return [m for m in METHODS if m != "hybrid" or self.fast_decoder is not None]
+
+    @property
+    def default_method(self) -> str:
+        """`hybrid` when a fast decoder is loaded, else `ar`."""
+        return "hybrid" if self.fast_decoder is not None else "ar"
+
+    def _chunk_seconds(self) -> float:
+        """The window the feature extractor pads to, checked against what the encoder reads."""
+        n_samples = getattr(self.feature_extractor, "n_samples", None)
+        if not n_samples:
+            raise MMSpecError("the feature extractor does not say how long a chunk is (n_samples)")
+        frames = getattr(self.feature_extractor, "nb_max_frames", None)
+        max_source = getattr(self.model.config, "max_source_positions", None)
+        if frames is not None and max_source is not None and int(frames) != 2 * int(max_source):
+            raise MMSpecError(
+                f"the feature extractor makes {frames} frames per chunk but the model's encoder reads "
+                f"{2 * int(max_source)} (2 x max_source_positions): the processor does not belong to this model"
+            )
+        mel_bins = getattr(self.feature_extractor, "feature_size", None)
+        if mel_bins is not None and mel_bins != getattr(self.model.config, "num_mel_bins", mel_bins):
+            raise MMSpecError(f"the feature extractor makes {mel_bins} mel bins but the model reads {self.model.config.num_mel_bins}")
+        return float(n_samples) / self.sampling_rate
+
+    def make_drafter(self, method: str) -> Drafter:
+        if method not in METHODS:
+            raise MMSpecError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method == "ar":
+            return NoDrafter()
+        if self.fast_decoder is None:
+            raise MMSpecError(
+                "the hybrid method needs a fast decoder: pass fast_decoder=PATH (or put one in the model folder's "
+                f"{FAST_DECODER_FOLDER}/ subfolder), or use method='ar'"
+            )
+        return HybridDrafter(self.fast_decoder)
+
+    # --- transcription ------------------------------------------------------------------------
+
+    def features(self, chunk: np.ndarray) -> torch.Tensor:
+        """Log-mel features [1, mel bins, frames] of one chunk, by the model's own feature extractor."""
+        out = self.feature_extractor(chunk, sampling_rate=self.sampling_rate, return_tensors="pt")
+        return out.input_features.to(device=self.model.device, dtype=self.model.dtype)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        audio: AudioSource,
+        sampling_rate: int | None = None,
+        *,
+        method: str | None = None,
+        mode: str = "strict",
+        language: str | None = None,
+        task: str | None = None,
+        max_new_tokens: int | None = None,
+        silence_threshold: float | None = SILENCE_THRESHOLD,
+        progress_bar: bool = True,
+    ) -> TranscriptionOutput:
+        """Transcribe `audio` (a file path, or an array of samples with its `sampling_rate`).
+
+        Args:
+            method: `hybrid` or `ar` (default: `hybrid` if a fast decoder is loaded).
+            mode: `strict` (identical to greedy `generate`) or `relaxed` (hybrid only).
+            language, task: as in Whisper's `generate` (None: the generation config's, or detected).
+            max_new_tokens: per chunk (default: as many as the decoder's positions allow).
+            silence_threshold: RMS below which a chunk is skipped as silent (None: never skip).
+        """
+        started = time.perf_counter()
+        method = method or self.default_method
+        if mode not in MODES:
+            raise MMSpecError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        if method == "ar" and mode != "strict":
+            raise MMSpecError("mode 'relaxed' applies to hybrid decoding only; method 'ar' is plain greedy decoding")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.make_drafter(method)  # fail on an unavailable method before decoding any audio
+        samples = load_audio(audio, self.sampling_rate, source_sampling_rate=sampling_rate)
+        pieces = split_chunks(samples, self.chunk_seconds, self.sampling_rate)
+        label = f"hybrid-{mode}" if method == "hybrid" else "ar"
+        stats = SpecStats(method=label)
+        chunks: list[ChunkTranscript] = []
+        start_s = 0.0
+        with tqdm(total=len(pieces), desc=f"transcribe ({label})", unit="chunk", disable=not progress_bar, leave=False) as bar:
+            for piece in pieces:
+                end_s = start_s + piece.shape[0] / self.sampling_rate
+                if silence_threshold is not None and is_silent(piece, silence_threshold):
+                    chunks.append(ChunkTranscript(start_s, end_s, "", [], SpecStats(method=label), 0, silent=True))
+                else:
+                    chunks.append(self._transcribe_chunk(piece, start_s, end_s, method, mode, label, language, task, max_new_tokens))
+                stats = stats + chunks[-1].stats
+                start_s = end_s
+                bar.update(1)
+        text = " ".join(c.text for c in chunks if c.text)
+        note = None
+        if all(c.silent for c in chunks):
+            note = f"the audio is silent (RMS below {silence_threshold}): nothing to transcribe"
+        return TranscriptionOutput(
+            text=text, method=method, mode=mode, model=self.model_name, stats=stats,
+            decoder_passes=sum(c.decoder_passes for c in chunks), chunks=chunks,
+            total_time_s=time.perf_counter() - started, note=note,
+        )
+
+    def _transcribe_chunk(
+        self, piece: np.ndarray, start_s: float, end_s: float, method: str, mode: str, label: str,
+        language: str | None, task: str | None, max_new_tokens: int | None,
+    ) -> ChunkTranscript:
+        target = WhisperTarget(self.model, language=language, task=task)
+        decoder = SpeculativeDecoder(
+            target, self.make_drafter(method), policy=hybrid_policy(self.num_draft_tokens),
+            rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label,
+        )
+        passes = 0
+
+        def count(*_: Any) -> None:
+            nonlocal passes
+            passes += 1
+
+        hook = self.model.get_decoder().register_forward_hook(count)
+        try:
+            inputs: dict[str, Any] = {"input_features": self.features(piece)}
+            prompt = target.prompt_ids(inputs)  # may detect the language (one decoder pass, counted)
+            wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
+            limit = target.max_new_tokens_for(prompt.shape[1], wanted)
+            out = decoder.generate(None, max_new_tokens=limit, decoder_input_ids=prompt, **inputs)
+        finally:
+            hook.remove()
+        tokens = out.sequences[0, prompt.shape[1]:].tolist()
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes)
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> tuple[WhisperForConditionalGeneration, Any]:
+    """A Whisper model and its processor from a resolved zoo folder, local folder or offline Hub id."""
+    try:
+        config = AutoConfig.from_pretrained(path)
+        if config.model_type != "whisper":
+            raise MMSpecError(f"{name!r} is a {config.model_type!r} model, not a Whisper speech model")
+        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+    except MMSpecError:
+        raise
+    except Exception as error:  # noqa: BLE001 - OSError, ValueError, safetensors errors: all "cannot load"
+        known = ", ".join(e.name for e in entries()) or "none"
+        raise MMSpecError(
+            f"cannot load the ASR model {name!r}: not a zoo model (known: {known}), not a folder with a Whisper "
+            f"checkpoint, and not a Hub id available offline ({_first_line(error)})"
+        ) from None
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
+        raise MMSpecError(f"could not load the processor of {name!r} (feature extractor + tokenizer): {_first_line(error)}") from None
+    return model, processor
+
+
+def check_fast_decoder(fast_decoder: CTCFastDecoder, model: PreTrainedModel) -> None:
+    """One clear error when a fast decoder was not built for this model's encoder and vocabulary."""
+    config = fast_decoder.config
+    vocab = model_vocab_size(model)
+    if config.vocab_size != vocab:
+        raise MMSpecError(f"the fast decoder predicts {config.vocab_size} tokens but the model has {vocab}: it was trained for another model")
+    width = getattr(model.config, "d_model", None)
+    if width is not None and config.encoder_hidden_size != width:
+        raise MMSpecError(f"the fast decoder reads {config.encoder_hidden_size}-wide encoder states, the model's are {width}")
+    frames = getattr(model.config, "max_source_positions", None)
+    if frames is not None and frames * config.upsample > config.max_positions:
+        raise MMSpecError(f"the fast decoder reads at most {config.max_positions} frames, the encoder gives "
+                          f"{frames} x upsample {config.upsample}")
