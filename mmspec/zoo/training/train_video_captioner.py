@@ -30,6 +30,10 @@ the measured time of its first steps; the run also stops at that deadline whatev
 happens and saves what it has. Then it evaluates ``--eval-n`` held-out videos (greedy
 captions, 40 new tokens max) and saves fp16 safetensors, the processor and a
 ``zoo_card.json``.
+
+Experimental knobs (not used for the shipped model): ``--content-weight`` up-weights the
+loss on caption words only the video can decide; ``--init-from`` continues from a saved
+captioner folder.
 """
 
 from __future__ import annotations
@@ -64,6 +68,13 @@ LM_DIR = MODELS_DIR / "shapes-caption-lm"
 DRAFTER_NAME = "shapes-caption-drafter"
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
 MAX_NEW_TOKENS = 40
+# Caption words that only the video can decide; their loss can be up-weighted (--content-weight).
+CONTENT_WORDS = set(cd.SHAPE_COLOURS) | set(cd.KIND_OF_WORD) | {
+    "two", "three", "four", "small", "little", "medium", "large", "big", "left", "right", "up", "upwards", "down",
+    "downwards", "stays", "stay", "staying", "does", "do", "not", "sits", "sit", "sitting", "moves", "move", "moving",
+    "slides", "slide", "sliding", "travels", "travel", "travelling", "bounces", "bounce", "bouncing", "grows", "grow",
+    "growing", "gets", "get", "getting", "bigger", "smaller", "shrinks", "shrink", "shrinking", "turns", "turn",
+    "turning", "changes", "change", "changing", "white", "black", "grey", "top", "bottom", "centre", "middle"}
 LM_UNFROZEN_SLOWDOWN = 1.6  # measured: a step with LM weight gradients / a frozen-LM step
 
 VISION = dict(image_size=cd.FRAME_SIZE, patch_size=cd.PATCH_SIZE, hidden_size=128, intermediate_size=512,
@@ -281,7 +292,15 @@ def train(args) -> None:
     start = time.time()
     deadline = start + args.max_minutes * 60
     model, tok, old_vocab = build_model(Path(args.lm_dir), args.seed)
+    if args.init_from:  # continue from a saved captioner
+        saved = LlavaNextVideoForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
+        model.load_state_dict(saved.state_dict())
+        del saved
     model.train()
+    weights = torch.ones(len(tok))
+    for token, idx in tok.get_vocab().items():
+        if token.lstrip("\u0120") in CONTENT_WORDS:
+            weights[idx] = args.content_weight
     n_params = sum(p.numel() for p in model.parameters())
     print(f"captioner: {n_params / 1e6:.2f}M parameters, vocab {old_vocab} -> {len(tok)}, "
           f"{cd.VISUAL_TOKENS} visual tokens per video", flush=True)
@@ -385,10 +404,15 @@ def train(args) -> None:
         captured = {}
         hook = model.model.vision_resampler.register_forward_hook(lambda m, i, o: captured.setdefault("pooled", o))
         try:
-            out = model(input_ids=ids, attention_mask=mask, pixel_values_videos=pv, labels=labels)
+            out = model(input_ids=ids, attention_mask=mask, pixel_values_videos=pv)
         finally:
             hook.remove()
-        loss = out.loss
+        logits, target = out.logits[:, :-1].float(), labels[:, 1:]
+        valid = target != -100
+        tok_loss = F.cross_entropy(logits[valid], target[valid], reduction="none")
+        out.loss = tok_loss.mean()  # the plain caption loss, for the log
+        w = weights[target[valid]]
+        loss = (tok_loss * w).sum() / w.sum()
         if args.aux_weight > 0:
             loss = loss + args.aux_weight * aux_loss(head, captured["pooled"], [s for s, _ in batch])
         f = lr_factor(step, plan, args.warmup)
@@ -537,6 +561,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--aux-weight", type=float, default=0.3)
     parser.add_argument("--eval-n", type=int, default=50)
+    parser.add_argument("--content-weight", type=float, default=1.0,
+                        help="loss weight of caption words only the video can decide (colours, kinds, motions, ...)")
+    parser.add_argument("--init-from", default=None, help="continue from a saved captioner folder")
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many stage-B steps; save nothing")
     train(parser.parse_args(argv))
 

@@ -1,0 +1,84 @@
+"""The zoo video captioner (shapes-video-captioner) loads offline and captions a video.
+
+Skips cleanly when the zoo folder has no weights (rebuild with
+``python -m mmspec.zoo.training.train_video_captioner``).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mmspec.zoo.training import captioner_data as cd
+
+FOLDER = Path(os.environ.get("MMSPEC_CAPTIONER_DIR", cd.zoo_folder()))
+
+pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(),
+                                reason=f"no captioner weights in {FOLDER}")
+
+
+@pytest.fixture(scope="module")
+def captioner():
+    from transformers import AutoProcessor, LlavaNextVideoForConditionalGeneration
+
+    model = LlavaNextVideoForConditionalGeneration.from_pretrained(FOLDER, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(FOLDER)
+    return model, processor
+
+
+@pytest.fixture(scope="module")
+def frames():
+    from mmspec.world import example_seed, render_video, sample_example
+
+    scene, _ = sample_example(example_seed("heldout", 0, 0))
+    return render_video(scene, cd.FRAMES, cd.FRAME_SIZE)
+
+
+def test_config_and_card(captioner):
+    model, processor = captioner
+    card = json.loads((FOLDER / "zoo_card.json").read_text())
+    cfg = model.config
+    assert card["task"] == "video-captioning" and card["role"] == "target"
+    assert card["visual_tokens_per_video"] == cd.VISUAL_TOKENS
+    assert cfg.video_token_id == processor.tokenizer.convert_tokens_to_ids(cd.VIDEO_TOKEN)
+    assert cfg.image_token_id == processor.tokenizer.convert_tokens_to_ids(cd.IMAGE_TOKEN)
+    assert cfg.text_config.vocab_size == len(processor.tokenizer) == card["vocab_size"]
+    # The new tokens come after the caption LM's vocabulary; old ids are unchanged.
+    assert cfg.video_token_id == card["base_vocab_size"] and cfg.image_token_id == card["base_vocab_size"] + 1
+    assert model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr()
+    assert model.generation_config.eos_token_id == processor.tokenizer.eos_token_id
+
+
+def test_processor_matches_manual_inputs(captioner, frames):
+    _, processor = captioner
+    inputs = processor(text=cd.VIDEO_TOKEN + cd.PROMPT, videos=frames, return_tensors="pt")
+    manual = cd.build_captioner_inputs(frames, cd.PROMPT, FOLDER)
+    prompt_len = len(processor.tokenizer(cd.PROMPT, add_special_tokens=False)["input_ids"])
+    assert inputs["input_ids"].shape == (1, 1 + cd.VISUAL_TOKENS + prompt_len)
+    assert torch.equal(inputs["input_ids"], manual["input_ids"])
+    assert (inputs["input_ids"] == processor.video_token_id).sum() == cd.VISUAL_TOKENS
+    assert inputs["pixel_values_videos"].shape == (1, cd.FRAMES, 3, cd.FRAME_SIZE, cd.FRAME_SIZE)
+    assert torch.allclose(inputs["pixel_values_videos"], manual["pixel_values_videos"], atol=1e-5)
+
+
+def test_greedy_generate_makes_tokens(captioner, frames):
+    model, processor = captioner
+    inputs = processor(text=cd.VIDEO_TOKEN + cd.PROMPT, videos=frames, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1]:]
+    assert 1 <= len(new) <= 8
+    assert not torch.isin(new, torch.tensor([model.config.video_token_id, model.config.image_token_id])).any()
+    assert processor.tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
+def test_other_frame_sizes_are_resized(captioner):
+    model, processor = captioner
+    frames = np.zeros((cd.FRAMES, 64, 80, 3), np.uint8)
+    inputs = processor(text=cd.VIDEO_TOKEN + cd.PROMPT, videos=frames, return_tensors="pt")
+    assert inputs["pixel_values_videos"].shape[-2:] == (cd.FRAME_SIZE, cd.FRAME_SIZE)
+    manual = cd.build_captioner_inputs(frames, cd.PROMPT, FOLDER)
+    assert torch.equal(inputs["input_ids"], manual["input_ids"])
