@@ -141,6 +141,23 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
     return 0
 
 
+def announce_zoo_default(name: str, what: str, trained_on: str) -> None:
+    """With no --model: use the zoo's toy model and say so, or fail clearly if this install lacks it."""
+    from .zoo import entries
+
+    if name not in {e.name for e in entries()}:
+        raise MMSpecError(f"the toy {what} {name!r} is not in this install's zoo; pass --model ID|PATH")
+    print(f"mmspec: using the embedded toy {what} {name!r} (trained on {trained_on}; pass --model for a real checkpoint)",
+          file=sys.stderr)
+
+
+def stats_json(stats) -> dict:
+    """The stats fields every `--json` output shares."""
+    return {"new_tokens": stats.new_tokens, "target_forwards": stats.target_forwards, "mean_accepted_length": stats.tau,
+            "acceptance_rate": stats.alpha, "wall_time_s": stats.total_time, "tokens_per_s": stats.tokens_per_second,
+            "drafter_forwards": stats.drafter_forwards}
+
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -150,12 +167,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
     from .vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
     if args.model is None:
-        from .zoo import entries
-
-        if DEFAULT_CAPTIONER not in {e.name for e in entries()}:
-            raise MMSpecError(f"the toy captioner {DEFAULT_CAPTIONER!r} is not in this install's zoo; pass --model ID|PATH")
-        print(f"mmspec: using the embedded toy captioner {DEFAULT_CAPTIONER!r} (trained on synthetic shapes videos; "
-              "pass --model for a real checkpoint)", file=sys.stderr)
+        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic shapes videos")
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=args.drafter)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
@@ -168,9 +180,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": out.text, "method": out.method, "model": out.model,
-            "stats": {"new_tokens": s.new_tokens, "target_forwards": s.target_forwards, "mean_accepted_length": s.tau,
-                      "acceptance_rate": s.alpha, "wall_time_s": s.total_time, "tokens_per_s": s.tokens_per_second,
-                      "drafter_forwards": s.drafter_forwards, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+            "stats": {**stats_json(s), "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
                       "prefill_time_s": s.prefill_time, "draft_time_s": s.draft_time, "verify_time_s": s.verify_time},
         }, indent=2))
     else:
@@ -183,12 +193,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from .speech.pipeline import DEFAULT_ASR_MODEL, TranscriptionPipeline
 
     if args.model is None:
-        from .zoo import entries
-
-        if DEFAULT_ASR_MODEL not in {e.name for e in entries()}:
-            raise MMSpecError(f"the toy ASR model {DEFAULT_ASR_MODEL!r} is not in this install's zoo; pass --model ID|PATH")
-        print(f"mmspec: using the embedded toy ASR model {DEFAULT_ASR_MODEL!r} (trained on synthetic speech; "
-              "pass --model for a real checkpoint)", file=sys.stderr)
+        announce_zoo_default(DEFAULT_ASR_MODEL, "ASR model", "synthetic speech")
     pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
@@ -200,10 +205,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": out.text, "method": out.method, "mode": out.mode, "model": out.model, "note": out.note,
-            "stats": {"new_tokens": s.new_tokens, "target_forwards": s.target_forwards, "mean_accepted_length": s.tau,
-                      "acceptance_rate": s.alpha, "wall_time_s": s.total_time, "tokens_per_s": s.tokens_per_second,
-                      "decoder_passes": out.decoder_passes, "drafter_forwards": s.drafter_forwards,
-                      "chunks": len(out.chunks), "transcription_time_s": out.total_time_s},
+            "stats": {**stats_json(s), "decoder_passes": out.decoder_passes, "chunks": len(out.chunks),
+                      "transcription_time_s": out.total_time_s},
         }, indent=2))
     else:
         print(out.text)

@@ -26,6 +26,11 @@ class Proposal:
     def length(self) -> int:
         return int(self.tokens.shape[1])
 
+    @classmethod
+    def empty(cls, like: torch.Tensor) -> "Proposal":
+        """No drafts for a batch shaped like `like` [B, ...]: the target then adds one token itself."""
+        return cls(tokens=like.new_empty((like.shape[0], 0)))
+
 
 @dataclass
 class Verdict:

@@ -185,7 +185,7 @@ class HybridDrafter(Drafter):
         generator: torch.Generator | None,
         policy: DraftLengthPolicy,
     ) -> Proposal:
-        empty = Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+        empty = Proposal.empty(sequence)
         self._last = None
         if max_tokens <= 0 or not self.hypothesis:
             return empty

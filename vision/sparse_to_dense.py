@@ -133,7 +133,7 @@ class SparseToDenseDrafter(Drafter):
         policy: DraftLengthPolicy,
     ) -> Proposal:
         if max_tokens <= 0:
-            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+            return Proposal.empty(sequence)
         token = sequence[:, -1]
         position = sequence.shape[1] - 1
         tokens, dists = [], []

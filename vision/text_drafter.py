@@ -76,7 +76,7 @@ class TextOnlyDrafter(ModelDrafter):
         text = self.text_only(sequence)
         if text.shape[1] == 0:
             # A prompt of nothing but visual tokens gives a text model no context: skip drafting.
-            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+            return Proposal.empty(sequence)
         return super().propose(text, max_tokens, sampling, generator, policy)
 
     def choose(

@@ -75,7 +75,7 @@ class ModelDrafter(Drafter):
         policy: DraftLengthPolicy,
     ) -> Proposal:
         if max_tokens <= 0:
-            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+            return Proposal.empty(sequence)
         logits = self._catch_up(sequence[0])
         tokens, dists = [], []
         for step in range(max_tokens):

@@ -23,4 +23,4 @@ class NoDrafter(Drafter):
         generator: torch.Generator | None,
         policy: DraftLengthPolicy,
     ) -> Proposal:
-        return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+        return Proposal.empty(sequence)

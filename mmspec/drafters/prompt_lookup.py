@@ -48,6 +48,6 @@ class PromptLookupDrafter(Drafter):
         policy: DraftLengthPolicy,
     ) -> Proposal:
         if max_tokens <= 0:
-            return Proposal(tokens=sequence.new_empty((sequence.shape[0], 0)))
+            return Proposal.empty(sequence)
         follow = find_continuation(sequence[0], self.max_ngram, self.min_ngram, max_tokens)
         return Proposal(tokens=follow[None])
