@@ -51,3 +51,24 @@ def write_video(path: str | Path, frames: np.ndarray, fps: int = 8, codec: str |
             container.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
         container.mux(stream.encode())  # flush the encoder
     return path
+
+
+def write_audio(path: str | Path, samples: np.ndarray, sampling_rate: int = 16_000) -> Path:
+    """Write mono float samples in [-1, 1] with PyAV; the codec follows the suffix (.flac, .wav, .ogg, .mp3)."""
+    import av
+
+    path = Path(path)
+    codecs = {".flac": "flac", ".wav": "pcm_s16le", ".ogg": "libvorbis", ".mp3": "libmp3lame"}
+    if path.suffix.lower() not in codecs:
+        raise MMSpecError(f"cannot write audio as {path.suffix!r}; use one of {', '.join(codecs)}")
+    pcm = (np.clip(np.asarray(samples, dtype=np.float32), -1, 1) * 32767).astype(np.int16)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codecs[path.suffix.lower()], rate=sampling_rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        frame.sample_rate = sampling_rate
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return path

@@ -202,6 +202,24 @@ def read_metadata(folder: str | Path) -> list[dict]:
     return rows
 
 
+def export_clips(source: str | Path, out: str | Path, n: int, suffix: str = ".flac",
+                 max_seconds: float | None = None) -> Path:
+    """Copy the first ``n`` clips of a dataset folder (shorter than ``max_seconds``) re-encoded as ``suffix``
+    (FLAC by default: lossless, smaller), with their metadata: the held-out clips shipped with the zoo."""
+    from mmspec.media import write_audio
+    from mmspec.speech.audio import load_audio
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in read_metadata(source) if max_seconds is None or r.get("seconds", 0) <= max_seconds][:n]
+    with open(out / "metadata.jsonl", "w") as handle:
+        for row in rows:
+            name = Path(row.pop("file")).with_suffix(suffix).name
+            write_audio(out / name, load_audio(row.pop("path"), sampling_rate=RATE), RATE)
+            handle.write(json.dumps({"file": name, **row}) + "\n")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
