@@ -2,8 +2,13 @@
 
 from transformers import AutoConfig, AutoModel
 
+from .bench import bench_image
+from .draft_generate import GuidedImageDrafter, GuidedImageTarget, draft_generate, lantern_rule
 from .jacobi import jacobi_generate
+from .janus import JanusCFGTarget, janus_generate
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
+from .methods import METHODS, MethodConfig, MethodRunner
+from .pipeline import ImageGenerationOutput, SpeculativeImagePipeline
 from .rules import (
     Decision,
     gsd_accept,
@@ -25,18 +30,30 @@ for _config, _model in ((LlamaGenConfig, LlamaGenForClassConditional), (VQConfig
 __all__ = [
     "CFGTarget",
     "Decision",
+    "GuidedImageDrafter",
+    "GuidedImageTarget",
+    "ImageGenerationOutput",
     "ImageTokensOutput",
+    "JanusCFGTarget",
     "LlamaGenCache",
     "LlamaGenConfig",
     "LlamaGenForClassConditional",
+    "METHODS",
+    "MethodConfig",
+    "MethodRunner",
+    "SpeculativeImagePipeline",
     "VQConfig",
     "VQModel",
     "ar_generate",
+    "bench_image",
+    "draft_generate",
     "gsd_accept",
     "gsd_group_mask",
     "jacobi_generate",
+    "janus_generate",
     "lantern_accept",
     "lantern_neighbours",
+    "lantern_rule",
     "sjd_accept",
     "tiny_llamagen",
     "tiny_vq",

@@ -75,13 +75,15 @@ def jacobi_generate(
     generator: torch.Generator | None = None,
     guidance_scale: float = 1.0,
     method: str = "sjd",
+    on_tokens: Callable[[int], None] | None = None,
 ) -> ImageTokensOutput:
     """Generate one token grid per class label with SJD (or GSD / LANTERN via `rule`).
 
     `rule(draft_tokens, draft_probs, target_probs, generator) -> Verdict` (see `image_ar.rules`;
     bind extra options with functools.partial). Images are generated one at a time; the CFG rows
     of each share one forward. Stats: target_forwards counts forwards (CFG rows included in one),
-    `stats.tau` is the step compression = image tokens / target forwards.
+    `stats.tau` is the step compression = image tokens / target forwards. `on_tokens(n)` is
+    called with the number of tokens committed each round (progress bars).
     """
     if window < 0:
         raise MMSpecError(f"window must be >= 0, got {window}")
@@ -93,11 +95,11 @@ def jacobi_generate(
     stats = SpecStats(method=method)
     grids = []
     for label in labels:
-        grids.append(_generate_one(target, label[None], window, rule, init, sampling, generator, stats))
+        grids.append(_generate_one(target, label[None], window, rule, init, sampling, generator, stats, on_tokens))
     return ImageTokensOutput(tokens=torch.stack(grids), stats=stats)
 
 
-def _generate_one(target: CFGTarget, label, window, rule, init, sampling, generator, stats: SpecStats) -> torch.LongTensor:
+def _generate_one(target: CFGTarget, label, window, rule, init, sampling, generator, stats: SpecStats, on_tokens=None) -> torch.LongTensor:
     total, vocab, grid = target.num_tokens, target.vocab_size, target.grid_size
     device = target.model.device
     committed: list[int] = []
@@ -131,6 +133,8 @@ def _generate_one(target: CFGTarget, label, window, rule, init, sampling, genera
             stats.target_forwards += 1
             stats.new_tokens += accepted + 1
             stats.record_round(width, accepted)
+            if on_tokens is not None:
+                on_tokens(accepted + 1)
             # Jacobi update: the target's own samples at the unaccepted rows become the next drafts.
             rest = p[0, accepted + 1 :]
             if rest.shape[0]:

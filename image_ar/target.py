@@ -11,6 +11,7 @@ rows are skipped.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -131,8 +132,12 @@ def ar_generate(
     sampling: SamplingConfig = SamplingConfig(do_sample=True),
     generator: torch.Generator | None = None,
     guidance_scale: float = 1.0,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> ImageTokensOutput:
-    """Plain autoregressive decoding: one target forward per image token (the baseline)."""
+    """Plain autoregressive decoding: one target forward per image token (the baseline).
+
+    `on_tokens(n)` is called with the number of tokens committed at each step (progress bars).
+    """
     if not isinstance(target, CFGTarget):
         target = CFGTarget(target, guidance_scale)
     stats = SpecStats(method="ar")
@@ -145,6 +150,8 @@ def ar_generate(
             tokens.append(token)
             stats.new_tokens += 1
             stats.target_forwards += 1
+            if on_tokens is not None:
+                on_tokens(1)
             if step + 1 < target.num_tokens:
                 with stats.timer("verify"):
                     logits = target.extend(token[:, None])[:, -1]

@@ -214,6 +214,87 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate_image(args: argparse.Namespace) -> int:
+    import torch
+
+    from .image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+
+    if args.out and (Path(args.out).suffix.lower() not in IMAGE_SUFFIXES or not Path(args.out).parent.is_dir()):
+        raise MMSpecError(f"cannot write {args.out}: use an existing folder and an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    if args.model is None:
+        announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+    pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL)
+    by_id = args.prompt.strip().isdigit()
+    label = int(args.prompt) if by_id else pipe.class_id(args.prompt)
+    name = pipe.class_names[label] if pipe.class_names and label < len(pipe.class_names) else None
+    out_path = Path(args.out or f"{(name or f'class-{label}').replace(' ', '_')}.png")
+    if args.method is None:
+        print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
+    out = pipe(class_labels=label, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
+               top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)
+    out.images[0].save(out_path)
+    s = out.stats
+    if args.json:
+        print(json.dumps({"method": out.method, "model": out.model, "class": name, "class_id": label, "out": str(out_path),
+                          "stats": {**stats_json(s), "step_compression": s.step_compression}}, indent=2))
+    else:
+        print(out_path)
+        print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench_image(args: argparse.Namespace) -> int:
+    from .image_ar.bench import bench_image, default_methods
+    from .image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+    from .sampling import SamplingConfig
+
+    set_threads(args)
+    if args.n < 1:
+        raise MMSpecError(f"--n must be >= 1, got {args.n}")
+    if args.grid_out and Path(args.grid_out).suffix.lower() not in IMAGE_SUFFIXES:
+        raise MMSpecError(f"--grid-out needs an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))}), got {args.grid_out}")
+    try:
+        lantern = [(float(d), int(k)) for d, k in (setting.split(",") for setting in args.lantern)]
+    except ValueError:
+        raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
+    if args.model is None:
+        announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+    name = args.model or DEFAULT_IMAGE_MODEL
+    pipe = SpeculativeImagePipeline.from_pretrained(name)
+    methods = default_methods(pipe.drafter is not None, window=args.window, num_draft_tokens=args.num_draft_tokens,
+                              lantern_settings=lantern)
+    labels = [i % pipe.model.config.num_classes for i in range(args.n)]
+    sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
+    report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
+                         repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.n} images")
+    if args.grid_out:
+        report.grid.save(args.grid_out)
+        report.settings["grid"] = args.grid_out
+    emit(report, args)
+    return 0
+
+
+def cmd_train_fast_decoder(args: argparse.Namespace) -> int:
+    from .speech.train_fast import train_from_folder
+
+    set_threads(args)
+    report = train_from_folder(args.target, args.data, args.out, kind=args.kind, labels=args.labels, steps=args.steps,
+                               batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed)
+    print(f"saved the {report.kind} fast decoder to {report.out} ({report.clips} clips, {report.labels} labels, "
+          f"{report.steps} steps, loss {report.first_loss:.3f} -> {report.final_loss:.3f}, {report.seconds:.0f} s)")
+    return 0
+
+
+def cmd_bench_speech(args: argparse.Namespace) -> int:
+    from .speech.bench import run_speech_bench
+
+    set_threads(args)
+    report = run_speech_bench(args.model, data=args.data, n=args.n, repeats=args.repeats, fast_decoder=args.fast_decoder,
+                              ar_fast_decoder=args.ar_fast_decoder, progress=not args.json)
+    print(report.to_json() if args.json else report.to_table())
+    return 0
+
+
 def cmd_zoo_list(args: argparse.Namespace) -> int:
     from .zoo import entries
 
@@ -274,6 +355,19 @@ def build_parser() -> argparse.ArgumentParser:
     vision.add_argument("--json", action="store_true")
     vision.set_defaults(func=cmd_bench_vision)
 
+    speech = bench.add_parser("speech", help="greedy vs hybrid decoding (CTC / AR fast decoder) vs transformers assisted "
+                              "generation on held-out clips")
+    speech.add_argument("--model", default="shapes-whisper-asr", help="zoo name, local folder or Hub id of a Whisper model")
+    speech.add_argument("--data", default=None, help="folder with metadata.jsonl + clips (default: the zoo model's heldout/)")
+    speech.add_argument("--n", type=int, default=20, help="clips to use (the first N listed)")
+    speech.add_argument("--fast-decoder", default=None, help="CTC fast decoder folder (default: the model folder's fast_decoder/)")
+    speech.add_argument("--ar-fast-decoder", default=None,
+                        help="AR fast decoder folder (default: the model folder's ar_fast_decoder/)")
+    speech.add_argument("--repeats", type=int, default=3)
+    speech.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    speech.add_argument("--json", action="store_true")
+    speech.set_defaults(func=cmd_bench_speech)
+
     overhead = bench.add_parser("overhead", help="loop overhead vs transformers on a pair that always agrees")
     overhead.add_argument("--layers", type=int, default=8)
     overhead.add_argument("--hidden", type=int, default=512)
@@ -313,6 +407,51 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
     transcribe.add_argument("--json", action="store_true")
     transcribe.set_defaults(func=cmd_transcribe)
+
+    image_gen = commands.add_parser("generate-image", help="generate an image of a class with an AR image model, speculatively")
+    image_gen.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id")
+    image_gen.add_argument("--model", default=None, help="zoo name or local folder (default: the toy shapes-image-ar)")
+    image_gen.add_argument("--method", choices=["ar", "sd", "sjd", "gsd", "lantern"], default=None,
+                           help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
+    image_gen.add_argument("--seed", type=int, default=0)
+    image_gen.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the model card's)")
+    image_gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    image_gen.add_argument("--top-k", type=int, default=None)
+    image_gen.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
+    image_gen.add_argument("--json", action="store_true")
+    image_gen.set_defaults(func=cmd_generate_image)
+
+    image = bench.add_parser("image", help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
+    image.add_argument("--model", default=None, help="zoo name or local folder (default: the toy shapes-image-ar)")
+    image.add_argument("--n", type=int, default=16, help="images per method (class labels cycle through the classes)")
+    image.add_argument("--seed", type=int, default=0, help="image i of every method is seeded with seed + i")
+    image.add_argument("--guidance-scale", type=float, default=None)
+    image.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    image.add_argument("--window", type=int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
+    image.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafter tokens per round")
+    image.add_argument("--lantern", nargs="+", default=["0.1,16", "0.25,16", "0.25,64"], metavar="DELTA,K",
+                       help="LANTERN settings: TV budget delta, codebook neighbours k")
+    image.add_argument("--repeats", type=int, default=1)
+    image.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    image.add_argument("--grid-out", default=None, help="write a grid of samples per method to this image file")
+    image.add_argument("--json", action="store_true")
+    image.set_defaults(func=cmd_bench_image)
+
+    train_fast = commands.add_parser("train-fast-decoder", help="train a fast decoder (CTC or one-layer AR) on a Whisper "
+                                     "model's frozen encoder, for hybrid decoding")
+    train_fast.add_argument("--target", required=True, help="zoo name, local folder or Hub id of the Whisper model")
+    train_fast.add_argument("--data", required=True, help='folder with metadata.jsonl ({"file": ..., "text": ...} per line) + clips')
+    train_fast.add_argument("--out", required=True, help="folder to save_pretrained into (e.g. MODEL/fast_decoder, MODEL/ar_fast_decoder)")
+    train_fast.add_argument("--kind", choices=["ctc", "ar"], default="ctc",
+                            help="ctc = non-autoregressive CTC head; ar = one-layer WhisperForCausalLM (also an HF assistant)")
+    train_fast.add_argument("--labels", choices=["target", "truth"], default="target",
+                            help="target = the model's own greedy transcripts (distillation); truth = the metadata text")
+    train_fast.add_argument("--steps", type=int, default=1000)
+    train_fast.add_argument("--batch-size", type=int, default=16)
+    train_fast.add_argument("--lr", type=float, default=None, help="learning rate (default: 1e-3 for ctc, 5e-4 for ar)")
+    train_fast.add_argument("--seed", type=int, default=0)
+    train_fast.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    train_fast.set_defaults(func=cmd_train_fast_decoder)
 
     zoo = commands.add_parser("zoo", help="the embedded toy model zoo").add_subparsers(dest="zoo_command", required=True)
     zoo_list = zoo.add_parser("list", help="list zoo models with size, training data, quality and rebuild command")

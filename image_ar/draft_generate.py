@@ -1,0 +1,197 @@
+"""Speculative decoding of image tokens with a separate small AR drafter, through the core loop.
+
+The core `SpeculativeDecoder` hosts this path unchanged; two thin adapters make an image model
+look like a token sequence to it:
+
+    sequence = [condition, t_1, ..., t_n]       the condition (a class label for LlamaGen) sits at
+                                                position 0, image tokens follow
+    GuidedImageTarget   prefill = the condition (+ drafts riding along), score = [t_n, drafts];
+                        logits are classifier-free guided (`CFGTarget`: cond + uncond rows, ONE forward)
+    GuidedImageDrafter  a small LlamaGen with the same codebook, guided the same way, samples k
+                        tokens from its warped distribution and keeps q for the acceptance rule
+
+Acceptance: the core's lossless speculative sampling (Leviathan et al. 2023; Chen et al. 2023) or
+greedy match, or LANTERN's relaxed acceptance (Jang et al. 2024, "LANTERN: Accelerating Visual
+Autoregressive Models with Relaxed Speculative Decoding") via `lantern_rule`. Rejected drafts are
+dropped by cropping both caches (`LlamaGenCache.crop`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from mmspec.decoding import SpeculativeDecoder
+from mmspec.drafters import Drafter
+from mmspec.drafters.model_drafter import choose_draft_token, common_prefix_length
+from mmspec.errors import MMSpecError
+from mmspec.policies import DraftLengthPolicy, FixedDraftLength
+from mmspec.rules import AcceptanceRule, greedy_match, speculative_sampling
+from mmspec.sampling import SamplingConfig, probabilities
+from mmspec.stats import SpecStats
+from mmspec.targets import Target, TargetStep
+from mmspec.types import Proposal, Verdict
+
+from .llamagen import LlamaGenForClassConditional
+from .rules import lantern_accept
+from .target import CFGTarget, ImageTokensOutput
+
+
+def as_cfg_target(model: CFGTarget | LlamaGenForClassConditional, guidance_scale: float) -> CFGTarget:
+    return model if isinstance(model, CFGTarget) else CFGTarget(model, guidance_scale)
+
+
+class GuidedImageTarget(Target):
+    """The core loop's `Target` over a `CFGTarget` (LlamaGen, or any subclass such as Janus's).
+
+    Cache positions count the condition position(s) + image tokens, the same unit as the core's
+    sequence, so the core's `truncate(length - rejected)` rolls back exactly the rejected drafts.
+    """
+
+    def __init__(self, cfg: CFGTarget) -> None:
+        super().__init__(cfg.model)
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size  # the image head, not e.g. Janus's text head
+
+    @property
+    def length(self) -> int:  # type: ignore[override]
+        # One sequence entry for the condition, however many cache positions it fills (Janus: a prompt).
+        return 0 if self.cfg.cache is None else 1 + self.cfg.length
+
+    def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
+        if input_ids is None or input_ids.shape != (1, 1):
+            raise MMSpecError("image decoding starts from one condition: input_ids must be [[condition]]")
+        return input_ids
+
+    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
+        tokens = sequence[:, 1:] if sequence.shape[1] > 1 else None
+        logits = self.cfg.start(sequence[:, 0], tokens)
+        self.forwards += 1
+        return TargetStep(logits=logits[:, -num_logits:])
+
+    def score(self, tokens: torch.LongTensor) -> TargetStep:
+        logits = self.cfg.extend(tokens)
+        self.forwards += 1
+        return TargetStep(logits=logits)
+
+    def truncate(self, length: int) -> None:
+        self.cfg.truncate(length - 1)
+
+
+class GuidedImageDrafter(Drafter):
+    """A small class-conditional AR model as drafter, with its own cache and the target's guidance.
+
+    Like `ModelDrafter`, its cache is synchronised lazily: cropped to the prefix it shares with
+    the committed sequence, then fed the rest (one or two tokens after a round).
+    """
+
+    def __init__(self, model: LlamaGenForClassConditional | CFGTarget, guidance_scale: float = 1.0) -> None:
+        self.cfg = as_cfg_target(model, guidance_scale)
+        self.vocab_size = self.cfg.vocab_size
+        self._cached = torch.empty(0, dtype=torch.long)
+
+    @property
+    def forwards(self) -> int:  # type: ignore[override]
+        return self.cfg.forwards
+
+    def bind(self, target: Any) -> None:
+        cfg = getattr(target, "cfg", None)
+        if cfg is not None:
+            if cfg.num_tokens != self.cfg.num_tokens:
+                raise MMSpecError(f"drafter makes {self.cfg.num_tokens} image tokens, the target {cfg.num_tokens}")
+            theirs = getattr(cfg.config, "num_classes", None)
+            if theirs is not None and theirs != self.cfg.config.num_classes:
+                raise MMSpecError(f"drafter has {self.cfg.config.num_classes} classes, the target {theirs}")
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        self.cfg.cache = None
+        self._cached = torch.empty(0, dtype=torch.long, device=sequence.device)
+
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal.empty(sequence)
+        logits = self._catch_up(sequence[0])
+        tokens, dists = [], []
+        for step in range(max_tokens):
+            token, dist, confidence = choose_draft_token(logits, sampling, generator, policy.needs_confidence)
+            tokens.append(token)
+            if dist is not None:
+                dists.append(dist)
+            if step + 1 == max_tokens or (confidence is not None and not policy.keep_drafting(confidence)):
+                break
+            logits = self.cfg.extend(token[:, None])[:, -1]
+        drafted = torch.stack(tokens, dim=1)
+        self._cached = torch.cat([sequence[0], drafted[0, :-1]])  # every draft but the last was fed
+        return Proposal(tokens=drafted, probs=torch.stack(dists, dim=1) if dists else None)
+
+    def _catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
+        """Align the cache with `sequence` = [condition, tokens...]; guided next-token logits [1, V]."""
+        keep = min(common_prefix_length(self._cached, sequence), sequence.shape[0] - 1)
+        if self.cfg.cache is None or keep == 0:
+            tokens = sequence[None, 1:] if sequence.shape[0] > 1 else None
+            return self.cfg.start(sequence[:1], tokens)[:, -1]
+        self.cfg.truncate(keep - 1)
+        return self.cfg.extend(sequence[None, keep:])[:, -1]
+
+
+def lantern_rule(neighbours: torch.LongTensor, delta: float = 0.0, lam: float | None = None) -> AcceptanceRule:
+    """LANTERN's relaxed acceptance as a core `AcceptanceRule` (see `image_ar.rules.lantern_accept`).
+
+    Sampling: p and q are warped exactly as `speculative_sampling` warps them and the rule draws the
+    same randomness, so delta = 0 reproduces plain speculative sampling token for token.
+    Greedy: p is one-hot, no neighbour carries mass, and the rule is the exact greedy match.
+    """
+
+    def rule(proposal: Proposal, target_logits: torch.Tensor, sampling: SamplingConfig,
+             generator: torch.Generator | None) -> Verdict:
+        if not sampling.do_sample:
+            return greedy_match(proposal, target_logits, sampling, generator)
+        p = probabilities(target_logits, sampling)
+        return lantern_accept(proposal.tokens, proposal.probs, p, generator, neighbours=neighbours, delta=delta, lam=lam)
+
+    return rule
+
+
+def draft_generate(
+    target: CFGTarget | LlamaGenForClassConditional,
+    drafter: GuidedImageDrafter | LlamaGenForClassConditional,
+    class_labels: torch.LongTensor | int | list[int],
+    *,
+    num_draft_tokens: int = 4,
+    rule: AcceptanceRule | None = None,
+    sampling: SamplingConfig = SamplingConfig(do_sample=True),
+    generator: torch.Generator | None = None,
+    guidance_scale: float = 1.0,
+    policy: DraftLengthPolicy | None = None,
+    method: str = "sd",
+    on_tokens: Callable[[int], None] | None = None,
+) -> ImageTokensOutput:
+    """Generate one token grid per class label: drafter proposes k tokens, the target verifies k + 1.
+
+    `rule`: None = lossless speculative sampling (greedy match when not sampling), or
+    `lantern_rule(...)`. Both models are guided with `guidance_scale` (unless already wrapped).
+    Stats are summed over the images; `stats.tau` is the step compression (tokens / target forwards).
+    """
+    cfg = as_cfg_target(target, guidance_scale)
+    if not isinstance(drafter, GuidedImageDrafter):
+        drafter = GuidedImageDrafter(drafter, cfg.guidance_scale)
+    rule = rule or (speculative_sampling if sampling.do_sample else greedy_match)
+    decoder = SpeculativeDecoder(GuidedImageTarget(cfg), drafter, policy=policy or FixedDraftLength(num_draft_tokens),
+                                 rule=rule, method=method)
+    labels = torch.as_tensor(class_labels, dtype=torch.long).reshape(-1)
+    stats = SpecStats(method=method)
+    grids = []
+    for label in labels.tolist():
+        out = decoder.generate(torch.tensor([[label]], device=cfg.model.device), max_new_tokens=cfg.num_tokens,
+                               sampling=sampling, generator=generator, eos_token_id=(), on_tokens=on_tokens)
+        grids.append(out.sequences[0, 1:].view(cfg.grid_size, cfg.grid_size))
+        stats = stats + out.stats
+    return ImageTokensOutput(tokens=torch.stack(grids), stats=stats)

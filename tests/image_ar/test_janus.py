@@ -1,0 +1,120 @@
+"""Janus (transformers' JanusForConditionalGeneration) as a guided image target, on a tiny random config."""
+
+import pytest
+import torch
+from transformers import (GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusVisionConfig, JanusVQVAEConfig,
+                          LlamaConfig)
+
+from mmspec import SamplingConfig
+from mmspec.errors import MMSpecError
+from mmspec.image_ar import JanusCFGTarget, ar_generate, jacobi_generate, janus_generate, sjd_accept
+from mmspec.testing import reload_from_disk
+
+GREEDY = SamplingConfig(do_sample=False)
+SAMPLE = SamplingConfig(do_sample=True)
+BOS, EOS, PAD, BOI = 1, 2, 0, 3
+PROMPTS = [torch.tensor([BOS, 10, 11, 12, BOI]), torch.tensor([BOS, 20, BOI])]
+
+
+@pytest.fixture(scope="module")
+def janus():
+    """4 x 4 image tokens over a 12-code VQ; saved and reloaded through from_pretrained."""
+    torch.manual_seed(0)
+    config = JanusConfig(
+        text_config=LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3,
+                                bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD),
+        vision_config=JanusVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8,
+                                        projection_dim=32, num_image_tokens=16, depth=1),
+        vq_config=JanusVQVAEConfig(embed_dim=4, num_embeddings=12, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
+                                   num_res_blocks=1, projection_dim=32, image_token_embed_dim=32, initializer_range=0.5),
+        image_token_id=5,
+    )
+    model = JanusForConditionalGeneration(config).eval()
+    # transformers' image generate reads BOI from generation_kwargs (as the released checkpoints store it).
+    model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+                                               generation_kwargs={"boi_token_id": BOI})
+    return reload_from_disk(model)
+
+
+def test_incremental_logits_match_one_full_forward(janus):
+    """Prefill + drafts, a rolled-back step, and further steps give the logits of one full forward."""
+    target = JanusCFGTarget(janus, PROMPTS, guidance_scale=2.0)
+    tokens = torch.randint(0, 12, (1, 9), generator=torch.Generator().manual_seed(0))
+    full = target.full_logits([0], tokens)
+    first = target.start([0], tokens[:, :3])
+    rejected = target.extend(tokens[:, 3:4])
+    target.truncate(3)
+    assert target.length == 3
+    rest = target.extend(tokens[:, 3:7])
+    last = target.extend(tokens[:, 7:])
+    torch.testing.assert_close(torch.cat([first, rest, last], dim=1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rejected, rest[:, :1], rtol=1e-4, atol=1e-4)
+    assert full.shape == (1, 10, 12) and target.forwards == 4
+
+
+def test_logits_are_the_generation_head_with_guidance(janus):
+    """Against the model's own pieces: text embeddings, generation embeddings, language model, generation head, CFG."""
+    tokens = torch.tensor([[4, 7]])
+    prompt = PROMPTS[0][None]
+    rows = torch.cat([prompt, torch.tensor([[BOS, PAD, PAD, PAD, BOI]])])
+    embeds = torch.cat([janus.get_input_embeddings()(rows), janus.prepare_embeddings_for_image_generation(tokens.repeat(2, 1))], 1)
+    with torch.no_grad():
+        scores = janus.model.generation_head(janus.model.language_model(inputs_embeds=embeds).last_hidden_state[:, 4:])
+    cond, uncond = scores.chunk(2)
+    expected = uncond + 3.0 * (cond - uncond)
+    torch.testing.assert_close(JanusCFGTarget(janus, PROMPTS, 3.0).full_logits([0], tokens), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_greedy_matches_transformers_image_generate(janus, index):
+    """Our AR and SJD greedy decoding reproduce `generate(generation_mode="image")` token for token."""
+    prompt = PROMPTS[index]
+    expected = janus.generate(prompt[None], generation_mode="image", do_sample=False, guidance_scale=2.0,
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    ar = ar_generate(JanusCFGTarget(janus, PROMPTS, 2.0), [index], GREEDY)
+    assert torch.equal(ar.tokens.flatten(1), expected)
+    for window in (1, 4, 16):
+        sjd = jacobi_generate(JanusCFGTarget(janus, PROMPTS, 2.0), [index], window=window, sampling=GREEDY,
+                              generator=torch.Generator().manual_seed(0))
+        assert torch.equal(sjd.tokens.flatten(1), expected)
+        assert sjd.stats.target_forwards <= 16
+
+
+def test_seeded_sampling_repeats_and_methods_run(janus):
+    runs = [janus_generate(janus, PROMPTS, method="sjd", guidance_scale=2.0, generator=torch.Generator().manual_seed(5))
+            for _ in range(2)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert runs[0].tokens.shape == (2, 4, 4) and runs[0].stats.new_tokens == 32
+    gsd = janus_generate(janus, PROMPTS, method="gsd", gsd_window=0, guidance_scale=2.0, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(gsd.tokens, runs[0].tokens)  # G = {x}: GSD is SJD
+    lantern = janus_generate(janus, PROMPTS, method="lantern", lantern_delta=0.0, lantern_k=4, guidance_scale=2.0,
+                             generator=torch.Generator().manual_seed(5))
+    assert torch.equal(lantern.tokens, runs[0].tokens)  # delta = 0: LANTERN is SJD's exact acceptance
+    relaxed = janus_generate(janus, PROMPTS * 3, method="lantern", lantern_delta=0.5, lantern_k=6, guidance_scale=2.0,
+                             generator=torch.Generator().manual_seed(5))
+    plain = jacobi_generate(JanusCFGTarget(janus, PROMPTS * 3, 2.0), list(range(6)), rule=sjd_accept,
+                            generator=torch.Generator().manual_seed(5))
+    assert relaxed.stats.target_forwards < plain.stats.target_forwards
+
+
+def test_decode_to_pixels_and_codebook(janus):
+    target = JanusCFGTarget(janus, PROMPTS, 2.0)
+    tokens = ar_generate(target, [1], GREEDY).tokens
+    pixels = target.decode(tokens)
+    assert pixels.shape == (1, 3, 8, 8) and torch.isfinite(pixels).all()
+    book = target.codebook_embeddings()
+    assert book.shape == (12, 4) and torch.allclose(book.norm(dim=-1), torch.ones(12))
+    with pytest.raises(MMSpecError, match="token grids"):
+        target.decode(tokens.flatten(1))
+
+
+def test_bad_inputs(janus):
+    with pytest.raises(MMSpecError, match="out of range"):
+        JanusCFGTarget(janus, PROMPTS).start([2])
+    with pytest.raises(MMSpecError, match="one prompt at a time"):
+        JanusCFGTarget(janus, PROMPTS).start([0, 1])
+    with pytest.raises(MMSpecError, match="not a Janus"):
+        JanusCFGTarget(torch.nn.Linear(2, 2), PROMPTS)
+    with pytest.raises(MMSpecError, match="drafter"):
+        janus_generate(janus, PROMPTS, method="sd")
