@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("path", help="audio file (any file PyAV decodes, or the audio track of a video)")
     transcribe.add_argument("--model", default=None, help="zoo name, local folder or Hub id of a Whisper model (default: the toy ASR model)")
     transcribe.add_argument("--fast-decoder", default=None,
-                            help="folder of a trained CTC fast decoder (default: the model folder's fast_decoder/, if any)")
+                            help="ctc, ar, or a fast decoder folder (default: the model folder's fast_decoder/, else ar_fast_decoder/)")
     transcribe.add_argument("--method", choices=["ar", "hybrid"], default=None,
                             help="ar = plain greedy decoding, hybrid = fast draft + verification (default: hybrid if a fast decoder exists)")
     transcribe.add_argument("--mode", choices=["strict", "relaxed"], default="strict",

@@ -1,15 +1,23 @@
-"""Speech: Whisper-style encoder-decoder ASR targets and hybrid decoding (fast CTC draft + verify).
+"""Speech: Whisper-style encoder-decoder ASR targets and hybrid decoding (fast draft + verify).
 
     from mmspec.speech import WhisperTarget, CTCFastDecoder, hybrid_generate
     out = hybrid_generate(whisper, fast_decoder, input_features, mode="strict")
+
+Fast decoders: `CTCFastDecoder` (non-autoregressive) or `ARFastDecoder` (a one-layer
+`WhisperForCausalLM`, drafted through `ARHybridDrafter`); `train_from_folder` trains either.
 """
 
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, ARHybridDrafter, hybrid_drafter_for
 from .audio import DEFAULT_SAMPLING_RATE, is_silent, load_audio, split_chunks
 from .fast_decoder import CTCFastDecoder, CTCFastDecoderConfig, ctc_greedy_decode, train_fast_decoder
 from .hybrid import HybridDrafter, align_hypothesis, hybrid_generate, hybrid_rule, relaxed_top_r_rule
 from .target import WhisperTarget, whisper_logits_processors, whisper_prompt_ids
+from .train_fast import read_clip_folder, train_ar_fast_decoder, train_ctc_fast_decoder, train_from_folder
 
 __all__ = [
+    "AR_FAST_DECODER_FOLDER",
+    "ARFastDecoder",
+    "ARHybridDrafter",
     "CTCFastDecoder",
     "CTCFastDecoderConfig",
     "DEFAULT_SAMPLING_RATE",
@@ -17,13 +25,18 @@ __all__ = [
     "WhisperTarget",
     "align_hypothesis",
     "ctc_greedy_decode",
+    "hybrid_drafter_for",
     "hybrid_generate",
     "hybrid_rule",
     "is_silent",
     "load_audio",
+    "read_clip_folder",
     "relaxed_top_r_rule",
     "split_chunks",
+    "train_ar_fast_decoder",
+    "train_ctc_fast_decoder",
     "train_fast_decoder",
+    "train_from_folder",
     "whisper_logits_processors",
     "whisper_prompt_ids",
 ]

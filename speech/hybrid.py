@@ -322,7 +322,9 @@ def hybrid_generate(
     """
     if not isinstance(target, WhisperTarget):
         target = WhisperTarget(target, language=language, task=task)
-    drafter = HybridDrafter(fast_decoder, **drafter_kwargs)
+    from .ar_fast_decoder import hybrid_drafter_for  # local: ar_fast_decoder imports this module
+
+    drafter = hybrid_drafter_for(fast_decoder, **drafter_kwargs)
     decoder = SpeculativeDecoder(target, drafter, policy=hybrid_policy(num_draft_tokens), rule=hybrid_rule(mode, top_r, margin),
                                  method=f"hybrid-{mode}")
     inputs: dict[str, Any] = {"input_features": input_features}

@@ -1,4 +1,4 @@
-"""A diffusers-style transcription pipeline: Whisper verifies, a fast CTC decoder drafts (Hybrid Decoding).
+"""A diffusers-style transcription pipeline: Whisper verifies, a fast decoder drafts (Hybrid Decoding).
 
     pipe = TranscriptionPipeline.from_pretrained("path/to/whisper-folder")   # or a zoo name / Hub id
     out = pipe(audio="clip.wav", method="hybrid", mode="strict")
@@ -13,10 +13,15 @@ Methods:
   ar      plain greedy decoding through the same loop and the same Whisper target (the baseline).
 
 Conventions and decisions:
-  - Fast decoder: pass `fast_decoder=` (a folder or a `CTCFastDecoder`); otherwise a
-    `fast_decoder/` subfolder of the model folder is loaded if present (the model folder is the
-    Whisper checkpoint + processor; `fast_decoder/` holds the `CTCFastDecoder.save_pretrained`
-    files). Without one, only `ar` is available.
+  - Fast decoder: two kinds, both trained by `mmspec train-fast-decoder` and kept in subfolders
+    of the model folder (the Whisper checkpoint + processor):
+      `fast_decoder/`     a `CTCFastDecoder` (non-autoregressive, one pass; the default kind),
+      `ar_fast_decoder/`  an `ARFastDecoder`, a one-layer `WhisperForCausalLM` that drafts the
+                          hypothesis token by token with its own KV cache (`ar_fast_decoder.py`).
+    `fast_decoder=` picks one: "ctc" or "ar" (that subfolder, which must exist), a folder (the
+    kind is read from its config.json), or a loaded model. With None, `fast_decoder/` is used if
+    present, else `ar_fast_decoder/`. Without any, only `ar` is available. (The fast decoder kind
+    "ar" is unrelated to the method "ar": an AR fast decoder still serves method "hybrid".)
   - Chunking: the audio is cut into consecutive, non-overlapping windows of exactly the length
     the feature extractor pads to (`n_samples`, 30 s for Whisper; it must match the encoder's
     `2 x max_source_positions` frames). Each chunk is transcribed on its own (the language is
@@ -51,12 +56,15 @@ from ..errors import MMSpecError
 from ..stats import SpecStats
 from ..zoo import entries, resolve
 from .audio import AudioSource, is_silent, load_audio, split_chunks
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder, hybrid_drafter_for
 from .fast_decoder import CTCFastDecoder
-from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, HybridDrafter, hybrid_policy, hybrid_rule
+from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_policy, hybrid_rule
 from .target import WhisperTarget
 
 DEFAULT_ASR_MODEL = "shapes-whisper-asr"
 FAST_DECODER_FOLDER = "fast_decoder"
+FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER}  # kind -> subfolder, default first
+FastDecoder = CTCFastDecoder | ARFastDecoder
 METHODS = ("hybrid", "ar")
 SILENCE_THRESHOLD = 1e-3
 FALLBACK_MAX_NEW_TOKENS = 448  # Whisper's decoder length, for models that do not state theirs
@@ -96,7 +104,8 @@ class TranscriptionPipeline:
     Args:
         model: a `WhisperForConditionalGeneration`.
         processor: its `WhisperProcessor` (feature extractor + tokenizer).
-        fast_decoder: a `CTCFastDecoder` trained on this model's encoder (None: `hybrid` unavailable).
+        fast_decoder: a `CTCFastDecoder` or `ARFastDecoder` trained on this model's encoder (None: `hybrid`
+            unavailable).
         model_name: shown in outputs.
         num_draft_tokens: the longest draft verified in one decoder pass.
         relaxed_top_r, relaxed_margin: the `relaxed` acceptance rule (`relaxed_top_r_rule`).
@@ -106,7 +115,7 @@ class TranscriptionPipeline:
         self,
         model: PreTrainedModel,
         processor: Any,
-        fast_decoder: CTCFastDecoder | None = None,
+        fast_decoder: FastDecoder | None = None,
         model_name: str = "",
         *,
         num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
@@ -121,7 +130,9 @@ class TranscriptionPipeline:
             raise MMSpecError(f"the processor must hold a feature extractor and a tokenizer (a WhisperProcessor), "
                               f"got {type(processor).__name__}")
         self.fast_decoder = fast_decoder.eval() if fast_decoder is not None else None
-        if self.fast_decoder is not None:
+        if isinstance(self.fast_decoder, ARFastDecoder):
+            check_ar_fast_decoder(self.fast_decoder, model)
+        elif self.fast_decoder is not None:
             check_fast_decoder(self.fast_decoder, model)
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.num_draft_tokens = num_draft_tokens
@@ -134,25 +145,28 @@ class TranscriptionPipeline:
     def from_pretrained(
         cls,
         model_id_or_path: str | os.PathLike = DEFAULT_ASR_MODEL,
-        fast_decoder: str | os.PathLike | CTCFastDecoder | None = None,
+        fast_decoder: str | os.PathLike | FastDecoder | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         **kwargs: Any,
     ) -> "TranscriptionPipeline":
         """Load a Whisper model + processor (zoo name, local folder, or Hub id available offline) and a fast decoder.
 
-        With no `fast_decoder`, the model folder's `fast_decoder/` subfolder is used if it exists.
+        `fast_decoder`: "ctc" / "ar" (the model folder's `fast_decoder/` / `ar_fast_decoder/`), a
+        folder, a loaded fast decoder, or None (`fast_decoder/` if present, else `ar_fast_decoder/`).
         """
         name = str(model_id_or_path)
         path = resolve(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device)
-        if fast_decoder is None and (Path(path) / FAST_DECODER_FOLDER).is_dir():
-            fast_decoder = Path(path) / FAST_DECODER_FOLDER
-        if fast_decoder is not None and not isinstance(fast_decoder, CTCFastDecoder):
-            try:
-                fast_decoder = CTCFastDecoder.from_pretrained(str(fast_decoder))
-            except Exception as error:  # noqa: BLE001 - any failure means "not a fast decoder folder"
-                raise MMSpecError(f"cannot load the fast decoder {str(fast_decoder)!r}: {_first_line(error)}") from None
+        if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
+            kind, fast_decoder = fast_decoder, Path(path) / FAST_DECODER_FOLDERS[fast_decoder]
+            if not fast_decoder.is_dir():
+                raise MMSpecError(f"{name!r} has no {kind} fast decoder (no {FAST_DECODER_FOLDERS[kind]}/ subfolder in {path}); "
+                                  f"train one with `mmspec train-fast-decoder --kind {kind}`")
+        if fast_decoder is None:
+            fast_decoder = next((Path(path) / f for f in FAST_DECODER_FOLDERS.values() if (Path(path) / f).is_dir()), None)
+        if fast_decoder is not None and not isinstance(fast_decoder, (CTCFastDecoder, ARFastDecoder)):
+            fast_decoder = load_fast_decoder(fast_decoder)
         if fast_decoder is not None:
             fast_decoder = fast_decoder.to(device=device, dtype=dtype)
         return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
@@ -162,6 +176,13 @@ class TranscriptionPipeline:
     @property
     def available_methods(self) -> list[str]:
         return [m for m in METHODS if m != "hybrid" or self.fast_decoder is not None]
+
+    @property
+    def fast_decoder_kind(self) -> str | None:
+        """The kind of the loaded fast decoder: "ctc", "ar", or None."""
+        if self.fast_decoder is None:
+            return None
+        return "ar" if isinstance(self.fast_decoder, ARFastDecoder) else "ctc"
 
     @property
     def default_method(self) -> str:
@@ -193,9 +214,9 @@ class TranscriptionPipeline:
         if self.fast_decoder is None:
             raise MMSpecError(
                 "the hybrid method needs a fast decoder: pass fast_decoder=PATH (or put one in the model folder's "
-                f"{FAST_DECODER_FOLDER}/ subfolder), or use method='ar'"
+                f"{FAST_DECODER_FOLDER}/ or {AR_FAST_DECODER_FOLDER}/ subfolder), or use method='ar'"
             )
-        return HybridDrafter(self.fast_decoder)
+        return hybrid_drafter_for(self.fast_decoder)
 
     # --- transcription ------------------------------------------------------------------------
 
@@ -319,6 +340,21 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
     except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
         raise MMSpecError(f"could not load the processor of {name!r} (feature extractor + tokenizer): {_first_line(error)}") from None
     return model, processor
+
+
+def load_fast_decoder(path: str | os.PathLike) -> FastDecoder:
+    """A saved fast decoder of either kind; the kind is read from the folder's config.json."""
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+        if config.model_type == "whisper" and not getattr(config, "is_encoder_decoder", True):
+            return ARFastDecoder.from_pretrained(str(path)).eval()
+        if config.model_type == "whisper":
+            raise MMSpecError(f"{str(path)!r} holds a full Whisper model, not a fast decoder")
+        return CTCFastDecoder.from_pretrained(str(path)).eval()
+    except MMSpecError as error:
+        raise MMSpecError(f"cannot load the fast decoder {str(path)!r}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - any failure means "not a fast decoder folder"
+        raise MMSpecError(f"cannot load the fast decoder {str(path)!r}: {_first_line(error)}") from None
 
 
 def check_fast_decoder(fast_decoder: CTCFastDecoder, model: PreTrainedModel) -> None:

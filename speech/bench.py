@@ -1,0 +1,434 @@
+"""`mmspec bench speech`: transcription methods side by side on the same held-out clips, in one process.
+
+Hybrid Decoding (Lim et al., "Hybrid Decoding: Rapid Pass and Selective Detailed Correction for
+Sequence Models", arXiv 2508.19671) claims speed at equal WER and fewer repetition errors; this
+bench measures both against plain greedy decoding and transformers' assisted generation:
+
+  plain-greedy       the model's own `generate` (greedy; the reference for "identical")
+  greedy-loop        mmspec's loop with no drafter (plain greedy through WhisperTarget: loop overhead)
+  hybrid-strict      CTC fast decoder draft + verification, exact greedy match (lossless)
+  hybrid-relaxed     the same with `relaxed_top_r_rule` (top-3, 2-nat margin; not lossless)
+  hybrid-strict-ar   the one-layer AR fast decoder's whole hypothesis as the draft (lossless)
+  hf-assisted-ar     transformers' assisted generation, the same AR fast decoder as assistant
+                     (its defaults: 20 draft tokens, constant schedule, confidence cut-off 0.4)
+
+Every method transcribes each clip from its file: audio decoding, features, the encoder (once),
+decoding, detokenising; that whole call is the "transcription" time. The "decoder" time is the
+decoding alone (drafter included), from the encoder output to the tokens. Both are medians over
+interleaved repetitions of the total over all clips (mmspec/bench/harness.py).
+
+Quality, per method:
+  - WER with jiwer over the whole set, after normalising both sides: lowercase, punctuation
+    (Unicode category P) removed, whitespace collapsed (`normalise`);
+  - repetitions: immediately repeated word n-grams (n = 1..4, "the the", "a b a b") in the
+    output, beyond those the reference itself has (`repetition_count`).
+Decoder passes count forwards of the big decoder, Whisper's one-step language detection included;
+tau is new tokens (end-of-text included) per big-decoder pass, detection excluded.
+
+Every method decodes at most one token fewer than the decoder's positions allow after the prompt:
+at exactly the limit transformers' Whisper `generate` runs a second decoding pass when no
+end-of-text came, which would make the reference differ from plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import unicodedata
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from ..bench.harness import BenchReport, ForwardCounter, run_benchmark
+from ..decoding import SpeculativeDecoder
+from ..drafters import Drafter, NoDrafter
+from ..errors import MMSpecError
+from ..stats import SpecStats
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder, hybrid_drafter_for
+from .fast_decoder import CTCFastDecoder
+from .hybrid import hybrid_policy, hybrid_rule
+from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
+from .target import WhisperTarget, whisper_prompt_ids
+from .train_fast import Clip, clip_features, read_clip_folder
+
+NORMALISATION = "lowercase, punctuation (Unicode category P) removed, whitespace collapsed"
+REPETITION_MAX_N = 4
+REFERENCE = "plain-greedy"
+HF_ASSISTANT_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+                         "assistant_confidence_threshold": 0.4}
+
+
+# --- quality measures -------------------------------------------------------------------------------
+
+def normalise(text: str) -> str:
+    """Lowercase, drop punctuation (Unicode category P), collapse whitespace."""
+    kept = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text.lower())
+    return " ".join(kept.split())
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(substitutions + deletions + insertions, reference words) after `normalise`."""
+    import jiwer
+
+    ref, hyp = normalise(reference), normalise(hypothesis)
+    if not ref:
+        return len(hyp.split()), 0  # jiwer refuses an empty reference: every output word is an insertion
+    out = jiwer.process_words(ref, hyp if hyp else "")
+    return out.substitutions + out.deletions + out.insertions, len(ref.split())
+
+
+def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
+    """Word error rate over the whole set (errors summed, divided by the reference words summed)."""
+    errors = words = 0
+    for ref, hyp in zip(references, hypotheses):
+        e, n = word_errors(ref, hyp)
+        errors += e
+        words += n
+    return errors / words if words else float(errors > 0)
+
+
+def repeated_ngrams(words: list[str], max_n: int = REPETITION_MAX_N) -> Counter:
+    """Immediately repeated word n-grams (n = 1..max_n): "go go" counts ("go",) once, "a b a b" counts ("a", "b") once."""
+    found: Counter = Counter()
+    for n in range(1, max_n + 1):
+        for i in range(len(words) - 2 * n + 1):
+            if words[i : i + n] == words[i + n : i + 2 * n]:
+                found[tuple(words[i : i + n])] += 1
+    return found
+
+
+def repetition_count(reference: str, hypothesis: str, max_n: int = REPETITION_MAX_N) -> int:
+    """Repeated n-grams in the hypothesis beyond those in the reference (both normalised)."""
+    ref = repeated_ngrams(normalise(reference).split(), max_n)
+    hyp = repeated_ngrams(normalise(hypothesis).split(), max_n)
+    return sum(max(0, count - ref[gram]) for gram, count in hyp.items())
+
+
+# --- the methods ------------------------------------------------------------------------------------
+
+@dataclass
+class SpeechItem:
+    """One held-out clip, with what every method needs to agree on."""
+
+    index: int
+    clip: Clip
+    prompt_length: int
+    detect_passes: int  # big-decoder passes Whisper's language detection takes on this clip (0 or 1)
+    max_new_tokens: int
+
+
+@dataclass
+class _Call:
+    tokens: list[int]
+    decoder_time: float
+    passes: int
+
+
+Decode = Callable[[BaseModelOutput, SpeechItem], tuple[list[int], SpecStats]]
+
+
+class _Method:
+    """Runs one method on a clip from its file and records tokens, decoder time and big-decoder passes.
+
+    `counts_own_forwards`: the method's stats already count target forwards (mmspec's loop); else
+    they are the measured passes less language detection (transformers' `generate`).
+    """
+
+    def __init__(self, name: str, model: PreTrainedModel, processor: Any, counter: ForwardCounter, decode: Decode,
+                 counts_own_forwards: bool) -> None:
+        self.name, self.model, self.processor, self.counter, self.decode = name, model, processor, counter, decode
+        self.counts_own_forwards = counts_own_forwards
+        self.calls: list[_Call] = []
+
+    def __call__(self, item: SpeechItem) -> tuple[list[int], SpecStats]:
+        features = clip_features(self.processor, item.clip.path).to(device=self.model.device, dtype=self.model.dtype)
+        states = self.model.get_encoder()(features, return_dict=True).last_hidden_state
+        encoder_outputs = BaseModelOutput(last_hidden_state=states)
+        self.counter.take()
+        start = time.perf_counter()
+        tokens, stats = self.decode(encoder_outputs, item)
+        elapsed = time.perf_counter() - start
+        passes = self.counter.take()
+        self.processor.tokenizer.decode(tokens, skip_special_tokens=True)  # part of a transcription's cost
+        self.calls.append(_Call(tokens, elapsed, passes))
+        stats.method = self.name
+        if not self.counts_own_forwards:
+            stats.target_forwards = passes - item.detect_passes
+        return tokens, stats
+
+
+def hf_generate(model: PreTrainedModel, assistant: ARFastDecoder | None = None,
+                assistant_counter: ForwardCounter | None = None) -> Decode:
+    """transformers' Whisper `generate`, greedy, optionally with `assistant` (assisted generation)."""
+
+    def decode(encoder_outputs: BaseModelOutput, item: SpeechItem) -> tuple[list[int], SpecStats]:
+        kwargs: dict[str, Any] = {}
+        if assistant is not None:
+            # Set on every call: transformers keeps (and may adapt) these on the assistant between calls.
+            for key, value in HF_ASSISTANT_DEFAULTS.items():
+                setattr(assistant.generation_config, key, value)
+            kwargs["assistant_model"] = assistant
+            if assistant_counter is not None:
+                assistant_counter.take()
+        start = time.perf_counter()
+        sequences = model.generate(encoder_outputs=encoder_outputs, do_sample=False, max_new_tokens=item.max_new_tokens,
+                                   return_dict_in_generate=True, **kwargs).sequences
+        stats = SpecStats(total_time=time.perf_counter() - start)
+        tokens = sequences[0, item.prompt_length:].tolist()
+        stats.new_tokens = len(tokens)
+        if assistant_counter is not None:
+            stats.drafter_forwards = assistant_counter.take()
+        return tokens, stats
+
+    return decode
+
+
+def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mode: str = "strict") -> Decode:
+    """mmspec's loop on a `WhisperTarget` (the forced prompt, language detection included, built inside)."""
+
+    def decode(encoder_outputs: BaseModelOutput, item: SpeechItem) -> tuple[list[int], SpecStats]:
+        target = WhisperTarget(model)
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=hybrid_policy(), rule=hybrid_rule(mode))
+        out = decoder.generate(None, max_new_tokens=item.max_new_tokens, encoder_outputs=encoder_outputs)
+        return out.sequences[0, item.prompt_length:].tolist(), out.stats
+
+    return decode
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+@dataclass
+class SpeechMethodRow:
+    method: str
+    wer: float
+    repetitions: int
+    decoder_passes_per_utterance: float
+    tau: float
+    alpha: float | None
+    drafter_forwards: int
+    new_tokens: int
+    decoder_time_s: float
+    transcription_time_s: float
+    decoder_speed_up: float
+    transcription_speed_up: float
+    identical_to_greedy: bool
+    mismatched_outputs: int
+
+
+@dataclass
+class SpeechBenchReport:
+    title: str
+    rows: list[SpeechMethodRow]
+    settings: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    transcripts: dict[str, list[str]] = field(default_factory=dict)
+
+    def row(self, method: str) -> SpeechMethodRow:
+        return next(r for r in self.rows if r.method == method)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "reference": REFERENCE, "settings": self.settings, "notes": self.notes,
+                "methods": [asdict(r) for r in self.rows]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_table(self) -> str:
+        header = (f"{'method':<18} {'WER':>6} {'reps':>5} {'passes/utt':>10} {'tau':>5} {'alpha':>5} {'drf fwd':>7} {'decoder s':>9} "
+                  f"{'speed-up':>8} {'total s':>8} {'speed-up':>8}  identical")
+        lines = [self.title, header, "-" * len(header)]
+        for r in self.rows:
+            alpha = f"{r.alpha:.2f}" if r.alpha is not None else "-"
+            same = "yes" if r.identical_to_greedy else f"NO ({r.mismatched_outputs})"
+            lines.append(f"{r.method:<18} {r.wer:>6.1%} {r.repetitions:>5} {r.decoder_passes_per_utterance:>10.1f} {r.tau:>5.2f} "
+                         f"{alpha:>5} {r.drafter_forwards:>7} {r.decoder_time_s:>9.3f} {r.decoder_speed_up:>7.2f}x {r.transcription_time_s:>8.3f} "
+                         f"{r.transcription_speed_up:>7.2f}x  {same}")
+        lines.append(f"(WER after normalising: {NORMALISATION}; reps = immediately repeated word 1..{REPETITION_MAX_N}-grams "
+                     "beyond the reference's; passes include language detection; times are medians over repetitions of "
+                     "the total over all clips; identical = same tokens as plain-greedy)")
+        lines.append(", ".join(f"{k}={v}" for k, v in self.settings.items() if k not in ("normalisation", "hf_assistant")))
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+# --- running ----------------------------------------------------------------------------------------
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers warns on every Whisper generate call with these settings; the bench's output is the table."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+@torch.inference_mode()
+def prepare_items(model: PreTrainedModel, processor: Any, clips: list[Clip]) -> list[SpeechItem]:
+    """Prompt length, language-detection cost and decoding limit per clip (one encoder pass each)."""
+    counter = ForwardCounter(model.get_decoder())
+    items = []
+    try:
+        for index, clip in enumerate(clips):
+            features = clip_features(processor, clip.path).to(device=model.device, dtype=model.dtype)
+            states = model.get_encoder()(features, return_dict=True).last_hidden_state
+            counter.take()
+            prompt = whisper_prompt_ids(model, {"encoder_outputs": BaseModelOutput(last_hidden_state=states)})
+            limit = max(1, model.config.max_target_positions - prompt.shape[1] - 1)  # see the module docstring
+            items.append(SpeechItem(index, clip, prompt.shape[1], counter.take(), limit))
+    finally:
+        counter.close()
+    return items
+
+
+def bench_speech(
+    model: PreTrainedModel,
+    processor: Any,
+    clips: list[Clip],
+    *,
+    ctc_fast_decoder: CTCFastDecoder | None = None,
+    ar_fast_decoder: ARFastDecoder | None = None,
+    repeats: int = 3,
+    progress: bool = True,
+    title: str = "bench speech",
+) -> SpeechBenchReport:
+    """Run every available method over `clips` (see the module docstring) and report them side by side."""
+    if not clips:
+        raise MMSpecError("no clips to benchmark")
+    if repeats < 1:
+        raise MMSpecError(f"repeats must be >= 1, got {repeats}")
+    model.eval()
+    notes = []
+    if ctc_fast_decoder is not None:
+        check_fast_decoder(ctc_fast_decoder, model)
+    if ar_fast_decoder is not None:
+        check_ar_fast_decoder(ar_fast_decoder, model)
+    with _quiet_transformers():
+        items = prepare_items(model, processor, clips)
+        decoder_counter = ForwardCounter(model.get_decoder())
+        counters = [decoder_counter]
+        decoders: dict[str, tuple[Decode, bool]] = {  # name -> (decode, counts its own target forwards)
+            REFERENCE: (hf_generate(model), False),
+            "greedy-loop": (mmspec_loop(model, NoDrafter), True),
+        }
+        if ctc_fast_decoder is not None:
+            decoders["hybrid-strict"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ctc_fast_decoder), "strict"), True)
+            decoders["hybrid-relaxed"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ctc_fast_decoder), "relaxed"), True)
+        else:
+            notes.append("no CTC fast decoder (fast_decoder/): hybrid-strict and hybrid-relaxed not run")
+        if ar_fast_decoder is not None:
+            decoders["hybrid-strict-ar"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder), "strict"), True)
+            assistant_counter = ForwardCounter(ar_fast_decoder)
+            counters.append(assistant_counter)
+            decoders["hf-assisted-ar"] = (hf_generate(model, ar_fast_decoder, assistant_counter), False)
+        else:
+            notes.append(f"no AR fast decoder ({AR_FAST_DECODER_FOLDER}/): hybrid-strict-ar and hf-assisted-ar not run")
+        methods = {name: _Method(name, model, processor, decoder_counter, decode, own)
+                   for name, (decode, own) in decoders.items()}
+        try:
+            with torch.inference_mode():
+                harness = run_benchmark(title, dict(methods), items, reference=REFERENCE, repeats=repeats, progress=progress)
+        finally:
+            for counter in counters:
+                counter.close()
+    return _report(title, harness, methods, items, repeats, notes, model)
+
+
+def _report(title: str, harness: BenchReport, methods: dict[str, _Method], items: list[SpeechItem], repeats: int,
+            notes: list[str], model: PreTrainedModel) -> SpeechBenchReport:
+    warm = min(len(items), 2)  # the harness warms up on the first two inputs, once per method
+    references = [item.clip.text for item in items]
+    decoder_times: dict[str, float] = {}
+    transcripts: dict[str, list[str]] = {}
+    passes: dict[str, int] = {}
+    for name, method in methods.items():
+        timed = method.calls[warm:]
+        if len(timed) != repeats * len(items):
+            raise RuntimeError(f"{name}: expected {repeats * len(items)} timed calls, got {len(timed)}")
+        per_rep = [sum(c.decoder_time for c in timed[r * len(items):(r + 1) * len(items)]) for r in range(repeats)]
+        decoder_times[name] = statistics.median(per_rep)
+        first = timed[: len(items)]
+        passes[name] = sum(c.passes for c in first)
+        tokenizer = method.processor.tokenizer
+        transcripts[name] = [tokenizer.decode(c.tokens, skip_special_tokens=True).strip() for c in first]
+    base = next(r for r in harness.results if r.name == REFERENCE)
+    rows = []
+    for result in harness.results:
+        name, stats = result.name, result.stats
+        rows.append(SpeechMethodRow(
+            method=name,
+            wer=corpus_wer(references, transcripts[name]),
+            repetitions=sum(repetition_count(r, h) for r, h in zip(references, transcripts[name])),
+            decoder_passes_per_utterance=passes[name] / len(items),
+            tau=stats.tau,
+            alpha=stats.alpha if stats.drafted else None,
+            drafter_forwards=stats.drafter_forwards,
+            new_tokens=stats.new_tokens,
+            decoder_time_s=decoder_times[name],
+            transcription_time_s=result.median_wall_time,
+            decoder_speed_up=decoder_times[REFERENCE] / decoder_times[name] if decoder_times[name] else 0.0,
+            transcription_speed_up=base.median_wall_time / result.median_wall_time if result.median_wall_time else 0.0,
+            identical_to_greedy=result.identical,
+            mismatched_outputs=result.mismatches,
+        ))
+    settings = {"clips": len(items), "repeats": repeats, "threads": torch.get_num_threads(),
+                "max_new_tokens": max(i.max_new_tokens for i in items), "relaxed_rule": "top-3, margin 2 nats",
+                "normalisation": NORMALISATION, "hf_assistant": dict(HF_ASSISTANT_DEFAULTS)}
+    if "hf-assisted-ar" in methods and model.generation_config.begin_suppress_tokens:
+        notes.append("transformers' assisted generation for Whisper drops begin_suppress_tokens (the first generated token "
+                     "is not suppressed), so hf-assisted-ar may differ from plain greedy at the first token")
+    return SpeechBenchReport(title=title, rows=rows, settings=settings, notes=notes, transcripts=transcripts)
+
+
+def default_heldout(model_path: str) -> Path:
+    """The held-out clips shipped with a (zoo) model folder: `MODEL/heldout/metadata.jsonl`."""
+    return Path(model_path) / "heldout"
+
+
+def run_speech_bench(
+    model_name: str,
+    *,
+    data: str | Path | None = None,
+    n: int = 20,
+    repeats: int = 3,
+    fast_decoder: str | Path | None = None,
+    ar_fast_decoder: str | Path | None = None,
+    progress: bool = True,
+) -> SpeechBenchReport:
+    """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench."""
+    from ..zoo import resolve
+
+    if n < 1:
+        raise MMSpecError(f"--n must be >= 1, got {n}")
+    path = resolve(model_name)
+    model, processor = load_whisper(model_name, path)
+    if data is None:
+        data = default_heldout(path)
+        if not (data / "metadata.jsonl").is_file():
+            raise MMSpecError(f"no --data given and {model_name!r} ships no held-out clips ({data}/metadata.jsonl is missing); "
+                              "pass --data DIR, a folder with metadata.jsonl and its clips")
+    clips = read_clip_folder(data)[:n]
+    ctc = _optional(fast_decoder, Path(path) / FAST_DECODER_FOLDER, load_fast_decoder)
+    ar = _optional(ar_fast_decoder, Path(path) / AR_FAST_DECODER_FOLDER, load_fast_decoder)
+    if ctc is not None and not isinstance(ctc, CTCFastDecoder):
+        raise MMSpecError("--fast-decoder holds an AR fast decoder; pass it as --ar-fast-decoder")
+    if ar is not None and not isinstance(ar, ARFastDecoder):
+        raise MMSpecError("--ar-fast-decoder holds a CTC fast decoder; pass it as --fast-decoder")
+    return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, repeats=repeats,
+                        progress=progress, title=f"bench speech: {model_name} on {len(clips)} clips from {data}")
+
+
+def _optional(given: str | Path | None, default: Path, load: Callable[[Any], Any]) -> Any:
+    if given is not None:
+        return load(given)
+    return load(default) if default.is_dir() else None

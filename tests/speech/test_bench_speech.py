@@ -1,0 +1,134 @@
+"""`mmspec bench speech` (speech/bench.py): the quality measures, and a whole run on a tiny random
+Whisper with both fast decoders, through the Python API and the CLI. Random models: only plumbing,
+exactness of the strict methods and the report's shape are tested, not speed or accuracy."""
+
+import json
+import shutil
+
+import pytest
+
+from mmspec import MMSpecError
+from mmspec.cli import main
+from mmspec.speech.bench import (
+    REFERENCE,
+    bench_speech,
+    corpus_wer,
+    normalise,
+    repeated_ngrams,
+    repetition_count,
+    word_errors,
+)
+from mmspec.speech.pipeline import load_fast_decoder, load_whisper
+from mmspec.speech.train_fast import read_clip_folder
+
+from .tiny_asr import make_asr_folder, make_clip_folder
+
+ALL_METHODS = [REFERENCE, "greedy-loop", "hybrid-strict", "hybrid-relaxed", "hybrid-strict-ar", "hf-assisted-ar"]
+LOSSLESS = ["greedy-loop", "hybrid-strict", "hybrid-strict-ar"]
+
+
+def test_normalise():
+    assert normalise("  Hello, World!  It's  ME... ") == "hello world it s me"
+    assert normalise("«Ça va?» — oui") == "ça va oui"
+
+
+def test_word_errors_and_corpus_wer():
+    assert word_errors("a red circle", "A red, circle.") == (0, 3)
+    assert word_errors("a red circle", "a blue circle extra") == (2, 3)
+    assert word_errors("", "two words") == (2, 0)
+    assert word_errors("a b", "") == (2, 2)
+    assert corpus_wer(["a b c d", "e f"], ["a b c d", "e x"]) == pytest.approx(1 / 6)
+
+
+def test_repetitions_beyond_the_reference():
+    assert repeated_ngrams("go go go".split()) == {("go",): 2}
+    assert repeated_ngrams("a b a b c".split()) == {("a", "b"): 1}
+    assert repetition_count("the red circle", "the the red circle circle") == 2
+    assert repetition_count("very very good", "very very good") == 0  # the reference repeats it too
+    assert repetition_count("very very good", "very very very good") == 1
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    return make_asr_folder(root / "asr"), make_clip_folder(root / "clips", count=3)
+
+
+def test_bench_runs_every_method(folders):
+    asr, clips_folder = folders
+    model, processor = load_whisper("tiny", str(asr))
+    clips = read_clip_folder(clips_folder)[:2]
+    report = bench_speech(model, processor, clips, ctc_fast_decoder=load_fast_decoder(asr / "fast_decoder"),
+                          ar_fast_decoder=load_fast_decoder(asr / "ar_fast_decoder"), repeats=1, progress=False)
+    assert [r.method for r in report.rows] == ALL_METHODS
+    assert len(report.notes) == 1 and "drops begin_suppress_tokens" in report.notes[0]
+    for name in LOSSLESS:
+        row = report.row(name)
+        assert row.identical_to_greedy and report.transcripts[name] == report.transcripts[REFERENCE], name
+    for row in report.rows:
+        assert row.wer >= 0 and row.repetitions >= 0 and row.decoder_passes_per_utterance >= 1 and row.tau > 0
+        assert 0 < row.decoder_time_s <= row.transcription_time_s and row.new_tokens > 0
+    plain = report.row(REFERENCE)
+    assert plain.decoder_speed_up == 1.0 and plain.transcription_speed_up == 1.0 and plain.tau == pytest.approx(1.0)
+    assert report.row("hybrid-strict").drafter_forwards == 2  # one CTC pass per clip
+    assert report.row("hybrid-strict-ar").drafter_forwards > 2 and report.row("hf-assisted-ar").drafter_forwards > 0
+    assert report.row("hybrid-strict").alpha is not None and plain.alpha is None
+    table = report.to_table()
+    assert all(name in table for name in ALL_METHODS) and "lowercase, punctuation" in table
+    assert {r["method"] for r in json.loads(report.to_json())["methods"]} == set(ALL_METHODS)
+
+
+def test_cli_bench_speech_json(folders, capsys):
+    asr, clips_folder = folders
+    code = main(["bench", "speech", "--model", str(asr), "--data", str(clips_folder), "--n", "1", "--repeats", "1",
+                 "--threads", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert [m["method"] for m in result["methods"]] == ALL_METHODS and result["settings"]["clips"] == 1
+    assert {"wer", "repetitions", "decoder_passes_per_utterance", "tau", "decoder_time_s", "transcription_time_s",
+            "decoder_speed_up", "transcription_speed_up", "identical_to_greedy"} <= set(result["methods"][0])
+    assert "lowercase" in result["settings"]["normalisation"]
+
+
+def test_default_heldout_folder_and_missing_fast_decoders(folders, tmp_path, capsys):
+    asr, clips_folder = folders
+    model_dir = tmp_path / "model"
+    shutil.copytree(asr, model_dir, ignore=shutil.ignore_patterns("*fast_decoder"))
+    code = main(["bench", "speech", "--model", str(model_dir), "--n", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "no --data given" in err and "heldout/metadata.jsonl is missing" in err and "pass --data DIR" in err
+    shutil.copytree(clips_folder, model_dir / "heldout")
+    code = main(["bench", "speech", "--model", str(model_dir), "--n", "1", "--repeats", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert [m["method"] for m in result["methods"]] == [REFERENCE, "greedy-loop"]
+    assert [n.split(" (")[0] for n in result["notes"]] == ["no CTC fast decoder", "no AR fast decoder"]
+    assert str(model_dir / "heldout") in result["title"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--data", "{tmp}/nowhere"], "data folder '{tmp}/nowhere' does not exist"),
+    (["--data", "{tmp}"], "has no metadata.jsonl"),
+    (["--n", "0"], "--n must be >= 1"),
+    (["--fast-decoder", "{asr}/ar_fast_decoder"], "--fast-decoder holds an AR fast decoder"),
+    (["--model", "{tmp}/no-model"], "cannot load the ASR model"),
+])
+def test_cli_bench_speech_errors(folders, tmp_path, capsys, extra, message):
+    asr, clips_folder = folders
+    args = {"--model": str(asr), "--data": str(clips_folder), "--repeats": "1"}
+    for key, value in zip(extra[::2], extra[1::2]):
+        args[key] = value.format(tmp=tmp_path, asr=asr)
+    code = main(["bench", "speech", *[x for pair in args.items() for x in pair]])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("mmspec: error: ") and message.format(tmp=tmp_path) in err
+
+
+def test_bench_refuses_nothing_to_run(folders):
+    asr, _ = folders
+    model, processor = load_whisper("tiny", str(asr))
+    with pytest.raises(MMSpecError, match="no clips"):
+        bench_speech(model, processor, [])
