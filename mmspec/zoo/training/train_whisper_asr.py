@@ -207,9 +207,14 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     start = time.time()
-    tokenizer = build_tokenizer(args.vocab_size, args.seed)
-    processor = build_processor(tokenizer)
-    model = build_model(tokenizer, args.seed)
+    if args.init_from:  # continue a saved run (same tokenizer and processor)
+        processor = WhisperProcessor.from_pretrained(args.init_from)
+        tokenizer = processor.tokenizer
+        model = WhisperForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
+    else:
+        tokenizer = build_tokenizer(args.vocab_size, args.seed)
+        processor = build_processor(tokenizer)
+        model = build_model(tokenizer, args.seed)
     print(f"whisper: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}",
           flush=True)
     train_x, train_texts = load_features(args.train, processor, args.limit, "train features")
@@ -324,6 +329,7 @@ def main() -> None:
     parser.add_argument("--eval-n", type=int, default=200)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-from", default=None, help="continue from a saved model folder")
     parser.add_argument("--threads", type=int, default=2)
     train(parser.parse_args())
 
