@@ -15,19 +15,17 @@ the target's own vocabulary, so no mapping between tokenizers is needed.
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 
 from ..cached_model import model_vocab_size
 from ..errors import MMSpecError
+from .fitting import fit
 
 MODEL_TYPE = "mmspec_ctc_fast_decoder"
 
@@ -269,47 +267,20 @@ def train_fast_decoder(
     if fast_decoder.config.vocab_size != vocab:
         raise MMSpecError(f"the fast decoder predicts {fast_decoder.config.vocab_size} tokens, the target has {vocab}")
     target_model.eval()
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
     states: list[torch.Tensor] | None = None
     if cache_encoder_states:
         states = [target_encoder_states(target_model, f[None])[0] for f, _ in examples]
-    optimiser = torch.optim.AdamW(fast_decoder.parameters(), lr=learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _lr_factor(s, steps, warmup_steps))
-    fast_decoder.train()
-    losses: list[float] = []
-    order: list[int] = []
-    with tqdm(total=steps, desc="train fast decoder", disable=not progress_bar) as bar:
-        for _ in range(steps):
-            batch = []
-            while len(batch) < min(batch_size, len(examples)):
-                if not order:
-                    order = list(range(len(examples)))
-                    rng.shuffle(order)
-                batch.append(order.pop())
-            if states is not None:
-                hidden = torch.stack([states[i] for i in batch])
-            else:
-                hidden = target_encoder_states(target_model, torch.stack([examples[i][0] for i in batch]))
-            labels = _pad_labels([examples[i][1] for i in batch])
-            loss = fast_decoder(hidden.clone(), labels=labels).loss
-            optimiser.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(fast_decoder.parameters(), 1.0)
-            optimiser.step()
-            schedule.step()
-            losses.append(loss.detach().item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            bar.update(1)
-    fast_decoder.eval()
+
+    def batch_loss(batch: list[int]) -> torch.Tensor:
+        if states is not None:
+            hidden = torch.stack([states[i] for i in batch])
+        else:
+            hidden = target_encoder_states(target_model, torch.stack([examples[i][0] for i in batch]))
+        return fast_decoder(hidden.clone(), labels=_pad_labels([examples[i][1] for i in batch])).loss
+
+    losses = fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
+                 warmup_steps=warmup_steps, seed=seed, progress_bar=progress_bar, desc="train fast decoder")
     return fast_decoder, losses
-
-
-def _lr_factor(step: int, steps: int, warmup: int) -> float:
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def _pad_labels(labels: list[list[int]]) -> torch.LongTensor:

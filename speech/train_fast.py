@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -38,6 +37,7 @@ from ..errors import MMSpecError
 from .ar_fast_decoder import ARFastDecoder
 from .audio import load_audio
 from .fast_decoder import CTCFastDecoder, ctc_loss
+from .fitting import fit
 from .target import whisper_prompt_ids
 
 METADATA_FILE = "metadata.jsonl"
@@ -191,55 +191,6 @@ def _eos_ids(model: PreTrainedModel) -> set[int]:
 
 # --- training -------------------------------------------------------------------------------------
 
-def _fit(
-    module: nn.Module,
-    batch_loss: Callable[[list[int]], torch.Tensor],
-    num_examples: int,
-    steps: int,
-    *,
-    batch_size: int,
-    learning_rate: float,
-    warmup_steps: int,
-    seed: int,
-    progress_bar: bool,
-    desc: str,
-) -> list[float]:
-    """AdamW + warm-up/cosine schedule + clipping over batches drawn from seeded shuffles."""
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    optimiser = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _lr_factor(s, steps, warmup_steps))
-    module.train()
-    losses: list[float] = []
-    order: list[int] = []
-    with tqdm(total=steps, desc=desc, disable=not progress_bar) as bar:
-        for _ in range(steps):
-            batch: list[int] = []
-            while len(batch) < min(batch_size, num_examples):
-                if not order:
-                    order = list(range(num_examples))
-                    rng.shuffle(order)
-                batch.append(order.pop())
-            loss = batch_loss(batch)
-            optimiser.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            optimiser.step()
-            schedule.step()
-            losses.append(loss.detach().item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            bar.update(1)
-    module.eval()
-    return losses
-
-
-def _lr_factor(step: int, steps: int, warmup: int) -> float:
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 def _check_settings(steps: int, batch_size: int, learning_rate: float) -> None:
     if steps < 1:
         raise MMSpecError(f"steps must be >= 1, got {steps}")
@@ -292,7 +243,7 @@ def train_ar_fast_decoder(
         return nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten().to(logits.device), ignore_index=-100)
 
     warmup = warmup_steps if warmup_steps is not None else min(100, steps // 10)
-    losses = _fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
+    losses = fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
                   warmup_steps=warmup, seed=seed, progress_bar=progress_bar, desc="train AR fast decoder")
     return fast_decoder, losses
 
@@ -338,7 +289,7 @@ def train_ctc_fast_decoder(
         return ctc_loss(logits, labels.to(logits.device), fast_decoder.blank_id)
 
     warmup = warmup_steps if warmup_steps is not None else min(100, steps // 10)
-    losses = _fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
+    losses = fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
                   warmup_steps=warmup, seed=seed, progress_bar=progress_bar, desc="train CTC fast decoder")
     return fast_decoder, losses
 
