@@ -37,7 +37,6 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import ByteLevelBPETokenizer
