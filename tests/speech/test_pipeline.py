@@ -19,7 +19,7 @@ from transformers import WhisperFeatureExtractor, WhisperProcessor, WhisperToken
 from mmspec import MMSpecError
 from mmspec.cli import main
 from mmspec.speech import CTCFastDecoder, load_audio
-from mmspec.speech.pipeline import DEFAULT_ASR_MODEL, FAST_DECODER_FOLDER, TranscriptionPipeline
+from mmspec.speech.pipeline import FAST_DECODER_FOLDER, TranscriptionPipeline
 
 from .tiny_whisper import BLANK, EOT, NUM_FRAMES, NUM_MEL_BINS, VOCAB, tiny_whisper
 
@@ -169,8 +169,8 @@ def test_bad_calls(pipe, clip, tmp_path):
 
 
 def test_bad_loads(asr_folder, tmp_path):
-    with pytest.raises(MMSpecError, match="cannot load the ASR model 'shapes-whisper-asr'"):
-        TranscriptionPipeline.from_pretrained(DEFAULT_ASR_MODEL)
+    with pytest.raises(MMSpecError, match="cannot load the ASR model 'no-such-asr-model'"):
+        TranscriptionPipeline.from_pretrained("no-such-asr-model")
     with pytest.raises(MMSpecError, match="cannot load the fast decoder"):
         TranscriptionPipeline.from_pretrained(asr_folder, fast_decoder=tmp_path)
     other = CTCFastDecoder.for_target(tiny_whisper(), hidden_size=32, intermediate_size=64, num_attention_heads=4)
