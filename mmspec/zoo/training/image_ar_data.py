@@ -190,6 +190,21 @@ class Stream:
 # ------------------------------------------------------------------------------ training plumbing
 
 
+def add_loop_arguments(parser, *, max_minutes: float, batch_size: int, lr: float, warmup: int,
+                       bf16: bool = True) -> None:
+    """The options every shapes-image-ar training script shares (budget loop, optimiser, CPU)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-minutes", type=float, default=max_minutes, help="wall-clock budget of the training loop")
+    parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--threads", type=int, default=2)
+    if bf16:
+        parser.add_argument("--no-bf16", dest="bf16", action="store_false",
+                            help="train in fp32 (bf16 autocast is the default where the CPU supports it)")
+
+
 def set_threads(threads: int) -> None:
     torch.set_num_threads(max(1, int(threads)))
 

@@ -165,12 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target", default=None, help="target folder (default OUT)")
     parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq), for the cached codes")
     parser.add_argument("--cache-dir", default=str(data.CACHE_DIR))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=5.0, help="wall-clock budget of the training loop")
-    parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=50)
+    data.add_loop_arguments(parser, max_minutes=5.0, batch_size=32, lr=0.002, warmup=50)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--heads", type=int, default=8)
@@ -179,8 +174,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--train-n", type=int, default=32000, help="must match the target's to reuse its cached codes")
     parser.add_argument("--heldout-n", type=int, default=1000)
     parser.add_argument("--agree-n", type=int, default=256, help="held-out sequences for the agreement numbers")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-bf16", dest="bf16", action="store_false")
     return train(parser.parse_args(argv))
 
 

@@ -210,12 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq)")
     parser.add_argument("--judge", default=None, help="judge folder for sample quality (default OUT/judge; skipped if absent)")
     parser.add_argument("--cache-dir", default=str(data.CACHE_DIR), help="where encoded codes and sample grids go")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=20.0, help="wall-clock budget of the training loop")
-    parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=100)
+    data.add_loop_arguments(parser, max_minutes=20.0, batch_size=32, lr=0.001, warmup=100)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--heads", type=int, default=8)
@@ -225,8 +220,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-n", type=int, default=96, help="images sampled per guidance scale for the judge (0 = skip)")
     parser.add_argument("--eval-scales", default="1,2,4", help="guidance scales of the sample evaluation")
     parser.add_argument("--guidance-scale", type=float, default=2.0, help="the default scale written to the card")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32 (bf16 autocast is the default where supported)")
     return train(parser.parse_args(argv))
 
 

@@ -210,20 +210,13 @@ def train(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(data.ZOO_DIR), help="the zoo model folder; the VQ goes to OUT/vq")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=8.0, help="wall-clock budget of the training loop")
-    parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=50)
+    data.add_loop_arguments(parser, max_minutes=8.0, batch_size=16, lr=0.002, warmup=50)
     parser.add_argument("--codebook-size", type=int, default=512)
     parser.add_argument("--embed-dim", type=int, default=8)
     parser.add_argument("--ch", type=int, default=32)
     parser.add_argument("--fg-weight", type=float, default=8.0, help="extra reconstruction weight on shape pixels")
     parser.add_argument("--restart-every", type=int, default=100, help="dead-code restart period in steps (0 = never)")
     parser.add_argument("--eval-n", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32 (bf16 autocast is the default where the CPU supports it)")
     return train(parser.parse_args(argv))
 
 
