@@ -205,6 +205,16 @@ def add_loop_arguments(parser, *, max_minutes: float, batch_size: int, lr: float
                             help="train in fp32 (bf16 autocast is the default where the CPU supports it)")
 
 
+def timing_facts(loop: Any, wall: float, threads: int, prep: float | None = None) -> dict[str, Any]:
+    """The card fields every training script records about its run's time and machine."""
+    facts: dict[str, Any] = {"seconds_per_step": loop.seconds_per_step}
+    if prep is not None:
+        facts["data_prep_time_s"] = round(prep, 1)
+    facts["train_wall_time_s"] = round(wall, 1)
+    facts["train_machine"] = f"2 CPU cores, torch.set_num_threads({threads})"
+    return facts
+
+
 def set_threads(threads: int) -> None:
     torch.set_num_threads(max(1, int(threads)))
 

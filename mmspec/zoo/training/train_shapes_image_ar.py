@@ -190,10 +190,7 @@ def train(args: argparse.Namespace) -> dict:
         "batch_size": args.batch_size,
         "optimiser": (f"AdamW lr {args.lr}, betas (0.9, 0.95), weight decay 0.05, warm-up {args.warmup}, cosine to 10%, "
                       f"bf16 autocast {args.bf16}"),
-        "seconds_per_step": loop.seconds_per_step,
-        "data_prep_time_s": round(prep, 1),
-        "train_wall_time_s": round(wall, 1),
-        "train_machine": f"2 CPU cores, torch.set_num_threads({args.threads})",
+        **data.timing_facts(loop, wall, args.threads, prep),
         "quality": {**quality, "measured_on": (f"{args.heldout_n} held-out sequences (image_ar_data split 'heldout', "
                                                f"seed {args.seed}), fp16 weights upcast to fp32; samples: plain AR, "
                                                "temperature 1, judged by judge/")},

@@ -139,9 +139,7 @@ def train(args: argparse.Namespace) -> dict:
                        + (f" + {n_recon} per batch from {args.recon_pool} VQ reconstructions of train images" if n_recon else "")
                        + "; pixel noise up to 0.06, label smoothing 0.05"),
         "optimiser": f"AdamW lr {args.lr}, weight decay 0.05, warm-up {args.warmup}, cosine to 10%",
-        "seconds_per_step": loop.seconds_per_step,
-        "train_wall_time_s": round(wall, 1),
-        "train_machine": f"2 CPU cores, torch.set_num_threads({args.threads})",
+        **data.timing_facts(loop, wall, args.threads),
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), "
                                               "fd_* between the first and the second half"},
         "rebuild_command": f"python -m mmspec.zoo.training.train_shapes_judge --steps {loop.done} --max-minutes 60",

@@ -196,9 +196,7 @@ def train(args: argparse.Namespace) -> dict:
                  "(l2-normalised codes, straight-through)"),
         "dead_code_restarts": restarted,
         "optimiser": f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, bf16 autocast {args.bf16}",
-        "seconds_per_step": loop.seconds_per_step,
-        "train_wall_time_s": round(wall, 1),
-        "train_machine": f"2 CPU cores, torch.set_num_threads({args.threads})",
+        **data.timing_facts(loop, wall, args.threads),
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), fp16 weights"},
         "rebuild_command": f"python -m mmspec.zoo.training.train_shapes_vq --steps {loop.done} --max-minutes 60",
     }
