@@ -265,3 +265,29 @@ def dense_targets(scene, num_frames: int = FRAMES, size: int = FRAME_SIZE, min_p
         for c in np.nonzero(covered[f])[0]:
             out[f, c] = (colours[best[f, c]], kinds[best[f, c]])
     return out
+
+
+def frame_targets(scene, num_frames: int = FRAMES) -> np.ndarray:
+    """Per frame, a multi-hot vector of what the whole frame shows: the colours (as drawn in
+    that frame, so a colour change shows), kinds, kind x colour pairs, sizes, background and
+    shape count. Every pooled token of the frame is trained to predict it, so that any
+    attention the language model pays to a frame's tokens already carries the frame's content.
+    Returns float32 ``[num_frames, FRAME_TARGET_DIM]``."""
+    from mmspec.world.render import shape_state
+
+    ts = [i / (num_frames - 1) if num_frames > 1 else 0.0 for i in range(num_frames)]
+    out = np.zeros((num_frames, FRAME_TARGET_DIM), np.float32)
+    for f, t in enumerate(ts):
+        for s in scene.shapes:
+            colour = shape_state(s, t)[3]
+            c, k = AUX_COLOURS.index(colour), AUX_KINDS.index(s.kind)
+            out[f, c] = 1.0
+            out[f, 6 + k] = 1.0
+            out[f, 10 + k * 6 + c] = 1.0
+            out[f, 34 + AUX_SIZES.index(s.size)] = 1.0
+        out[f, 37 + AUX_BACKGROUNDS.index(scene.background)] = 1.0
+        out[f, 40 + min(len(scene.shapes), 4) - 1] = 1.0
+    return out
+
+
+FRAME_TARGET_DIM = 6 + 4 + 24 + 3 + 3 + 4

@@ -135,6 +135,7 @@ class AuxHead(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.out = nn.Linear(dim, out)
         self.dense = nn.Linear(dim, len(cd.DENSE_COLOURS) + len(cd.DENSE_KINDS))
+        self.frame = nn.Linear(dim, cd.FRAME_TARGET_DIM)  # every token predicts its whole frame's content
 
     def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B*T, 36, dim]`` -> video logits ``[B, out]``, token logits ``[B*T, 36, 12]``."""
@@ -147,15 +148,20 @@ class AuxHead(nn.Module):
 DENSE_CLASS_WEIGHT = torch.tensor([0.25] + [1.0] * 6), torch.tensor([0.25] + [1.0] * 4)  # background down-weighted
 
 
-def aux_loss(head: AuxHead, pooled: torch.Tensor, scenes) -> torch.Tensor:
-    """Multi-label video loss + per-token colour/kind cross-entropy."""
+def aux_loss(head: AuxHead, pooled: torch.Tensor, scenes, frame_weight: float = 0.0) -> torch.Tensor:
+    """Multi-label video loss + per-token colour/kind cross-entropy (+ per-token frame content)."""
     video_logits, token_logits = head(pooled)
     target = torch.from_numpy(np.stack([cd.aux_targets(s) for s in scenes]))
     dense = torch.from_numpy(np.stack([cd.dense_targets(s) for s in scenes])).flatten(0, 1)  # [B*T, 36, 2]
     nc = len(cd.DENSE_COLOURS)
     colour = F.cross_entropy(token_logits[..., :nc].flatten(0, 1), dense[..., 0].flatten(), weight=DENSE_CLASS_WEIGHT[0])
     kind = F.cross_entropy(token_logits[..., nc:].flatten(0, 1), dense[..., 1].flatten(), weight=DENSE_CLASS_WEIGHT[1])
-    return 5.0 * F.binary_cross_entropy_with_logits(video_logits, target) + colour + kind
+    loss = 5.0 * F.binary_cross_entropy_with_logits(video_logits, target) + colour + kind
+    if frame_weight > 0:
+        frames = torch.from_numpy(np.stack([cd.frame_targets(s) for s in scenes])).flatten(0, 1)  # [B*T, D]
+        logits = head.frame(pooled)  # [B*T, 36, D]
+        loss = loss + frame_weight * F.binary_cross_entropy_with_logits(logits, frames[:, None].expand_as(logits))
+    return loss
 
 
 def pooled_features(model, pixel_values_videos: torch.Tensor) -> torch.Tensor:
@@ -222,7 +228,10 @@ def aux_accuracy(model, head, examples_) -> float:
     fg = dense[..., 0] > 0
     colour_acc = (token_logits[..., :nc].argmax(-1) == dense[..., 0])[fg].float().mean().item()
     kind_acc = (token_logits[..., nc:].argmax(-1) == dense[..., 1])[fg].float().mean().item()
-    print(f"held-out token accuracy on shape cells: colour {colour_acc:.3f}, kind {kind_acc:.3f}", flush=True)
+    frames = torch.from_numpy(np.stack([cd.frame_targets(s) for s in scenes])).flatten(0, 1)[:, None]
+    frame_bits = ((head.frame(pooled) > 0).float() == frames)[..., :10].all(-1).float().mean().item()
+    print(f"held-out token accuracy on shape cells: colour {colour_acc:.3f}, kind {kind_acc:.3f}; "
+          f"tokens knowing their frame's colours and kinds: {frame_bits:.3f}", flush=True)
     pred = (logits > 0).float().numpy()
     true = np.stack([cd.aux_targets(s) for s, _ in examples_])
     spans = {"colours": (0, 6), "kinds": (12, 16), "motions": (16, 22)}
@@ -283,6 +292,28 @@ def evaluate(model, tok, examples_, batch_size: int = 10) -> tuple[dict, list[di
     return quality, rows
 
 
+@torch.inference_mode()
+def reading_probe(model, tok, prefix: list[int], examples_) -> dict:
+    """Does the LM read the video? Teacher-forced accuracy on the caption words only the
+    video can decide, with each caption's own video and with the videos rotated by one
+    (a wrong video): reading shows as a gap between the two."""
+    model.eval()
+    content = torch.zeros(len(tok), dtype=torch.bool)
+    for token, idx in tok.get_vocab().items():
+        content[idx] = token.lstrip("\u0120") in CONTENT_WORDS
+    pv = videos([s for s, _ in examples_])
+    ids, mask, labels = caption_batch(tok, prefix, [c for _, c in examples_])
+    result = {}
+    for name, video in (("own", pv), ("wrong", pv.roll(1, 0))):
+        logits = model(input_ids=ids, attention_mask=mask, pixel_values_videos=video).logits[:, :-1]
+        target = labels[:, 1:]
+        keep = (target != -100) & content[target.clamp(min=0)]
+        result[f"content_acc_{name}"] = round((logits.argmax(-1) == target)[keep].float().mean().item(), 3)
+        result[f"content_nll_{name}"] = round(F.cross_entropy(logits[keep].float(), target[keep]).item(), 3)
+    model.train()
+    return result
+
+
 # ---------------------------------------------------------------- training
 
 def train(args) -> None:
@@ -296,6 +327,10 @@ def train(args) -> None:
         saved = LlavaNextVideoForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
         model.load_state_dict(saved.state_dict())
         del saved
+        if args.reinit_projector:
+            for module in model.model.multi_modal_projector.modules():
+                if isinstance(module, nn.Linear):
+                    module.reset_parameters()
     model.train()
     weights = torch.ones(len(tok))
     for token, idx in tok.get_vocab().items():
@@ -330,7 +365,7 @@ def train(args) -> None:
     aux_deadline = t_a + args.aux_minutes * 60
     bar = tqdm(total=aux_total or None, desc="stage A (vision)", mininterval=10)
     step, timed = 0, []
-    while not aux_total or step < aux_total:
+    while not args.skip_stage_a and (not aux_total or step < aux_total):
         now = time.time()
         if now > deadline - 60 or (not aux_total and step > 3 and now > aux_deadline):
             print(f"stage-A time budget reached at step {step}", flush=True)
@@ -344,7 +379,7 @@ def train(args) -> None:
         for g in opt_a.param_groups:
             g["lr"] = args.aux_lr * lr_factor(step, aux_total or 10**9, 30)
         scenes = [s for s, _ in batch]
-        loss = aux_loss(head, pooled_features(model, videos(scenes)), scenes)
+        loss = aux_loss(head, pooled_features(model, videos(scenes)), scenes, args.frame_weight)
         opt_a.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vision_params, 1.0)
@@ -365,6 +400,7 @@ def train(args) -> None:
 
     # ---- stage B: captioning through the LM
     prefix = cd.prompt_ids(tok)
+    probe_set = heldout[: args.probe_n]
     groups = [{"params": vision_params, "base": args.vision_lr},
               {"params": proj_params, "base": args.proj_lr},
               {"params": lm_params, "base": args.lm_lr}]
@@ -392,7 +428,7 @@ def train(args) -> None:
             bar.total = total
             print(f"stage B: {t:.2f}s per frozen-LM step -> {total} steps", flush=True)
         plan = total or 10**9
-        if lm_start is None and args.lm_frac > 0 and total and step >= int(total * (1 - args.lm_frac)):
+        if lm_start is None and args.lm_frac > 0 and (args.lm_frac >= 1 or total) and step >= int((total or 0) * (1 - args.lm_frac)):
             lm_start = step
             for p in lm_params:
                 p.requires_grad_(True)
@@ -404,7 +440,8 @@ def train(args) -> None:
         captured = {}
         hook = model.model.vision_resampler.register_forward_hook(lambda m, i, o: captured.setdefault("pooled", o))
         try:
-            out = model(input_ids=ids, attention_mask=mask, pixel_values_videos=pv)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                out = model(input_ids=ids, attention_mask=mask, pixel_values_videos=pv)
         finally:
             hook.remove()
         logits, target = out.logits[:, :-1].float(), labels[:, 1:]
@@ -414,7 +451,7 @@ def train(args) -> None:
         w = weights[target[valid]]
         loss = (tok_loss * w).sum() / w.sum()
         if args.aux_weight > 0:
-            loss = loss + args.aux_weight * aux_loss(head, captured["pooled"], [s for s, _ in batch])
+            loss = loss + args.aux_weight * aux_loss(head, captured["pooled"], [s for s, _ in batch], args.frame_weight)
         f = lr_factor(step, plan, args.warmup)
         for g, spec in zip(opt.param_groups, groups):
             g["lr"] = spec["base"] * f
@@ -432,6 +469,8 @@ def train(args) -> None:
             bar.set_postfix(loss=f"{out.loss.item():.4f}")
             print(f"B step {step} caption_loss {out.loss.item():.4f} total_loss {loss.item():.4f} "
                   f"lr_f {f:.3f} step_s {dt:.2f} elapsed {time.time() - start:.0f}s", flush=True)
+        if args.probe_every and step % args.probe_every == 0:
+            print(f"B step {step} probe {json.dumps(reading_probe(model, tok, prefix, probe_set))}", flush=True)
         bar.update(1)
         step += 1
         if args.time_steps and step >= args.time_steps:
@@ -564,6 +603,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--content-weight", type=float, default=1.0,
                         help="loss weight of caption words only the video can decide (colours, kinds, motions, ...)")
     parser.add_argument("--init-from", default=None, help="continue from a saved captioner folder")
+    parser.add_argument("--frame-weight", type=float, default=0.0,
+                        help="weight of the per-token whole-frame content loss in stage A (and B via --aux-weight)")
+    parser.add_argument("--reinit-projector", action="store_true", help="fresh projector after --init-from")
+    parser.add_argument("--skip-stage-a", action="store_true", help="no vision pre-training (with --init-from)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for stage-B forwards")
+    parser.add_argument("--probe-every", type=int, default=0, help="run the reading probe every N stage-B steps")
+    parser.add_argument("--probe-n", type=int, default=24, help="held-out videos in the reading probe")
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many stage-B steps; save nothing")
     train(parser.parse_args(argv))
 

@@ -1,0 +1,104 @@
+"""What EAGLE-style feature drafters (MSD, FLASH) share: the distillation batch, the loss, the model base.
+
+A feature drafter reads the target's own last hidden states ("features") instead of re-reading
+the picture: at position t it takes the feature f_t and the next token x_{t+1}, predicts the
+feature f_{t+1}, and the target's frozen LM head turns that prediction into draft logits for
+x_{t+2} (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", 2024).
+
+Conventions used by every drafter and by the trainer (`drafter_training`):
+
+- features = the target's `hidden_states[-1]` as transformers returns it: already through the
+  final norm, so `lm_head(features)` are the target's logits;
+- embeds = the target's `hidden_states[0]`: the language model's input embeddings, with the
+  projected visual features already merged in at the visual placeholder positions;
+- the drafter stores neither the target's embedding table nor its LM head: both are borrowed
+  from the target at training and drafting time, so a saved drafter is small.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+
+@dataclass
+class DistillBatch:
+    """A padded batch of target traces (self-distillation data), all tensors [B, L, ...].
+
+    `loss_mask[b, t]` marks positions whose prediction of `features[b, t + 1]` is trained: t + 1
+    runs from the last prompt position (whose feature predicts the first generated token) to the
+    last real token.
+    """
+
+    input_ids: torch.LongTensor  # [B, L] prompt (visual placeholders expanded) + the target's greedy continuation
+    embeds: torch.Tensor  # [B, L, H] target hidden_states[0]
+    features: torch.Tensor  # [B, L, H] target hidden_states[-1]
+    visual_mask: torch.BoolTensor  # [B, L] True at visual placeholder positions
+    attention_mask: torch.LongTensor  # [B, L] 1 on real tokens, 0 on right padding
+    loss_mask: torch.BoolTensor  # [B, L]
+
+
+def uniform_noise_like(features: torch.Tensor, std: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Zero-mean uniform noise with standard deviation `std` (EAGLE's feature augmentation)."""
+    if std <= 0:
+        return torch.zeros_like(features)
+    half_width = std * math.sqrt(3.0)
+    noise = torch.rand(features.shape, generator=generator, dtype=features.dtype, device=features.device)
+    return (noise * 2 - 1) * half_width
+
+
+def eagle_loss(
+    predicted: torch.Tensor,
+    target_features: torch.Tensor,
+    lm_head: torch.nn.Module,
+    mask: torch.Tensor,
+    token_weight: float = 0.1,
+) -> dict[str, torch.Tensor]:
+    """EAGLE's objective: SmoothL1(predicted, target feature) + token_weight * CE(target dist, draft dist).
+
+    predicted, target_features [..., H]; mask [...] selects the trained positions. The token term
+    is the cross-entropy of the drafter's distribution against the target's full distribution
+    through the frozen LM head (soft labels), not against the argmax token.
+    """
+    pred, target = predicted[mask], target_features[mask].to(predicted.dtype)
+    if pred.shape[0] == 0:
+        zero = predicted.sum() * 0
+        return {"loss": zero, "feature_loss": zero, "token_loss": zero, "token_accuracy": zero.detach()}
+    feature_loss = F.smooth_l1_loss(pred, target)
+    with torch.no_grad():
+        target_logits = lm_head(target)
+        target_probs = target_logits.float().softmax(-1)
+    draft_logp = lm_head(pred).float().log_softmax(-1)
+    token_loss = -(target_probs * draft_logp).sum(-1).mean()
+    accuracy = (draft_logp.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    return {
+        "loss": feature_loss + token_weight * token_loss,
+        "feature_loss": feature_loss.detach(),
+        "token_loss": token_loss.detach(),
+        "token_accuracy": accuracy.detach(),
+    }
+
+
+class FeatureDrafterModel(PreTrainedModel):
+    """Base class of trainable feature drafters; `kind` names it for `mmspec train-drafter --kind`.
+
+    Subclasses define `training_loss` (their paper's objective on a `DistillBatch`, returning at
+    least {"loss": ...}); the generic trainer does the rest (optimiser, schedule, checkpoints).
+    """
+
+    kind: str = ""
+    base_model_prefix = "drafter"
+
+    def training_loss(
+        self,
+        batch: DistillBatch,
+        embed_tokens: torch.nn.Module,
+        lm_head: torch.nn.Module,
+        noise_std: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
