@@ -6,6 +6,7 @@ from .bench import bench_image
 from .draft_generate import GuidedImageDrafter, GuidedImageTarget, draft_generate, lantern_rule
 from .jacobi import jacobi_generate
 from .janus import JanusCFGTarget, janus_generate
+from .janus_pipeline import JanusImagePipeline
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
 from .methods import METHODS, MethodConfig, MethodRunner
 from .pipeline import ImageGenerationOutput, SpeculativeImagePipeline
@@ -35,6 +36,7 @@ __all__ = [
     "ImageGenerationOutput",
     "ImageTokensOutput",
     "JanusCFGTarget",
+    "JanusImagePipeline",
     "LlamaGenCache",
     "LlamaGenConfig",
     "LlamaGenForClassConditional",

@@ -37,7 +37,8 @@ class JanusCFGTarget(CFGTarget):
     Args:
         model: the Janus model.
         prompts: token ids of each text prompt (1-D each), already formatted for image generation
-            (the processor's `generation_mode="image"` template, ending with the BOI token).
+            (the processor's `generation_mode="image"` template, ending with the BOI token); may be
+            left empty and given later with `set_prompts`.
         guidance_scale: CFG scale (Janus' default 5).
         bos_token_id, boi_token_id, pad_token_id: default to the model's generation config, as
             transformers' image `generate` reads them (`generation_kwargs["boi_token_id"]`).
@@ -46,7 +47,7 @@ class JanusCFGTarget(CFGTarget):
     def __init__(
         self,
         model: PreTrainedModel,
-        prompts: Sequence[torch.Tensor | Sequence[int]],
+        prompts: Sequence[torch.Tensor | Sequence[int]] = (),
         guidance_scale: float = 5.0,
         *,
         bos_token_id: int | None = None,
@@ -56,9 +57,9 @@ class JanusCFGTarget(CFGTarget):
         if not all(hasattr(getattr(model, "model", None), name) for name in ("generation_head", "vqmodel", "language_model")):
             raise MMSpecError(f"{type(model).__name__} is not a Janus image generator (JanusForConditionalGeneration)")
         super().__init__(model, guidance_scale)
-        self.prompts = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
-        if not self.prompts or any(p.numel() == 0 for p in self.prompts):
-            raise MMSpecError("Janus needs at least one non-empty prompt")
+        self.prompts: list[torch.LongTensor] = []
+        if len(prompts):
+            self.set_prompts(prompts)
         generation = model.generation_config
         extra = getattr(generation, "generation_kwargs", None) or {}
         self.bos = generation.bos_token_id if bos_token_id is None else bos_token_id
@@ -67,6 +68,13 @@ class JanusCFGTarget(CFGTarget):
         if self.uses_guidance and self.pad is None:
             raise MMSpecError("classifier-free guidance needs a pad token to blank the unconditional prompt; pass pad_token_id")
         self._prompt_length = 0
+
+    def set_prompts(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> None:
+        """Replace the prompts the condition indices refer to (a pipeline call sets its own)."""
+        encoded = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
+        if not encoded or any(p.numel() == 0 for p in encoded):
+            raise MMSpecError("Janus needs at least one non-empty prompt")
+        self.prompts = encoded
 
     # ------------------------------------------------------------------ sizes
 
@@ -186,7 +194,8 @@ def janus_generate(
     """
     if method == "sd":
         raise MMSpecError("method 'sd' needs a drafter sharing Janus' codebook; use ar, sjd, gsd or lantern")
-    target = JanusCFGTarget(model, prompts, guidance_scale)
+    target = JanusCFGTarget(model, guidance_scale=guidance_scale)
+    target.set_prompts(prompts)
     runner = MethodRunner(target, codebook=target.codebook_embeddings())
     try:
         config = MethodConfig(method=method, drafts="jacobi", **options)

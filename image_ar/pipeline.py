@@ -1,5 +1,8 @@
 """A diffusers-style pipeline for class-conditional AR image models (LlamaGen-style) with speculative methods.
 
+A Janus folder (config.json model_type "janus") loads as `janus_pipeline.JanusImagePipeline` instead:
+text-to-image, same call and output.
+
     pipe = SpeculativeImagePipeline.from_pretrained("shapes-image-ar")   # zoo name, folder or Hub id
     out = pipe(prompt="red circle", method="gsd", generator=torch.Generator().manual_seed(0))
     out.images[0].save("x.png"); out.stats.step_compression
@@ -18,10 +21,11 @@ Folder layout read by `from_pretrained` (the `shapes-image-ar` zoo model follows
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -39,13 +43,20 @@ from .methods import METHODS, MethodConfig, MethodRunner
 from .target import CFGTarget
 from .vq import VQModel
 
+if TYPE_CHECKING:
+    from .janus_pipeline import JanusImagePipeline
+
 DEFAULT_IMAGE_MODEL = "shapes-image-ar"
 DEFAULT_GUIDANCE_SCALE = 4.0  # LlamaGen's class-conditional default (used when the card states none)
 
 
 @dataclass
 class ImageGenerationOutput:
-    """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made."""
+    """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made.
+
+    class_labels: the class id of each image (empty for a text-to-image model); prompts: the text
+    prompt of each image (text-to-image models only).
+    """
 
     images: list[Image.Image] | np.ndarray
     tokens: torch.LongTensor
@@ -53,6 +64,7 @@ class ImageGenerationOutput:
     method: str
     model: str
     stats: SpecStats
+    prompts: list[str] | None = None
 
 
 def load_model(cls: type, path: str, what: str, subfolder: str = "", **kwargs: Any):
@@ -61,6 +73,13 @@ def load_model(cls: type, path: str, what: str, subfolder: str = "", **kwargs: A
     except (OSError, ValueError, KeyError) as error:
         where = f"{path}/{subfolder}" if subfolder else path
         raise MMSpecError(f"cannot load the {what} from {where!r}: {str(error).splitlines()[0]}") from None
+
+
+def check_guidance_scale(scale: float) -> float:
+    """Classifier-free guidance scale: a finite number >= 1 (1 = no guidance, as in transformers)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 1:
+        raise MMSpecError(f"guidance_scale must be a finite number >= 1 (1 = no guidance), got {scale!r}")
+    return float(scale)
 
 
 def read_json(path: Path) -> Any:
@@ -81,13 +100,15 @@ def local_folder(name: str) -> Path:
         except Exception:  # noqa: BLE001 - offline, unknown repo, no access: all mean "not available"
             pass
     if not (folder / "config.json").is_file():
-        raise MMSpecError(f"{name!r} is not a zoo model, a folder with a config.json (a LlamaGen checkpoint), "
+        raise MMSpecError(f"{name!r} is not a zoo model, a folder with a config.json (a LlamaGen or Janus checkpoint), "
                           "or a Hub id available here")
     return folder
 
 
 class SpeculativeImagePipeline:
     """Class-conditional image generation with an AR transformer, a VQ decoder and speculative methods.
+
+    Use `from_pretrained` for both this and Janus folders (it returns a `JanusImagePipeline` for those).
 
     Args:
         model: the target `LlamaGenForClassConditional`.
@@ -97,6 +118,8 @@ class SpeculativeImagePipeline:
         model_name: shown in outputs.
         card: zoo card (default_method, guidance_scale), if any.
     """
+
+    conditioning = "class"  # the CLI reads its prompt as a class name or id (Janus: "text")
 
     def __init__(
         self,
@@ -128,13 +151,18 @@ class SpeculativeImagePipeline:
         model_id_or_path: str | os.PathLike = DEFAULT_IMAGE_MODEL,
         drafter: str | os.PathLike | LlamaGenForClassConditional | bool | None = None,
         device: str | torch.device = "cpu",
-    ) -> "SpeculativeImagePipeline":
+    ) -> "SpeculativeImagePipeline | JanusImagePipeline":
         """Load from a zoo name, a local folder or a Hub id (layout in the module docstring).
 
         `drafter`: None = the folder's `drafter/` if present; False = none; a folder or a model.
+        A Janus checkpoint gives a `JanusImagePipeline` (text prompts; no drafter).
         """
         name = str(model_id_or_path)
         folder = local_folder(name)
+        from .janus_pipeline import JanusImagePipeline, is_janus_folder  # imports this module: load late
+
+        if is_janus_folder(folder):
+            return JanusImagePipeline.from_pretrained(name, drafter=drafter, device=device)
         path = str(folder)
         model = load_model(LlamaGenForClassConditional, path, "image model")
         if not isinstance(model, LlamaGenForClassConditional):
@@ -188,6 +216,11 @@ class SpeculativeImagePipeline:
                 return i
         shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
         raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
+
+    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
+        """Class labels for n benchmark images, cycling through `prompts` (class names) or all classes."""
+        ids = [self.class_id(p) for p in prompts] if prompts else list(range(self.model.config.num_classes))
+        return [ids[i % len(ids)] for i in range(n)]
 
     def resolve_labels(self, class_labels: int | Sequence[int] | torch.Tensor | None, prompt: str | Sequence[str] | None,
                        num_images: int) -> list[int]:
@@ -252,7 +285,7 @@ class SpeculativeImagePipeline:
         if sampling.do_sample and generator is None:
             # A private generator seeded from torch's global seed: torch.manual_seed still makes runs repeat.
             generator = torch.Generator(device=self.model.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
-        scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
+        scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
         total = len(labels) * self.runner.target.num_tokens
         with tqdm(total=total, desc=f"image ({method})", unit="tok", disable=not progress_bar, leave=False) as bar:
             out = self.runner.run(config, labels, sampling=sampling, generator=generator, guidance_scale=scale,

@@ -224,18 +224,24 @@ def cmd_generate_image(args: argparse.Namespace) -> int:
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL)
-    by_id = args.prompt.strip().isdigit()
-    label = int(args.prompt) if by_id else pipe.class_id(args.prompt)
-    name = pipe.class_names[label] if pipe.class_names and label < len(pipe.class_names) else None
-    out_path = Path(args.out or f"{(name or f'class-{label}').replace(' ', '_')}.png")
+    if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
+        condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
+        stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"
+    else:
+        by_id = args.prompt.strip().isdigit()
+        label = int(args.prompt) if by_id else pipe.class_id(args.prompt)
+        name = pipe.class_names[label] if pipe.class_names and label < len(pipe.class_names) else None
+        condition, described = {"class_labels": label}, {"class": name, "class_id": label}
+        stem = (name or f"class-{label}").replace(" ", "_")
+    out_path = Path(args.out or f"{stem}.png")
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
-    out = pipe(class_labels=label, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
+    out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
                top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)
     out.images[0].save(out_path)
     s = out.stats
     if args.json:
-        print(json.dumps({"method": out.method, "model": out.model, "class": name, "class_id": label, "out": str(out_path),
+        print(json.dumps({"method": out.method, "model": out.model, **described, "out": str(out_path),
                           "stats": {**stats_json(s), "step_compression": s.step_compression}}, indent=2))
     else:
         print(out_path)
@@ -263,7 +269,7 @@ def cmd_bench_image(args: argparse.Namespace) -> int:
     pipe = SpeculativeImagePipeline.from_pretrained(name)
     methods = default_methods(pipe.drafter is not None, window=args.window, num_draft_tokens=args.num_draft_tokens,
                               lantern_settings=lantern)
-    labels = [i % pipe.model.config.num_classes for i in range(args.n)]
+    labels = pipe.bench_conditions(args.n, args.prompts)  # class ids, or prompt indices for a text-to-image model
     sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
                          repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.n} images")
@@ -282,6 +288,22 @@ def cmd_train_fast_decoder(args: argparse.Namespace) -> int:
                                batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed)
     print(f"saved the {report.kind} fast decoder to {report.out} ({report.clips} clips, {report.labels} labels, "
           f"{report.steps} steps, loss {report.first_loss:.3f} -> {report.final_loss:.3f}, {report.seconds:.0f} s)")
+    return 0
+
+
+def cmd_train_drafter(args: argparse.Namespace) -> int:
+    from .vision.drafter_training import train_drafter
+
+    set_threads(args)
+    train_drafter(args.target, args.kind, args.data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                  warmup=args.warmup, noise_std=args.noise_std, curriculum=args.curriculum, text_fraction=args.text_fraction,
+                  checkpoint_every=args.checkpoint_every, resume=args.resume, seed=args.seed)
+    report = json.loads((Path(args.out) / "training.json").read_text())
+    final = report["final"]
+    loss = f"loss {report['first_loss']:.3f} -> {final['loss']:.3f}, " if final["loss"] is not None else ""
+    accuracy = f"token accuracy {final['token_accuracy']:.3f}, " if final["token_accuracy"] is not None else ""
+    print(f"saved the {args.kind} drafter to {args.out} ({report['data']['num_traces']} traces, {report['steps']} steps, "
+          f"{loss}{accuracy}{report['wall_time_s']:.0f} s)")
     return 0
 
 
@@ -408,9 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--json", action="store_true")
     transcribe.set_defaults(func=cmd_transcribe)
 
-    image_gen = commands.add_parser("generate-image", help="generate an image of a class with an AR image model, speculatively")
-    image_gen.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id")
-    image_gen.add_argument("--model", default=None, help="zoo name or local folder (default: the toy shapes-image-ar)")
+    image_gen = commands.add_parser("generate-image", help="generate an image of a class (or from text, with Janus) with an AR "
+                                    "image model, speculatively")
+    image_gen.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
+                           "free text for a text-to-image model (Janus)")
+    image_gen.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
+                           "(default: the toy shapes-image-ar)")
     image_gen.add_argument("--method", choices=["ar", "sd", "sjd", "gsd", "lantern"], default=None,
                            help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
     image_gen.add_argument("--seed", type=int, default=0)
@@ -422,8 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
     image_gen.set_defaults(func=cmd_generate_image)
 
     image = bench.add_parser("image", help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
-    image.add_argument("--model", default=None, help="zoo name or local folder (default: the toy shapes-image-ar)")
-    image.add_argument("--n", type=int, default=16, help="images per method (class labels cycle through the classes)")
+    image.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
+                       "(default: the toy shapes-image-ar)")
+    image.add_argument("--n", type=int, default=16, help="images per method (conditions cycle through the classes or --prompts)")
+    image.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
+                       help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
     image.add_argument("--seed", type=int, default=0, help="image i of every method is seeded with seed + i")
     image.add_argument("--guidance-scale", type=float, default=None)
     image.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -452,6 +480,26 @@ def build_parser() -> argparse.ArgumentParser:
     train_fast.add_argument("--seed", type=int, default=0)
     train_fast.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     train_fast.set_defaults(func=cmd_train_fast_decoder)
+
+    train_drafter = commands.add_parser("train-drafter", help="train a feature drafter (MSD, FLASH) for a vision-language "
+                                        "model on its self-distillation traces (vision.distill_data)")
+    train_drafter.add_argument("--target", required=True, help="local folder or Hub id of the vision-language target")
+    train_drafter.add_argument("--kind", default="msd", help="drafter kind: msd or flash")
+    train_drafter.add_argument("--data", required=True, help="folder written by generate_distill_data (metadata.json + shards)")
+    train_drafter.add_argument("--out", required=True, help="folder to save_pretrained into (checkpoints go to OUT/checkpoints)")
+    train_drafter.add_argument("--steps", type=int, default=1000)
+    train_drafter.add_argument("--batch-size", type=int, default=4)
+    train_drafter.add_argument("--lr", type=float, default=1e-4)
+    train_drafter.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 5%% of --steps)")
+    train_drafter.add_argument("--noise-std", type=float, default=0.2, help="uniform noise on input features (EAGLE: 0.2)")
+    train_drafter.add_argument("--curriculum", choices=["two-stage", "none"], default="two-stage",
+                               help="two-stage = MSD's text-only stage, then a rising share of multimodal traces")
+    train_drafter.add_argument("--text-fraction", type=float, default=0.5, help="share of steps in the text-only stage")
+    train_drafter.add_argument("--checkpoint-every", type=int, default=500)
+    train_drafter.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints")
+    train_drafter.add_argument("--seed", type=int, default=0)
+    train_drafter.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    train_drafter.set_defaults(func=cmd_train_drafter)
 
     zoo = commands.add_parser("zoo", help="the embedded toy model zoo").add_subparsers(dest="zoo_command", required=True)
     zoo_list = zoo.add_parser("list", help="list zoo models with size, training data, quality and rebuild command")

@@ -2,39 +2,23 @@
 
 import pytest
 import torch
-from transformers import (GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusVisionConfig, JanusVQVAEConfig,
-                          LlamaConfig)
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
 from mmspec.image_ar import JanusCFGTarget, ar_generate, jacobi_generate, janus_generate, sjd_accept
 from mmspec.testing import reload_from_disk
 
+from .tiny_janus import BOI, BOS, PAD, tiny_janus
+
 GREEDY = SamplingConfig(do_sample=False)
 SAMPLE = SamplingConfig(do_sample=True)
-BOS, EOS, PAD, BOI = 1, 2, 0, 3
 PROMPTS = [torch.tensor([BOS, 10, 11, 12, BOI]), torch.tensor([BOS, 20, BOI])]
 
 
 @pytest.fixture(scope="module")
 def janus():
     """4 x 4 image tokens over a 12-code VQ; saved and reloaded through from_pretrained."""
-    torch.manual_seed(0)
-    config = JanusConfig(
-        text_config=LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3,
-                                bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD),
-        vision_config=JanusVisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8,
-                                        projection_dim=32, num_image_tokens=16, depth=1),
-        vq_config=JanusVQVAEConfig(embed_dim=4, num_embeddings=12, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
-                                   num_res_blocks=1, projection_dim=32, image_token_embed_dim=32, initializer_range=0.5),
-        image_token_id=5,
-    )
-    model = JanusForConditionalGeneration(config).eval()
-    # transformers' image generate reads BOI from generation_kwargs (as the released checkpoints store it).
-    model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-                                               generation_kwargs={"boi_token_id": BOI})
-    return reload_from_disk(model)
+    return reload_from_disk(tiny_janus())
 
 
 def test_incremental_logits_match_one_full_forward(janus):
@@ -118,3 +102,8 @@ def test_bad_inputs(janus):
         JanusCFGTarget(torch.nn.Linear(2, 2), PROMPTS)
     with pytest.raises(MMSpecError, match="drafter"):
         janus_generate(janus, PROMPTS, method="sd")
+    with pytest.raises(MMSpecError, match="non-empty prompt"):
+        janus_generate(janus, [])
+    target = JanusCFGTarget(janus)  # prompts may come later
+    target.set_prompts(PROMPTS[1:])
+    assert target.start([0]).shape == (1, 1, 12)

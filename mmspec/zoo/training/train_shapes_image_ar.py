@@ -133,6 +133,8 @@ def train(args: argparse.Namespace) -> dict:
     held_codes, held_labels = data.cached_codes(vq_dir, args.heldout_n, args.seed, "heldout", Path(args.cache_dir))
     prep = time.time() - t0
     model = build_model(vq.config.codebook_size, args.dim, args.layers, args.heads, args.class_dropout).train()
+    if args.init_from:  # continue a earlier run (same architecture)
+        model.load_state_dict(LlamaGenForClassConditional.from_pretrained(args.init_from, dtype=torch.float32).state_dict())
     n_params = sum(p.numel() for p in model.parameters())
     print(f"target: {n_params / 1e6:.2f}M parameters, vocab {vq.config.codebook_size}, {codes.shape[0]} train sequences; "
           f"bf16 autocast {'on' if args.bf16 and data.bf16_supported() else 'off'}", flush=True)
@@ -184,7 +186,9 @@ def train(args: argparse.Namespace) -> dict:
                                 "class_dropout_prob": args.class_dropout},
         "trained_on": (f"VQ codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train') "
                        f"(encoded once by vq/); {loop.done} steps x {args.batch_size} sequences "
-                       f"({loop.done * args.batch_size / codes.shape[0]:.2f} epochs); class dropout {args.class_dropout}"),
+                       f"({loop.done * args.batch_size / codes.shape[0]:.2f} epochs); class dropout {args.class_dropout}"
+                       + (f"; continued from a run of {args.prior_steps} steps x {args.batch_size} ({args.init_from})"
+                          if args.init_from else "")),
         "seed": args.seed,
         "steps": loop.done,
         "batch_size": args.batch_size,
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--judge", default=None, help="judge folder for sample quality (default OUT/judge; skipped if absent)")
     parser.add_argument("--cache-dir", default=str(data.CACHE_DIR), help="where encoded codes and sample grids go")
     data.add_loop_arguments(parser, max_minutes=20.0, batch_size=32, lr=0.001, warmup=100)
+    parser.add_argument("--init-from", default=None, help="continue from this target folder (same architecture)")
+    parser.add_argument("--prior-steps", type=int, default=0, help="steps the --init-from run had done (for the card)")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--heads", type=int, default=8)

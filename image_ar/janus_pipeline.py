@@ -1,0 +1,236 @@
+"""Text-to-image with Janus / Janus-Pro (transformers' `JanusForConditionalGeneration`) and speculative methods.
+
+    pipe = SpeculativeImagePipeline.from_pretrained("deepseek-community/Janus-Pro-1B")   # or a local folder
+    out = pipe(prompt="a red circle", method="sjd", generator=torch.Generator().manual_seed(0))
+    out.images[0].save("x.png"); out.stats.step_compression
+
+`SpeculativeImagePipeline.from_pretrained` returns this class for a folder whose config.json says
+`"model_type": "janus"`; `JanusImagePipeline.from_pretrained` loads only Janus folders.
+
+Folder: a transformers Janus checkpoint (config.json, weights, generation_config.json with
+`generation_kwargs.boi_token_id`, as the converted checkpoints ship) and its `JanusProcessor`
+(tokenizer + chat template), or at least a tokenizer.
+
+Prompts are formatted as transformers' Janus docs do for image generation: one user turn through the
+chat template with the generation prompt, then `processor(text=..., generation_mode="image")`, which
+appends the begin-of-image token. Methods: ar, sjd (lossless), gsd and lantern (relaxed, on SJD's
+Jacobi drafts). `sd` needs a small drafter sharing Janus' codebook and prompt format: mmspec has none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoProcessor, AutoTokenizer, JanusForConditionalGeneration
+
+from mmspec.errors import MMSpecError
+from mmspec.sampling import SamplingConfig
+
+from .imaging import OUTPUT_TYPES, convert
+from .janus import JanusCFGTarget
+from .methods import MethodConfig, MethodRunner
+from .pipeline import ImageGenerationOutput, check_guidance_scale, load_model, local_folder
+
+JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")
+DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5
+
+
+def is_janus_folder(folder: os.PathLike | str) -> bool:
+    """True when the folder's config.json declares a Janus model."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return config.get("model_type") == "janus"
+
+
+def load_prompt_processor(path: str) -> Any:
+    """The folder's JanusProcessor, else its tokenizer, else None."""
+    for loader in (AutoProcessor, AutoTokenizer):
+        try:
+            return loader.from_pretrained(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+class JanusImagePipeline:
+    """Text-to-image generation with a Janus model, its VQ decoder and training-free speculative methods.
+
+    Args:
+        model: the `JanusForConditionalGeneration`.
+        processor: its `JanusProcessor`, or a tokenizer (prompts then end with the BOI token id).
+        model_name: shown in outputs.
+    """
+
+    conditioning = "text"  # the CLI passes the prompt through as free text
+    drafter = None  # no Janus drafter: `sd` and LANTERN with drafter drafts are unavailable
+
+    def __init__(self, model: JanusForConditionalGeneration, processor: Any, model_name: str = "") -> None:
+        if processor is None:
+            raise MMSpecError("Janus needs its processor or tokenizer to read text prompts")
+        self.model = model.eval()
+        self.processor = processor
+        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.folder = None  # set by from_pretrained (the benchmark looks for judge/ there)
+        target = JanusCFGTarget(model, guidance_scale=self.default_guidance_scale)
+        self.runner = MethodRunner(target, codebook=target.codebook_embeddings())
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str | os.PathLike,
+        drafter: Any = None,
+        device: str | torch.device = "cpu",
+    ) -> "JanusImagePipeline":
+        """Load a Janus folder or Hub id (float32) and its processor; `drafter` must be None or False."""
+        if drafter not in (None, False):
+            raise MMSpecError("mmspec has no drafter for Janus; use method ar, sjd, gsd or lantern (Jacobi drafts)")
+        name = str(model_id_or_path)
+        folder = local_folder(name)
+        if not is_janus_folder(folder):
+            raise MMSpecError(f"{name!r} is not a Janus checkpoint (config.json model_type is not 'janus')")
+        model = load_model(JanusForConditionalGeneration, str(folder), "Janus model")
+        processor = load_prompt_processor(str(folder))
+        if processor is None:
+            raise MMSpecError(f"{name!r} has no processor or tokenizer files: Janus cannot read a text prompt without them")
+        pipe = cls(model, processor, model_name=name)
+        pipe.folder = folder
+        return pipe.to(device)
+
+    def to(self, device: str | torch.device) -> "JanusImagePipeline":
+        self.model.to(device)
+        target = self.runner.target
+        self.runner = MethodRunner(target, codebook=target.codebook_embeddings())  # codebook on the new device
+        return self
+
+    # ------------------------------------------------------------------ defaults (the LlamaGen pipeline's names)
+
+    @property
+    def target(self) -> JanusCFGTarget:
+        return self.runner.target  # type: ignore[return-value]
+
+    @property
+    def vq(self) -> JanusCFGTarget:
+        """The token-grid decoder (`decode(grids) -> pixels`), as `bench_image` reads it from any image pipeline."""
+        return self.target
+
+    @property
+    def default_guidance_scale(self) -> float:
+        scale = getattr(self.model.generation_config, "guidance_scale", None)
+        return float(scale) if scale else DEFAULT_JANUS_GUIDANCE_SCALE
+
+    @property
+    def available_methods(self) -> list[str]:
+        return list(JANUS_METHODS)
+
+    @property
+    def default_method(self) -> str:
+        return "sjd"
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode_prompt(self, prompt: str) -> torch.LongTensor:
+        """Text -> token ids for image generation: chat template (if any), then the BOI token at the end."""
+        if not isinstance(prompt, str):
+            raise MMSpecError(f"Janus prompts are text, got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise MMSpecError("the prompt is empty: Janus generates from a text description")
+        messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        if hasattr(self.processor, "tokenizer"):  # a JanusProcessor: exactly transformers' documented recipe
+            text = prompt
+            if self.processor.chat_template:
+                text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+            return self.processor(text=text, generation_mode="image", return_tensors="pt").input_ids[0]
+        tokenizer = self.processor
+        if getattr(tokenizer, "chat_template", None):
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        boi = self.target.boi
+        if boi is None:
+            raise MMSpecError("cannot find Janus' begin-of-image token id (generation_config.generation_kwargs.boi_token_id)")
+        return torch.tensor([*tokenizer(prompt).input_ids, boi])
+
+    def set_prompts(self, prompts: str | Sequence[str]) -> list[str]:
+        """Encode the prompts for the target; condition i of a run then means `prompts[i]`."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
+        if not prompts:
+            raise MMSpecError("no prompt given: Janus generates from a text description")
+        self.target.set_prompts([self.encode_prompt(p) for p in prompts])
+        return prompts
+
+    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
+        """Conditions for `bench_image`: n prompt indices cycling through `prompts` (required for Janus)."""
+        if not prompts:
+            raise MMSpecError("Janus is a text-to-image model: give the benchmark text prompts (--prompts \"a red circle\" ...)")
+        count = len(self.set_prompts(prompts))
+        return [i % count for i in range(n)]
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        prompt: str | Sequence[str] | None = None,
+        *,
+        class_labels: Any = None,
+        method: str | None = None,
+        guidance_scale: float | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        num_images: int = 1,
+        output_type: str = "pil",
+        progress_bar: bool = True,
+        **method_options: Any,
+    ) -> ImageGenerationOutput:
+        """Generate `num_images` images per text prompt.
+
+        temperature 0 means greedy decoding (every method then equals greedy AR exactly).
+        `method_options` are `MethodConfig` fields: window, init, lantern_delta, lantern_k,
+        lantern_lam, gsd_window, gsd_prob_threshold, gsd_distance_threshold.
+        """
+        if class_labels is not None:
+            raise MMSpecError("Janus is text-conditional: pass prompt=\"...\" instead of class_labels")
+        if output_type not in OUTPUT_TYPES:
+            raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+        if num_images < 1:
+            raise MMSpecError(f"num_images must be >= 1, got {num_images}")
+        if temperature < 0:
+            raise MMSpecError(f"temperature must be >= 0, got {temperature}")
+        method = method or self.default_method
+        config = self.method_config(method, method_options)
+        scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
+        prompts = self.set_prompts(prompt)
+        conditions = [i for i in range(len(prompts)) for _ in range(num_images)]
+        sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
+        if sampling.do_sample and generator is None:
+            # A private generator seeded from torch's global seed: torch.manual_seed still makes runs repeat.
+            generator = torch.Generator(device=self.model.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+        total = len(conditions) * self.target.num_tokens
+        with tqdm(total=total, desc=f"image ({method})", unit="tok", disable=not progress_bar, leave=False) as bar:
+            out = self.runner.run(config, conditions, sampling=sampling, generator=generator, guidance_scale=scale,
+                                  on_tokens=bar.update)
+        images = convert(self.target.decode(out.tokens), output_type)  # stats time token generation only
+        return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=[], method=method, model=self.model_name,
+                                     stats=out.stats, prompts=[prompts[i] for i in conditions])
+
+    def method_config(self, method: str, options: dict[str, Any]) -> MethodConfig:
+        """Validate a method for Janus: training-free ones only, LANTERN on Jacobi drafts."""
+        if method == "sd":
+            raise MMSpecError("method 'sd' needs a drafter model sharing Janus' codebook, and mmspec has none for Janus; "
+                              "use ar, sjd, gsd or lantern (LANTERN runs on Jacobi drafts)")
+        if method not in JANUS_METHODS:
+            raise MMSpecError(f"unknown method {method!r} for Janus; choose from {', '.join(JANUS_METHODS)}")
+        if options.get("drafts", "jacobi") not in ("auto", "jacobi"):
+            raise MMSpecError("Janus has no drafter: LANTERN runs on Jacobi drafts (drafts='jacobi')")
+        options = {**options, "drafts": "jacobi"}
+        try:
+            return MethodConfig(method=method, **options)
+        except TypeError as error:
+            raise MMSpecError(f"unknown method option: {error}") from None
