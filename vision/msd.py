@@ -1,0 +1,380 @@
+"""MSD: an EAGLE-style feature drafter that keeps text and visual tokens apart.
+
+Lin et al., "Speculative Decoding Reimagined for Multimodal Large Language Models" (arXiv
+2505.14260). The drafter is one decoder layer reading the target's own last hidden states
+("features", see `feature_drafter`). Slot t of the drafter consumes token x_{t+1} and predicts
+the target's feature f_{t+1}:
+
+- if x_{t+1} is text: the slot input is fc([embed(x_{t+1}); f_t]) (EAGLE);
+- if x_{t+1} is a visual placeholder: the slot input is the projected visual embedding the target
+  consumed at that position (the target's hidden_states[0]); fc is bypassed, so visual content
+  enters the drafter as the target saw it instead of being mixed with a text-trained fusion.
+
+Slot t sits at position t (the position of the feature it reads), with a causal mask, as in
+EAGLE. Training (in `drafter_training`) uses EAGLE's loss on self-distilled traces, with MSD's
+two-stage curriculum: text-only traces first, then a rising share of multimodal ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, DynamicCache, LlamaConfig, PretrainedConfig
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from mmspec.drafters.base import Drafter
+from mmspec.drafters.model_drafter import choose_draft_token
+from mmspec.errors import MMSpecError
+from mmspec.policies import DraftLengthPolicy
+from mmspec.sampling import SamplingConfig
+from mmspec.types import Proposal
+
+from .feature_drafter import DistillBatch, FeatureDrafterModel, eagle_loss, uniform_noise_like
+from .models import feature_token_ids
+
+
+class MSDConfig(PretrainedConfig):
+    """Shape of an MSD drafter: a Llama-style decoder block sized like the target's language model.
+
+    Build it from the target with `MSDConfig.from_text_config(model.config.get_text_config())`.
+    """
+
+    model_type = "mmspec_msd"
+
+    def __init__(
+        self,
+        hidden_size: int = 4096,
+        intermediate_size: int = 11008,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        hidden_act: str = "silu",
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 10000.0,
+        max_position_embeddings: int = 4096,
+        attention_bias: bool = False,
+        initializer_range: float = 0.02,
+        target_vocab_size: int | None = None,
+        target_model_type: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.initializer_range = initializer_range
+        # Recorded so a drafter can be checked against the target it is paired with.
+        self.target_vocab_size = target_vocab_size
+        self.target_model_type = target_model_type
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_text_config(cls, text_config: PretrainedConfig, **options: Any) -> "MSDConfig":
+        """Size the drafter like the target's language model; `options` override any field."""
+        rope = getattr(text_config, "rope_parameters", None) or {}
+        heads = text_config.num_attention_heads
+        fields = dict(
+            hidden_size=text_config.hidden_size,
+            intermediate_size=text_config.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text_config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+            hidden_act=getattr(text_config, "hidden_act", "silu"),
+            rms_norm_eps=getattr(text_config, "rms_norm_eps", 1e-6),
+            # Plain 1-D RoPE even for M-RoPE targets (Qwen2-VL): the drafter's positions are sequence indices.
+            rope_theta=float(rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))),
+            max_position_embeddings=text_config.max_position_embeddings,
+            target_vocab_size=text_config.vocab_size,
+            target_model_type=getattr(text_config, "model_type", None),
+        )
+        fields.update(options)
+        return cls(**fields)
+
+    def layer_config(self) -> LlamaConfig:
+        """The LlamaConfig the decoder layer and rotary embedding are built from."""
+        config = LlamaConfig(
+            vocab_size=self.target_vocab_size or 1,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act=self.hidden_act,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            max_position_embeddings=self.max_position_embeddings,
+            attention_bias=self.attention_bias,
+        )
+        # Additive float masks (below) work with both; sdpa is the faster one.
+        config._attn_implementation = "sdpa"
+        return config
+
+
+def msd_slot_inputs(
+    fused: torch.Tensor, visual_embeds: torch.Tensor | None = None, visual_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """MSD's modality split: fc output at text slots, the target's visual embedding at visual slots.
+
+    fused [B, L, H] = fc([embed(x_{t+1}); f_t]); visual_embeds [B, L, H]; visual_mask [B, L] (True where
+    x_{t+1} is a visual placeholder).
+    """
+    if visual_mask is None or visual_embeds is None or not bool(visual_mask.any()):
+        return fused
+    return torch.where(visual_mask[..., None], visual_embeds.to(fused.dtype), fused)
+
+
+def causal_attention_mask(
+    padding_mask: torch.Tensor | None, batch: int, query_length: int, past_length: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
+    """Additive mask [B, 1, Q, past + Q]: query i sees keys <= past + i that are not padding.
+
+    padding_mask [B, past + Q] (1 = real) or None. Returns None when every key is visible
+    (one query, no padding), which lets attention skip the mask.
+    """
+    total = past_length + query_length
+    if query_length == 1 and padding_mask is None:
+        return None
+    keys = torch.arange(total, device=device)
+    queries = torch.arange(query_length, device=device) + past_length
+    allowed = (keys[None, :] <= queries[:, None])[None, None].expand(batch, 1, query_length, total)
+    if padding_mask is not None:
+        allowed = allowed & padding_mask[:, None, None, -total:].bool()
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class MSDDrafterModel(FeatureDrafterModel):
+    """MSD's drafter network: `fc: Linear(2H, H)` and one Llama decoder layer (arXiv 2505.14260).
+
+    It owns neither an embedding table nor an LM head: both are borrowed from the target.
+    `forward` maps slot inputs (see `slot_inputs`) to predicted target features.
+    """
+
+    config_class = MSDConfig
+    kind = "msd"
+    _supports_sdpa = True
+
+    def __init__(self, config: MSDConfig) -> None:
+        super().__init__(config)
+        layer_config = config.layer_config()
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(layer_config, layer_idx=i) for i in range(config.num_hidden_layers))
+        self.rotary_emb = LlamaRotaryEmbedding(layer_config)
+        self.post_init()
+
+    @classmethod
+    def from_target_config(cls, text_config: PretrainedConfig, **options: Any) -> "MSDDrafterModel":
+        """A freshly initialised drafter sized for a target whose language model has `text_config`."""
+        return cls(MSDConfig.from_text_config(text_config, **options))
+
+    def slot_inputs(
+        self,
+        token_embeds: torch.Tensor,
+        features: torch.Tensor,
+        visual_mask: torch.Tensor | None = None,
+        visual_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Slot inputs [B, L, H] from embed(x_{t+1}), f_t and, for visual x_{t+1}, the target's visual embedding."""
+        dtype = self.fc.weight.dtype
+        fused = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
+        return msd_slot_inputs(fused, visual_embeds, visual_mask)
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: DynamicCache | None = None,
+        use_cache: bool = False,
+    ) -> BaseModelOutputWithPast:
+        """Predicted features [B, L, H] for slot inputs [B, L, H] at `position_ids` [B, L].
+
+        attention_mask [B, past + L] marks real slots (1) against right padding (0); None = no padding.
+        """
+        batch, length, _ = inputs_embeds.shape
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        mask = causal_attention_mask(attention_mask, batch, length, past, inputs_embeds.dtype, inputs_embeds.device)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
+        hidden = inputs_embeds
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=past_key_values,
+                           use_cache=use_cache, position_embeddings=position_embeddings)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)
+
+    def training_loss(
+        self,
+        batch: DistillBatch,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+        noise_std: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """EAGLE's loss on every slot the batch's loss_mask selects, with uniform noise on the input features."""
+        dtype = self.fc.weight.dtype
+        with torch.no_grad():
+            token_embeds = embed_tokens(batch.input_ids[:, 1:]).to(dtype)
+        features = batch.features[:, :-1].to(dtype)
+        features = features + uniform_noise_like(features, noise_std, generator)
+        inputs = self.slot_inputs(token_embeds, features, batch.visual_mask[:, 1:], batch.embeds[:, 1:])
+        slots = inputs.shape[1]
+        positions = torch.arange(slots, device=inputs.device)[None].expand(inputs.shape[0], -1)
+        predicted = self(inputs, positions, attention_mask=batch.attention_mask[:, 1:]).last_hidden_state
+        return eagle_loss(predicted, batch.features[:, 1:], lm_head, batch.loss_mask[:, :-1])
+
+
+AutoConfig.register(MSDConfig.model_type, MSDConfig, exist_ok=True)
+AutoModel.register(MSDConfig, MSDDrafterModel, exist_ok=True)
+
+
+class MSDDrafter(Drafter):
+    """Runtime MSD drafting over a vision-language target: chain drafts from the target's features.
+
+    State kept between rounds: the drafter's KV cache over its "true" slots (those whose input
+    feature is the target's real feature) and the target features not yet fed. Each round feeds
+    the newly committed slots in one forward, then drafts k tokens by feeding its own predicted
+    features forward; after verification the draft slots are cropped from its cache and the
+    target's real features of the committed tokens are queued (Lin et al. 2025; EAGLE, Li et al. 2024).
+
+    Args:
+        model: a trained `MSDDrafterModel`, or the folder it was saved to.
+    """
+
+    needs_target_hidden_states = True
+    drafts_from_prompt = False
+    vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
+
+    def __init__(self, model: MSDDrafterModel | str | Path) -> None:
+        if isinstance(model, (str, Path)):
+            model = load_msd_drafter(model)
+        if not isinstance(model, MSDDrafterModel):
+            raise MMSpecError(f"MSDDrafter needs an MSDDrafterModel, got {type(model).__name__}")
+        self.model = model.eval()
+        self.forwards = 0
+        self.target: Any = None
+        self.cache: DynamicCache | None = None
+        self._fed = 0  # true slots in the cache
+        self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
+        self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
+
+    def bind(self, target: Any) -> None:
+        text_config = target.model.config.get_text_config()
+        if text_config.hidden_size != self.model.config.hidden_size:
+            raise MMSpecError(
+                f"the MSD drafter was built for hidden size {self.model.config.hidden_size}, the target's language "
+                f"model has {text_config.hidden_size}: train a drafter for this target"
+            )
+        self.embed_tokens = target.model.get_input_embeddings()
+        self.lm_head = target.model.get_output_embeddings()
+        if self.lm_head is None:
+            raise MMSpecError(f"{type(target.model).__name__} has no LM head for the MSD drafter to borrow")
+        try:
+            self.visual_ids = torch.tensor(sorted(feature_token_ids(target.model)), dtype=torch.long)
+        except MMSpecError:  # a text-only target: MSD is then plain EAGLE
+            self.visual_ids = torch.empty(0, dtype=torch.long)
+        eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+        self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+        self.model.to(self.lm_head.weight.device)
+        self.target = target
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        self.cache, self._fed, self._features, self._last_hidden = None, 0, None, None
+
+    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+        """Build the drafter's cache over the prompt's slots from the target's prefill hidden states."""
+        if step.hidden_states is None:
+            raise MMSpecError("MSDDrafter needs the target's hidden states (run it through SpeculativeDecoder)")
+        length = sequence.shape[1]
+        embeds, self._features = step.hidden_states[0][:, :length], step.hidden_states[-1][:, :length]
+        self.cache, self._fed = DynamicCache(), 0
+        if length >= 2:
+            # Slots 0..L-2 consume the prompt's tokens 1..L-1; visual ones bring the target's visual embedding.
+            visual = torch.isin(sequence[:, 1:], self.visual_ids.to(sequence.device))
+            self._feed(sequence[:, 1:], visual, embeds[:, 1:])
+
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal.empty(sequence)
+        # The target has features for every committed token but the newest: feed those slots first.
+        hidden = self._feed(sequence[:, self._fed + 1 :])
+        position = sequence.shape[1] - 1
+        tokens, dists = [], []
+        for i in range(max_tokens):
+            logits = self.lm_head(hidden.to(self.lm_head.weight.dtype))
+            token, dist, confidence = choose_draft_token(logits, sampling, generator, policy.needs_confidence)
+            tokens.append(token)
+            if dist is not None:
+                dists.append(dist)
+            if i + 1 == max_tokens or int(token[0]) in self._stop_ids:
+                break
+            if confidence is not None and not policy.keep_drafting(confidence):
+                break
+            # The next slot reads the drafted token and the drafter's own predicted feature.
+            inputs = self.model.slot_inputs(self.embed_tokens(token[:, None]), hidden[:, None])
+            hidden = self._forward(inputs, position)
+            position += 1
+        probs = torch.stack(dists, dim=1) if dists else None
+        return Proposal(tokens=torch.stack(tokens, dim=1), probs=probs)
+
+    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+        """Crop the draft slots; queue the target's true features of the newly committed tokens."""
+        excess = self.cache.get_seq_length() - self._fed
+        if excess > 0:
+            self.cache.crop(-excess)
+        # The verify forward covered [newest committed token, drafts]: its first positions are now committed.
+        known = self._fed + self._features.shape[1]
+        needed = sequence.shape[1] - 1 - known
+        if needed > 0:
+            self._features = torch.cat([self._features, target_step.hidden_states[-1][:, :needed]], dim=1)
+
+    def _feed(
+        self, next_tokens: torch.LongTensor, visual_mask: torch.Tensor | None = None, visual_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Feed true slots consuming `next_tokens` [B, m] with queued target features; last predicted feature [B, H]."""
+        count = next_tokens.shape[1]
+        if count == 0:
+            return self._last_hidden
+        features, self._features = self._features[:, :count], self._features[:, count:]
+        inputs = self.model.slot_inputs(self.embed_tokens(next_tokens), features, visual_mask, visual_embeds)
+        hidden = self._forward(inputs, self._fed)
+        self._fed += count
+        self._last_hidden = hidden
+        return hidden
+
+    def _forward(self, inputs: torch.Tensor, start: int) -> torch.Tensor:
+        """Run slots at true positions start, start + 1, ... on top of the cache; last output [B, H]."""
+        positions = torch.arange(start, start + inputs.shape[1], device=inputs.device)[None].expand(inputs.shape[0], -1)
+        self.forwards += 1
+        out = self.model(inputs, positions, past_key_values=self.cache, use_cache=True)
+        return out.last_hidden_state[:, -1]
+
+
+def load_msd_drafter(folder: str | Path, **kwargs: Any) -> MSDDrafterModel:
+    """`MSDDrafterModel.from_pretrained(folder)` with one clear error for a missing or foreign folder."""
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise MMSpecError(f"no MSD drafter in {str(folder)!r} (config.json not found)")
+    try:
+        model = MSDDrafterModel.from_pretrained(str(path), **kwargs)
+    except Exception as err:  # wrong model type, missing or mismatched weights
+        raise MMSpecError(f"could not load an MSD drafter from {str(folder)!r}: {str(err).strip().splitlines()[0]}") from err
+    return model.eval()
