@@ -1,0 +1,187 @@
+"""FLASH drafting for vision-language targets: a compressed view of the image, several tokens per forward.
+
+Wang et al., "FLASH: Latent-Aware Semi-Autoregressive Speculative Decoding for Multimodal Tasks",
+arXiv 2505.12728. The model (`FlashDrafterModel`, in `flash_model`) and its design choices are
+documented there; this module runs it inside the shared draft/verify loop:
+
+- after the target's prefill, the drafter compresses each image/video's embeddings
+  (`hidden_states[0]` at the visual positions) and fills its own KV cache over
+  [text; compressed visual; text] from the target's features (`hidden_states[-1]`) in one forward.
+  The last prompt position waits ("pending") until the target has chosen the first new token;
+- `propose(k)`: the first forward feeds the pending positions (true target features of the
+  newly committed tokens) and its last output yields n = semi_ar_tokens drafts; each further
+  forward feeds the n drafts just made, each paired with its predicted feature, and yields n
+  more. k drafts cost ceil(k / n) forwards;
+- `observe`: drops the cache entries built on drafts and predicted features, and queues the
+  target's true features of the committed tokens for the next round.
+
+Verification is the shared chain verifier, so decoding is lossless: greedy output equals the
+target's, and sampled drafts carry their distributions q for speculative sampling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from mmspec.drafters.base import Drafter
+from mmspec.drafters.model_drafter import choose_draft_token
+from mmspec.errors import MMSpecError
+from mmspec.policies import DraftLengthPolicy
+from mmspec.sampling import SamplingConfig
+from mmspec.types import Proposal
+
+from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
+from .models import feature_token_ids
+
+__all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
+
+
+def load_flash_drafter(folder: str | Path, **kwargs: Any) -> FlashDrafterModel:
+    """`FlashDrafterModel.from_pretrained(folder)` with one clear error for a missing or foreign folder."""
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise MMSpecError(f"no FLASH drafter in {str(folder)!r} (config.json not found)")
+    try:
+        model = FlashDrafterModel.from_pretrained(str(path), **kwargs)
+    except Exception as err:  # wrong model type, missing or mismatched weights
+        raise MMSpecError(f"could not load a FLASH drafter from {str(folder)!r}: {str(err).strip().splitlines()[0]}") from err
+    return model.eval()
+
+
+class FlashDrafter(Drafter):
+    """Runs a `FlashDrafterModel` against a vision-language target (FLASH, arXiv 2505.12728).
+
+    The target's input embedding and LM head are borrowed at `bind`; the drafter's KV cache is
+    rolled back by cropping after every verification. `forwards` counts drafter model calls,
+    the prefill forward included. With a text-only prompt (or target) FLASH is EAGLE with a
+    semi-autoregressive head.
+
+    Args:
+        model: a `FlashDrafterModel` (trained for this target), or the folder it was saved to.
+    """
+
+    needs_target_hidden_states = True
+    drafts_from_prompt = False
+    vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
+
+    def __init__(self, model: FlashDrafterModel | str | Path) -> None:
+        if isinstance(model, (str, Path)):
+            model = load_flash_drafter(model)
+        if not isinstance(model, FlashDrafterModel):
+            raise MMSpecError(f"FlashDrafter needs a FlashDrafterModel, got {type(model).__name__}")
+        self.model = model.eval()
+        self.forwards = 0
+        self.target: Any = None
+        self.cache: DynamicCache | None = None
+        self._committed = 0  # cache entries built from true target features only
+        self._fed = 0  # first text position with no entry in the cache
+        self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
+
+    def bind(self, target: Any) -> None:
+        model = target.model
+        self.embed_tokens = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        if self.lm_head is None:
+            raise MMSpecError("FLASH needs the target's LM head, but the target model exposes none")
+        width = model.config.get_text_config().hidden_size
+        if width != self.model.config.hidden_size:
+            raise MMSpecError(
+                f"the FLASH drafter was built for hidden size {self.model.config.hidden_size}, the target's language "
+                f"model has {width}: train a drafter for this target"
+            )
+        try:
+            self.visual_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long)
+        except MMSpecError:  # a text-only target: nothing to compress
+            self.visual_ids = torch.empty(0, dtype=torch.long)
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        # Drafting past an end token is wasted work: the target stops there too.
+        self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+        self.model.to(self.lm_head.weight.device)
+        self.target = target
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        self.cache, self._committed, self._fed, self._pending = None, 0, 0, None
+
+    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+        """Compress the visual embeddings and cache [text; compressed visual; text] for the prompt."""
+        if step.hidden_states is None:
+            raise MMSpecError("FLASH needs the target's hidden states (run it through SpeculativeDecoder)")
+        if sequence.shape[0] != 1:
+            raise MMSpecError(f"FLASH drafts for one sequence at a time, got a batch of {sequence.shape[0]}")
+        embeds, features = step.hidden_states[0][0], step.hidden_states[-1][0]
+        length = sequence.shape[1]
+        visual = torch.isin(sequence[0], self.visual_ids.to(sequence.device))
+        visual[length - 1] = False  # the last prompt position drafts the first token: never compressed
+        self.cache = DynamicCache()
+        if length > 1:
+            text_hidden = self.model.text_inputs(embeds[1:], features[:-1])
+            hidden, positions, _ = self.model.assemble(text_hidden, embeds, visual)
+            self._run(hidden[None], positions[None])
+        self._committed = self.cache.get_seq_length()
+        self._fed = length - 1
+        self._pending = features[None, length - 1 :]
+
+    def propose(
+        self,
+        sequence: torch.LongTensor,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        policy: DraftLengthPolicy,
+    ) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal.empty(sequence)
+        n = self.model.config.semi_ar_tokens
+        # First forward: the committed tokens' true features; e_{t+1} is the next committed token.
+        next_tokens = sequence[:, self._fed + 1 :]
+        if next_tokens.shape[1] != self._pending.shape[1]:
+            raise MMSpecError("FLASH drafter is out of step with the committed sequence (was observe() skipped?)")
+        position = self._fed
+        predicted = self._feed(next_tokens, self._pending, position)
+        position += next_tokens.shape[1]
+        self._committed, self._fed = self.cache.get_seq_length(), sequence.shape[1] - 1
+        self._pending = self._pending[:, :0]
+        tokens: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
+        while True:
+            for j in range(n):
+                logits = self.lm_head(predicted[:, j].to(self.lm_head.weight.dtype))
+                token, dist, confidence = choose_draft_token(logits, sampling, generator, policy.needs_confidence)
+                tokens.append(token)
+                if dist is not None:
+                    dists.append(dist)
+                done = len(tokens) == max_tokens or int(token[0]) in self._stop_ids
+                if done or (confidence is not None and not policy.keep_drafting(confidence)):
+                    probs = torch.stack(dists, dim=1) if dists else None
+                    return Proposal(tokens=torch.stack(tokens, dim=1), probs=probs)
+            # Semi-autoregressive step: the n drafts just made, each with the feature it was read from.
+            predicted = self._feed(torch.stack(tokens[-n:], dim=1), predicted, position)
+            position += n
+
+    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+        """Forget the drafts' cache entries; queue the target's features of the newly committed tokens."""
+        excess = self.cache.get_seq_length() - self._committed
+        if excess > 0:
+            self.cache.crop(-excess)
+        # The target has now processed every committed token but the newest.
+        missing = sequence.shape[1] - 1 - (self._fed + self._pending.shape[1])
+        fresh = target_step.hidden_states[-1][:, :missing]
+        self._pending = torch.cat([self._pending, fresh.to(self._pending.dtype)], dim=1)
+
+    def _feed(self, next_tokens: torch.LongTensor, features: torch.Tensor, position: int) -> torch.Tensor:
+        """Feed text positions `position`.. with inputs fc([embed(next_tokens); features]).
+
+        Returns the n predicted features [1, n, H] of the last fed position.
+        """
+        hidden = self.model.text_inputs(self.embed_tokens(next_tokens), features)
+        positions = torch.arange(position, position + hidden.shape[1], device=hidden.device)[None]
+        return self._run(hidden, positions)
+
+    def _run(self, hidden: torch.Tensor, positions: torch.LongTensor) -> torch.Tensor:
+        self.forwards += 1
+        out = self.model(hidden, positions, past_key_values=self.cache)
+        return self.model.semi_ar(out[:, -1])
