@@ -299,8 +299,10 @@ def reading_probe(model, tok, prefix: list[int], examples_) -> dict:
     (a wrong video): reading shows as a gap between the two."""
     model.eval()
     content = torch.zeros(len(tok), dtype=torch.bool)
+    colour = torch.zeros(len(tok), dtype=torch.bool)  # colour words have no synonyms: a clean accuracy
     for token, idx in tok.get_vocab().items():
         content[idx] = token.lstrip("\u0120") in CONTENT_WORDS
+        colour[idx] = token.lstrip("\u0120") in cd.SHAPE_COLOURS
     pv = videos([s for s, _ in examples_])
     ids, mask, labels = caption_batch(tok, prefix, [c for _, c in examples_])
     result = {}
@@ -310,6 +312,8 @@ def reading_probe(model, tok, prefix: list[int], examples_) -> dict:
         keep = (target != -100) & content[target.clamp(min=0)]
         result[f"content_acc_{name}"] = round((logits.argmax(-1) == target)[keep].float().mean().item(), 3)
         result[f"content_nll_{name}"] = round(F.cross_entropy(logits[keep].float(), target[keep]).item(), 3)
+        is_colour = (target != -100) & colour[target.clamp(min=0)]
+        result[f"colour_acc_{name}"] = round((logits.argmax(-1) == target)[is_colour].float().mean().item(), 3)
     model.train()
     return result
 
