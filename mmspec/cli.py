@@ -113,18 +113,26 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
 
 def cmd_bench_vision(args: argparse.Namespace) -> int:
     from .vision.bench import CaptionInput, bench_vision
+    from .vision.feature_methods import load_checked, parse_drafter_spec
     from .vision.pipeline import CaptionPipeline
     from .world import examples, render_video
 
     set_threads(args)
     pipe = CaptionPipeline.from_pretrained(args.model, drafter=args.drafter)
+    feature = dict(pipe.feature_drafters)  # the model's own msd / flash drafters, when it has them
+    for spec in args.extra_drafter:
+        label, kind, path = parse_drafter_spec(spec)
+        if label in feature:
+            raise MMSpecError(f"--extra-drafter label {label!r} is used twice (msd / flash name the model's own drafters)")
+        feature[label] = load_checked(kind, path, pipe.model)
     frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
     items = []
     for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout"):
         inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
         items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
     std = tuple(tuple(int(x) for x in setting.split(",")) for setting in args.std)
-    report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, max_new_tokens=args.max_new_tokens,
+    report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
+                                  max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats,
                                   progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
     if args.json:
@@ -168,7 +176,10 @@ def cmd_caption(args: argparse.Namespace) -> int:
 
     if args.model is None:
         announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic shapes videos")
-    pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=args.drafter)
+    # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
+    feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
+    pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
+                                           feature_drafters=feature)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
     media = {"image": args.path} if Path(args.path).suffix.lower() in IMAGE_SUFFIXES else {"video": args.path}
@@ -371,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     vision.add_argument("--num-draft-tokens", "-k", type=int, default=5)
     vision.add_argument("--std", nargs="+", default=["32,5", "32,9", "72,5"], metavar="K,GAMMA",
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
+    vision.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
+                        help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
+                             "repeatable (the model folder's msd/ and flash/ drafters get rows by default)")
     vision.add_argument("--repeats", type=int, default=3)
     vision.add_argument("--seed", type=int, default=0)
     vision.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -404,9 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     caption = commands.add_parser("caption", help="caption a video or an image, speculatively (lossless)")
     caption.add_argument("path", help="video (any file PyAV decodes) or image file")
     caption.add_argument("--model", default=None, help="zoo name, local folder or Hub id (default: the toy captioner)")
-    caption.add_argument("--drafter", default=None, help="text drafter for --method text (default: the model's zoo pair)")
-    caption.add_argument("--method", choices=["ar", "text", "std"], default=None,
-                         help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense (default: fastest measured)")
+    caption.add_argument("--drafter", default=None,
+                         help="drafter of the chosen method: a text LM for text (default: the model's zoo pair), a trained "
+                              "drafter folder for msd / flash (default: the model folder's msd/ or flash/)")
+    caption.add_argument("--method", choices=["ar", "text", "std", "msd", "flash"], default=None,
+                         help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense, msd / flash = trained "
+                              "feature drafters (default: fastest measured)")
     caption.add_argument("--frames", type=int, default=8, help="frames sampled uniformly from the video")
     caption.add_argument("--fps", type=float, default=None, help="sample frames at this rate instead (capped by --frames)")
     caption.add_argument("--prompt", default=None)

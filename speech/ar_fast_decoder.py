@@ -23,14 +23,19 @@ the target's encoder output (no second encoder), distil-whisper style.
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, WhisperForCausalLM
 
 from ..cached_model import model_vocab_size
 from ..errors import MMSpecError
+from ..policies import DraftLengthPolicy
+from ..sampling import SamplingConfig
+from ..types import Proposal, Verdict
 from .hybrid import HybridDrafter
+from .target import encoder_outputs_of
 
 AR_FAST_DECODER_FOLDER = "ar_fast_decoder"
 
@@ -176,25 +181,73 @@ class ARHybridDrafter(HybridDrafter):
     prompt (which holds the detected language) and the target's suppression lists, which only the
     drafter sees (the prompt is `sequence` in `prefill`, the target is bound). Drafter forwards
     count every autoregressive step of the fast decoder, not one per hypothesis.
+
+    `redraft=True` (our extension, not in the paper): after a round in which the big decoder
+    rejected a draft, the fast decoder drafts the rest of the utterance again, continuing the
+    corrected transcript, instead of re-aligning the old hypothesis. An autoregressive fast
+    decoder can condition on the correction (a CTC one cannot), so the new draft follows the big
+    decoder's path; the price is more fast-decoder steps.
     """
 
-    def __init__(self, fast_decoder: ARFastDecoder, **kwargs: Any) -> None:
+    def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, **kwargs: Any) -> None:
         if not isinstance(fast_decoder, ARFastDecoder):
             raise MMSpecError(f"ARHybridDrafter needs an ARFastDecoder, got {type(fast_decoder).__name__}")
         super().__init__(fast_decoder, **kwargs)
+        self.redraft = redraft
+        self.redrafts = 0
+        self._encoder_states: torch.Tensor | None = None
+        self._prompt: list[int] = []
+        self._suppression: tuple[list[int], list[int]] = ([], [])
+        self._rejected = False
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        decoder: ARFastDecoder = self.fast_decoder  # type: ignore[assignment]
-        decoder.prompt_ids = [int(t) for t in sequence[0].tolist()]
+        self._prompt = [int(t) for t in sequence[0].tolist()]
         if self.target is not None:
             generation = self.target.model.generation_config
-            decoder.suppress_tokens = list(generation.suppress_tokens or [])
-            decoder.begin_suppress_tokens = list(generation.begin_suppress_tokens or [])
-        try:
+            self._suppression = (list(generation.suppress_tokens or []), list(generation.begin_suppress_tokens or []))
+        self.redrafts, self._rejected = 0, False
+        with self._drafting_setup(self._prompt):
             super().prefill(sequence, model_inputs)
+        if self.redraft:
+            self._encoder_states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
+        self.forwards += max(0, self.fast_decoder.last_steps - 1)  # the base class counted one
+
+    @contextmanager
+    def _drafting_setup(self, prompt: list[int]) -> Iterator[None]:
+        """The fast decoder continues `prompt` with the target's suppression lists, for one call."""
+        decoder: ARFastDecoder = self.fast_decoder  # type: ignore[assignment]
+        decoder.prompt_ids = prompt
+        decoder.suppress_tokens, decoder.begin_suppress_tokens = self._suppression
+        try:
+            yield
         finally:
             decoder.prompt_ids = decoder.suppress_tokens = decoder.begin_suppress_tokens = None
-        self.forwards += max(0, decoder.last_steps - 1)  # the base class counted one
+
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+        if self.redraft and self._rejected and max_tokens > 0 and self._encoder_states is not None:
+            self._redraft(sequence[0, len(self._prompt):].tolist())
+        return super().propose(sequence, max_tokens, sampling, generator, policy)
+
+    def _redraft(self, committed: list[int]) -> None:
+        """A new hypothesis: the committed transcript + the fast decoder's continuation of it."""
+        decoder: ARFastDecoder = self.fast_decoder  # type: ignore[assignment]
+        with self._drafting_setup(self._prompt + committed):
+            # Begin-suppression applies to the first token after the forced prompt only.
+            if committed:
+                decoder.begin_suppress_tokens = []
+            rest = decoder.hypothesis(self._encoder_states)[0]
+        self.forwards += decoder.last_steps
+        self.redrafts += 1
+        stats = self.stats
+        self.set_hypothesis(committed + rest)
+        self.stats = stats
+        self.offset, self.floor, self.misses, self._rejected = 0, len(committed), 0, False
+
+    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+        if self._last is not None:
+            self._rejected = int(verdict.num_accepted[0]) < self._last[1]
+        super().observe(sequence, verdict, target_step)
 
 
 def hybrid_drafter_for(fast_decoder: Any, **kwargs: Any) -> HybridDrafter:

@@ -9,6 +9,8 @@ bench measures both against plain greedy decoding and transformers' assisted gen
   hybrid-strict      CTC fast decoder draft + verification, exact greedy match (lossless)
   hybrid-relaxed     the same with `relaxed_top_r_rule` (top-3, 2-nat margin; not lossless)
   hybrid-strict-ar   the one-layer AR fast decoder's whole hypothesis as the draft (lossless)
+  hybrid-strict-ar-redraft   the same, but after a rejection the fast decoder drafts the rest
+                     again from the corrected transcript (`ARHybridDrafter(redraft=True)`)
   hf-assisted-ar     transformers' assisted generation, the same AR fast decoder as assistant
                      (its defaults: 20 draft tokens, constant schedule, confidence cut-off 0.4)
 
@@ -328,6 +330,8 @@ def bench_speech(
             notes.append("no CTC fast decoder (fast_decoder/): hybrid-strict and hybrid-relaxed not run")
         if ar_fast_decoder is not None:
             decoders["hybrid-strict-ar"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder), "strict"), True)
+            decoders["hybrid-strict-ar-redraft"] = (
+                mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=True), "strict"), True)
             assistant_counter = ForwardCounter(ar_fast_decoder)
             counters.append(assistant_counter)
             decoders["hf-assisted-ar"] = (hf_generate(model, ar_fast_decoder, assistant_counter), False)

@@ -1,5 +1,6 @@
 """Vision-language targets (LLaVA, LLaVA-OneVision, LLaVA-NeXT-Video, Qwen2-VL) and their drafters."""
 
+from .feature_methods import FEATURE_KINDS, load_feature_drafter
 from .inputs import load_image, load_video
 from .media_writer import write_test_video, write_video
 from .models import (
@@ -15,10 +16,12 @@ from .target import VisionTarget
 from .text_drafter import TextOnlyDrafter
 
 __all__ = [
+    "FEATURE_KINDS",
     "SUPPORTED_ARCHITECTURES",
     "TextOnlyDrafter",
     "VisionTarget",
     "feature_token_ids",
+    "load_feature_drafter",
     "load_image",
     "load_video",
     "load_vision_model",

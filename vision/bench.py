@@ -9,21 +9,27 @@ reports two things that explain them:
   plain vs method. On a GPU decoding is memory-bound and this predicts the gain; on this CPU
   small-matrix compute dominates, so the measured wall-clock speed-up is lower. Both are shown
   and labelled.
+
+Trained feature drafters (MSD, FLASH) get one row each, named by a label: "msd" / "flash" for
+the model's own (zoo) drafters, any label for extra ablation drafters (`--extra-drafter`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from transformers import PreTrainedModel
 
 from ..bench.harness import BenchReport, ForwardCounter, MethodFn, run_benchmark
 from ..decoding import SpeculativeDecoder
+from ..errors import MMSpecError
 from ..policies import FixedDraftLength
 from ..stats import SpecStats
+from .feature_drafter import FeatureDrafterModel
+from .feature_methods import describe, runtime_drafter
 from .models import feature_token_ids
 from .sparse_to_dense import SparseToDenseDrafter, gather_positions
 from .target import VisionTarget
@@ -119,11 +125,28 @@ def model_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def feature_drafter_read(drafter: FeatureDrafterModel, model: PreTrainedModel, context: int, visual_tokens: int) -> int:
+    """fp16 bytes one feature-drafter forward reads: its weights, the borrowed LM head and its own KV entries.
+
+    MSD keeps a KV entry for every position (visual ones included); FLASH replaces each video's
+    visual entries with `num_queries` compressed ones when `compress` is on.
+    """
+    config = drafter.config
+    head = model.get_output_embeddings()
+    entries = context
+    if drafter.kind == "flash" and config.compress:
+        entries = context - visual_tokens + config.num_queries
+    layers = getattr(config, "num_hidden_layers", 1)
+    kv_per_entry = 2 * layers * config.num_key_value_heads * config.head_dim * 2
+    return model_bytes(drafter) // 2 + head.weight.numel() * 2 + kv_per_entry * entries
+
+
 def bench_vision(
     model: PreTrainedModel,
     inputs: list[CaptionInput],
     *,
     drafter: PreTrainedModel | None,
+    feature_drafters: Mapping[str, FeatureDrafterModel] | None = None,
     max_new_tokens: int = 48,
     num_draft_tokens: int = 5,
     std_settings: tuple[tuple[int, int], ...] = ((32, 5), (32, 9), (72, 5)),
@@ -131,6 +154,12 @@ def bench_vision(
     progress: bool = True,
     title: str = "bench vision",
 ) -> tuple[BenchReport, dict[str, Any]]:
+    """Plain greedy, the text-only drafter, Sparse-to-Dense settings and each feature drafter, on `inputs`.
+
+    `feature_drafters` maps a row label ("msd", "flash", or an ablation's name) to a trained MSD /
+    FLASH drafter model for `model`; each row drafts `num_draft_tokens` per round. Returns the
+    report and the extras described in the module docstring.
+    """
     counter = ForwardCounter(model)
     methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(model, max_new_tokens, counter)}
     if drafter is not None:
@@ -139,6 +168,11 @@ def bench_vision(
     for keep, gamma in std_settings:
         methods[f"std K={keep} gamma={gamma}"] = speculative(
             model, lambda keep=keep: SparseToDenseDrafter(model, visual_keep=keep), gamma, max_new_tokens, "std")
+    feature_rows = {f"{label} k={num_draft_tokens}": net for label, net in (feature_drafters or {}).items()}
+    for name, net in feature_rows.items():
+        if name in methods:
+            raise MMSpecError(f"two bench rows would be named {name!r}: pick another label")
+        methods[name] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens, max_new_tokens, net.kind)
     try:
         with torch.inference_mode():
             report = run_benchmark(title, methods, inputs, reference="plain-greedy", repeats=repeats, progress=progress,
@@ -155,7 +189,9 @@ def bench_vision(
     modelled = {}
     for result in report.results:
         name = result.name
-        if name.startswith("text-only"):
+        if name in feature_rows:
+            drafter_read = feature_drafter_read(feature_rows[name], model, context, visual_tokens)
+        elif name.startswith("text-only"):
             drafter_read = model_bytes(drafter) // 2 + kv_bytes_per_token(drafter.config) * (context - visual_tokens)
         elif name.startswith("std"):
             keep = int(name.split("K=")[1].split()[0])
@@ -168,5 +204,6 @@ def bench_vision(
         **share,
         "modelled_bytes_per_token": modelled,
         "modelled_memory_bound_speed_up": {name: plain_bytes / b for name, b in modelled.items()},
+        "feature_drafters": {name: describe(net) for name, net in feature_rows.items()},
     }
     return report, extras

@@ -8,6 +8,15 @@ Methods (all lossless, greedy output identical to the model's own `generate`):
   ar    plain autoregressive decoding through the same loop (the baseline)
   text  a small text-only LM drafts (Gagrani et al. 2024)
   std   Sparse-to-Dense self-speculation (Zhang et al., ACL 2025)
+  msd   an MSD feature drafter (Lin et al. 2025), trained for this model
+  flash a FLASH feature drafter (Wang et al. 2025): compressed visual tokens, several drafts per forward
+
+MSD and FLASH drafters are loaded from the model's zoo folder (`<model>/msd/`, `<model>/flash/`)
+when present, or passed explicitly:
+
+    pipe = CaptionPipeline.from_pretrained("shapes-video-captioner", feature_drafters={"flash": "my/flash"})
+
+`available_methods` lists only the methods whose drafter is loaded.
 """
 
 from __future__ import annotations
@@ -15,11 +24,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
-from PIL import Image
 from tqdm.auto import tqdm
 from transformers import AutoProcessor, PreTrainedModel
 
@@ -30,6 +38,8 @@ from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
 from ..stats import SpecStats
 from ..zoo import entries, load_causal_lm, resolve
+from .feature_drafter import FeatureDrafterModel
+from .feature_methods import BUILD_COMMAND, FEATURE_KINDS, load_checked, runtime_drafter, zoo_drafter_folder
 from .inputs import load_image, load_video
 from .models import image_token_ids, load_vision_model, video_token_ids
 from .sparse_to_dense import SparseToDenseDrafter
@@ -37,7 +47,7 @@ from .target import VisionTarget
 from .text_drafter import TextOnlyDrafter
 
 DEFAULT_CAPTIONER = "shapes-video-captioner"
-METHODS = ("ar", "text", "std")
+METHODS = ("ar", "text", "std", *FEATURE_KINDS)  # ..., "msd", "flash"
 
 
 @dataclass
@@ -67,6 +77,9 @@ class CaptionPipeline:
         drafter: a small text LM for the `text` method (None: the method is unavailable).
         model_name: shown in outputs.
         card: zoo card of the model, if it came from the zoo (prompt format, measured best method).
+        feature_drafters: trained feature drafters by method, e.g. {"msd": MSDDrafterModel, "flash": "folder"};
+            each is checked against the model (hidden size, vocabulary).
+        model_folder: the model's local folder, named in the error when a method's drafter is missing.
     """
 
     def __init__(
@@ -78,6 +91,8 @@ class CaptionPipeline:
         card: dict[str, Any] | None = None,
         std_kv_budget: int = 1024,
         num_draft_tokens: int = 5,
+        feature_drafters: Mapping[str, FeatureDrafterModel | str | os.PathLike] | None = None,
+        model_folder: str | os.PathLike | None = None,
     ) -> None:
         self.model = model.eval()
         self.processor = processor
@@ -87,12 +102,17 @@ class CaptionPipeline:
         self.std_kv_budget = std_kv_budget
         self.num_draft_tokens = num_draft_tokens
         self.target = VisionTarget(model)
+        self.feature_drafters: dict[str, FeatureDrafterModel] = {
+            kind: load_checked(kind, drafter_or_folder, model) for kind, drafter_or_folder in (feature_drafters or {}).items()
+        }
+        self.model_folder = model_folder
 
     @classmethod
     def from_pretrained(
         cls,
         model_id_or_path: str | os.PathLike = DEFAULT_CAPTIONER,
         drafter: str | os.PathLike | PreTrainedModel | None = None,
+        feature_drafters: Mapping[str, str | os.PathLike | FeatureDrafterModel] | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         **kwargs: Any,
@@ -100,6 +120,8 @@ class CaptionPipeline:
         """Load a model (zoo name, local folder or Hub id available offline) and, optionally, a drafter.
 
         With no `drafter`, a zoo model gets the text drafter it was paired with.
+        `feature_drafters` maps a method ("msd", "flash") to a drafter folder (or model); a method not
+        given is loaded from the model folder's `<method>/` subfolder when there is one.
         """
         name = str(model_id_or_path)
         path = resolve(name)
@@ -113,11 +135,23 @@ class CaptionPipeline:
             drafter = card["pairs_with"]
         if drafter is not None and not isinstance(drafter, PreTrainedModel):
             drafter = load_causal_lm(drafter, "drafter")[0].to(device=device, dtype=dtype)
-        return cls(model, processor, drafter=drafter, model_name=name, card=card, **kwargs)
+        chosen = dict(feature_drafters or {})
+        folder = path if Path(path).is_dir() else None
+        for kind in FEATURE_KINDS:
+            found = zoo_drafter_folder(folder, kind) if folder else None
+            if kind not in chosen and found is not None:
+                chosen[kind] = found
+        return cls(model, processor, drafter=drafter, model_name=name, card=card, feature_drafters=chosen,
+                   model_folder=folder, **kwargs)
 
     @property
     def available_methods(self) -> list[str]:
-        return [m for m in METHODS if m != "text" or self.drafter_model is not None]
+        def loaded(method: str) -> bool:
+            if method == "text":
+                return self.drafter_model is not None
+            return method not in FEATURE_KINDS or method in self.feature_drafters
+
+        return [m for m in METHODS if loaded(m)]
 
     @property
     def default_method(self) -> str:
@@ -134,9 +168,20 @@ class CaptionPipeline:
             return NoDrafter()
         if method == "std":
             return SparseToDenseDrafter(self.model, kv_budget=self.std_kv_budget)
+        if method in FEATURE_KINDS:
+            if method not in self.feature_drafters:
+                raise MMSpecError(self._missing_drafter(method))
+            return runtime_drafter(self.feature_drafters[method])
         if self.drafter_model is None:
             raise MMSpecError("the `text` method needs a drafter: pass drafter=... (a small LM with the model's tokenizer)")
         return TextOnlyDrafter(self.drafter_model, self.model)
+
+    def _missing_drafter(self, method: str) -> str:
+        name = FEATURE_KINDS[method][0]
+        looked = f" (none in {Path(self.model_folder) / method})" if self.model_folder else ""
+        return (f"the `{method}` method needs a trained {name} drafter for {self.model_name}{looked}: pass "
+                f"feature_drafters={{{method!r}: FOLDER}} (CLI: --method {method} --drafter FOLDER), or train one "
+                f"({BUILD_COMMAND} for the toy captioner; `mmspec train-drafter --kind {method}` for any model)")
 
     def prepare_inputs(
         self,
@@ -166,9 +211,13 @@ class CaptionPipeline:
         return dict(inputs)
 
     def _prompt_text(self, kind: str, prompt: str | None) -> str:
-        prompt = prompt if prompt is not None else self.card.get("default_prompt", f"Describe this {kind}.")
         placeholder = getattr(self.processor, f"{kind}_token")
-        template = self.card.get("prompt_template")
+        template, default = self.card.get("prompt_template"), self.card.get("default_prompt")
+        trained = self.card.get("prompt", "")
+        if template is None and trained.startswith(placeholder):
+            # The zoo captioner's card states its training prompt verbatim ("<video>describe the video.").
+            template, default = "{media}{prompt}", default or trained[len(placeholder):]
+        prompt = prompt if prompt is not None else (default or f"Describe this {kind}.")
         if template:
             return template.format(media=placeholder, prompt=prompt)
         if getattr(self.processor, "chat_template", None):

@@ -26,9 +26,9 @@ def one_layer():
     return model, ARFastDecoder.for_target(model)
 
 
-def ar_hybrid(model, fast, x, mode="strict", max_new_tokens=MAX_NEW):
+def ar_hybrid(model, fast, x, mode="strict", max_new_tokens=MAX_NEW, drafter=None):
     target = WhisperTarget(model)
-    decoder = SpeculativeDecoder(target, ARHybridDrafter(fast), policy=hybrid_policy(), rule=hybrid_rule(mode))
+    decoder = SpeculativeDecoder(target, drafter or ARHybridDrafter(fast), policy=hybrid_policy(), rule=hybrid_rule(mode))
     inputs = {"input_features": x}
     prompt = target.prompt_ids(inputs)
     return decoder.generate(None, max_new_tokens=max_new_tokens, decoder_input_ids=prompt, **inputs)
@@ -65,6 +65,19 @@ def test_strict_hybrid_with_the_ar_fast_decoder_equals_greedy(whisper, reference
         assert out.stats.drafter_forwards >= 1
     relaxed = ar_hybrid(whisper, fast, references[0][0], mode="relaxed")
     assert relaxed.stats.new_tokens >= 1
+
+
+def test_redraft_after_rejections_equals_greedy(whisper, references):
+    """Re-drafting from the corrected transcript stays lossless, and happens after rejections."""
+    fast = ARFastDecoder.for_target(whisper, init_layer=-1)
+    total_redrafts = 0
+    for x, sequences, _ in references.values():
+        drafter = ARHybridDrafter(fast, redraft=True)
+        out = ar_hybrid(whisper, fast, x, drafter=drafter)
+        assert_same(out.sequences, sequences)
+        assert drafter.redrafts < out.stats.rounds  # at most one per round that followed a rejection
+        total_redrafts += drafter.redrafts
+    assert total_redrafts > 0  # a one-layer copy of a two-layer random model disagrees somewhere
 
 
 def test_initialised_from_the_target(whisper):

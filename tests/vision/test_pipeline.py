@@ -71,6 +71,14 @@ def test_default_method_and_text_drafter_vocab(pipe):
     assert pipe.make_drafter("text").vocab_size == pipe.model.get_output_embeddings().weight.shape[0]
 
 
+def test_zoo_card_training_prompt_is_used(pipe):
+    # The zoo captioner's card states its training prompt verbatim; the pipeline must feed exactly that.
+    card_pipe = CaptionPipeline(pipe.model, pipe.processor, card={"prompt": "<video>describe the video."})
+    assert card_pipe._prompt_text("video", None) == "<video>describe the video."
+    assert card_pipe._prompt_text("video", "what moves?") == "<video>what moves?"
+    assert pipe._prompt_text("video", "hi") == "<video>\nhi"  # no card: the processor's placeholder + newline
+
+
 def test_bad_calls(pipe, frames, tmp_path):
     from mmspec import MMSpecError
 
