@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from mmspec.errors import MMSpecError
+
 
 @dataclass
 class DistillBatch:
@@ -102,3 +104,35 @@ class FeatureDrafterModel(PreTrainedModel):
         generator: torch.Generator | None = None,
     ) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+
+@dataclass
+class BorrowedTargetParts:
+    """What a feature drafter takes from its target at `bind`: nothing of it is copied or saved."""
+
+    embed_tokens: torch.nn.Module
+    lm_head: torch.nn.Module
+    visual_ids: torch.LongTensor  # placeholder ids of visual tokens (empty for a text-only target)
+    stop_ids: set[int]  # drafting past an end token is wasted work: the target stops there too
+
+
+def borrow_target_parts(model: PreTrainedModel, drafter_hidden_size: int, name: str) -> BorrowedTargetParts:
+    """The target's embedding, LM head, visual placeholder ids and end ids, after checking the width."""
+    from .models import feature_token_ids  # local: models imports transformers' vision classes
+
+    width = model.config.get_text_config().hidden_size
+    if width != drafter_hidden_size:
+        raise MMSpecError(
+            f"the {name} drafter was built for hidden size {drafter_hidden_size}, the target's language model has "
+            f"{width}: train a drafter for this target"
+        )
+    lm_head = model.get_output_embeddings()
+    if lm_head is None:
+        raise MMSpecError(f"{type(model).__name__} has no LM head for the {name} drafter to borrow")
+    try:
+        visual_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long)
+    except MMSpecError:  # a text-only target: the drafter is then plain EAGLE
+        visual_ids = torch.empty(0, dtype=torch.long)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+    return BorrowedTargetParts(model.get_input_embeddings(), lm_head, visual_ids, stop_ids)

@@ -35,7 +35,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
 from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
-from .models import feature_token_ids
+from .feature_drafter import borrow_target_parts
 
 __all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
 
@@ -82,24 +82,9 @@ class FlashDrafter(Drafter):
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
 
     def bind(self, target: Any) -> None:
-        model = target.model
-        self.embed_tokens = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        if self.lm_head is None:
-            raise MMSpecError("FLASH needs the target's LM head, but the target model exposes none")
-        width = model.config.get_text_config().hidden_size
-        if width != self.model.config.hidden_size:
-            raise MMSpecError(
-                f"the FLASH drafter was built for hidden size {self.model.config.hidden_size}, the target's language "
-                f"model has {width}: train a drafter for this target"
-            )
-        try:
-            self.visual_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long)
-        except MMSpecError:  # a text-only target: nothing to compress
-            self.visual_ids = torch.empty(0, dtype=torch.long)
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        # Drafting past an end token is wasted work: the target stops there too.
-        self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+        parts = borrow_target_parts(target.model, self.model.config.hidden_size, "FLASH")
+        self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
+        self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
         self.model.to(self.lm_head.weight.device)
         self.target = target
 

@@ -33,8 +33,7 @@ from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
-from .feature_drafter import DistillBatch, FeatureDrafterModel, eagle_loss, uniform_noise_like
-from .models import feature_token_ids
+from .feature_drafter import DistillBatch, FeatureDrafterModel, borrow_target_parts, eagle_loss, uniform_noise_like
 
 
 class MSDConfig(PretrainedConfig):
@@ -270,22 +269,9 @@ class MSDDrafter(Drafter):
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
 
     def bind(self, target: Any) -> None:
-        text_config = target.model.config.get_text_config()
-        if text_config.hidden_size != self.model.config.hidden_size:
-            raise MMSpecError(
-                f"the MSD drafter was built for hidden size {self.model.config.hidden_size}, the target's language "
-                f"model has {text_config.hidden_size}: train a drafter for this target"
-            )
-        self.embed_tokens = target.model.get_input_embeddings()
-        self.lm_head = target.model.get_output_embeddings()
-        if self.lm_head is None:
-            raise MMSpecError(f"{type(target.model).__name__} has no LM head for the MSD drafter to borrow")
-        try:
-            self.visual_ids = torch.tensor(sorted(feature_token_ids(target.model)), dtype=torch.long)
-        except MMSpecError:  # a text-only target: MSD is then plain EAGLE
-            self.visual_ids = torch.empty(0, dtype=torch.long)
-        eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-        self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+        parts = borrow_target_parts(target.model, self.model.config.hidden_size, "MSD")
+        self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
+        self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
         self.model.to(self.lm_head.weight.device)
         self.target = target
 
