@@ -77,13 +77,24 @@ def default_methods(
     num_draft_tokens: int = 4,
     lantern_settings: Sequence[tuple[float, int]] = DEFAULT_LANTERN_SETTINGS,
     init: str = "left",
+    gsd_defaults: dict[str, Any] | None = None,
+    gsd_settings: Sequence[tuple[int, float | None, float | None]] = (),
 ) -> dict[str, MethodConfig]:
-    """Row name -> method config: AR, SD (with a drafter), SJD, GSD, LANTERN (drafter and Jacobi drafts)."""
+    """Row name -> method config: AR, SD (with a drafter), SJD, GSD, LANTERN (drafter and Jacobi drafts).
+
+    The GSD row uses `gsd_defaults` (the pipeline's: the model card's calibrated group options, else
+    the paper's); each of `gsd_settings` (group window, probability threshold, distance threshold;
+    None = filter off) adds one more GSD row.
+    """
     methods = {REFERENCE: MethodConfig(method="ar")}
     if has_drafter:
         methods[f"sd k={num_draft_tokens}"] = MethodConfig(method="sd", num_draft_tokens=num_draft_tokens)
     methods[f"sjd W={window}"] = MethodConfig(method="sjd", window=window, init=init)
-    methods[f"gsd W={window}"] = MethodConfig(method="gsd", window=window, init=init)
+    methods[f"gsd W={window}"] = MethodConfig(method="gsd", window=window, init=init, **(gsd_defaults or {}))
+    for group, prob, distance in gsd_settings:
+        methods[f"gsd W={window} g={group} p={prob} d={distance}"] = MethodConfig(
+            method="gsd", window=window, init=init, gsd_window=group, gsd_prob_threshold=prob,
+            gsd_distance_threshold=distance)
     for delta, k in lantern_settings:
         if has_drafter:
             methods[f"lantern d={delta} k={k} drafter"] = MethodConfig(

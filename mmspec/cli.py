@@ -278,8 +278,17 @@ def cmd_bench_image(args: argparse.Namespace) -> int:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
     pipe = SpeculativeImagePipeline.from_pretrained(name)
+    try:
+        gsd = [tuple(None if v == "none" else (int(v) if i == 0 else float(v)) for i, v in enumerate(setting.split(",")))
+               for setting in args.gsd]
+    except ValueError:
+        raise MMSpecError(f"--gsd settings are GROUP,PROB,DIST triples such as 7,0.15,0.5 (none = filter off); "
+                          f"got {args.gsd}") from None
+    if any(len(g) != 3 or g[0] is None for g in gsd):
+        raise MMSpecError(f"--gsd settings are GROUP,PROB,DIST triples such as 7,0.15,0.5; got {args.gsd}")
+    gsd_defaults = pipe.gsd_settings() if hasattr(pipe, "gsd_settings") else None
     methods = default_methods(pipe.drafter is not None, window=args.window, num_draft_tokens=args.num_draft_tokens,
-                              lantern_settings=lantern)
+                              lantern_settings=lantern, gsd_defaults=gsd_defaults, gsd_settings=gsd)
     labels = pipe.bench_conditions(args.n, args.prompts)  # class ids, or prompt indices for a text-to-image model
     sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
@@ -476,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafter tokens per round")
     image.add_argument("--lantern", nargs="+", default=["0.1,16", "0.25,16", "0.25,64"], metavar="DELTA,K",
                        help="LANTERN settings: TV budget delta, codebook neighbours k")
+    image.add_argument("--gsd", nargs="+", default=[], metavar="GROUP,PROB,DIST",
+                       help="extra GSD rows: group window, probability and latent-distance thresholds (none = off)")
     image.add_argument("--repeats", type=int, default=1)
     image.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     image.add_argument("--grid-out", default=None, help="write a grid of samples per method to this image file")

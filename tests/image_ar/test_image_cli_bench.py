@@ -97,6 +97,12 @@ def test_bench_image_table_and_bad_settings(folder, capsys):
     assert "steps x" in table and "speed-up" in table and "lantern d=0.2 k=3 jacobi" in table
     assert main(["bench", "image", "--model", str(folder), "--lantern", "0.1"]) == 2
     assert "DELTA,K" in capsys.readouterr().err
+    assert main(["bench", "image", "--model", str(folder), "--n", "1", "--lantern", "0.2,3", "--gsd", "5,none,1.5",
+                 "--temperature", "0"]) == 0
+    assert "gsd W=16 g=5 p=None d=1.5" in capsys.readouterr().out
+    for bad in ("5,0.1", "x,0.1,0.5", "none,0.1,0.5"):
+        assert main(["bench", "image", "--model", str(folder), "--gsd", bad]) == 2
+        assert "GROUP,PROB,DIST" in capsys.readouterr().err
 
 
 def test_bench_quality_from_a_judge(folder, tmp_path, monkeypatch):

@@ -129,3 +129,20 @@ def test_bad_folders_are_clear_errors(tmp_path):
     no_classes = SpeculativeImagePipeline.from_pretrained(build_tiny_folder(tmp_path / "no-classes", classes=False))
     with pytest.raises(MMSpecError, match="no classes.json"):
         no_classes(prompt="red circle", progress_bar=False)
+
+
+def test_gsd_group_options_come_from_the_card_unless_given(folder):
+    from mmspec.image_ar.rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW
+
+    pipe = SpeculativeImagePipeline.from_pretrained(folder)
+    paper = {"gsd_window": GSD_WINDOW, "gsd_prob_threshold": GSD_PROB_THRESHOLD,
+             "gsd_distance_threshold": GSD_DISTANCE_THRESHOLD}
+    assert pipe.gsd_settings() == paper  # no card values: the authors' defaults
+    pipe.card = {"gsd_defaults": {"gsd_window": 5, "gsd_prob_threshold": None, "gsd_distance_threshold": 1.5}}
+    assert pipe.gsd_settings() == {"gsd_window": 5, "gsd_prob_threshold": None, "gsd_distance_threshold": 1.5}
+    assert pipe.gsd_settings(gsd_window=3, gsd_prob_threshold=0.2)["gsd_window"] == 3
+    assert pipe.gsd_settings(gsd_prob_threshold=None)["gsd_prob_threshold"] is None  # None = filter off, not "default"
+    by_card = pipe(class_labels=1, method="gsd", generator=seeded(3), output_type="np", progress_bar=False)
+    explicit = pipe(class_labels=1, method="gsd", generator=seeded(3), output_type="np", progress_bar=False,
+                    gsd_window=5, gsd_prob_threshold=None, gsd_distance_threshold=1.5)
+    assert torch.equal(by_card.tokens, explicit.tokens)
