@@ -356,7 +356,6 @@ def train(args) -> None:
     heldout = [sample_example(example_seed("heldout", args.seed, i)) for i in range(args.eval_n)]
 
     lm_params = list(model.model.language_model.parameters())
-    lm_ids = {id(p) for p in lm_params}
     for p in lm_params:
         p.requires_grad_(False)
     vision_params = list(model.model.vision_tower.parameters()) + list(head.parameters())
@@ -511,6 +510,20 @@ def train(args) -> None:
     save(model, tok, Path(args.out), args, info, quality, rows)
 
 
+def rebuild_command(args, info: dict) -> str:
+    """The command that repeats this run: every option that differs from its default, with the
+    step counts actually done (a run continued with --init-from also needs the run it started from)."""
+    defaults = vars(build_parser().parse_args([]))
+    given = dict(vars(args), aux_steps=info["aux_steps"], steps=info["steps"], max_minutes=600.0)
+    parts = ["python -m mmspec.zoo.training.train_video_captioner"]
+    for name, value in given.items():
+        if name in ("out", "lm_dir", "time_steps") or value == defaults.get(name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        parts.append(flag if value is True else f"{flag} {value}")
+    return " ".join(parts)
+
+
 def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[dict]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for f in folder.glob("*.safetensors"):
@@ -573,10 +586,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
                     "measured_on": f"{args.eval_n} held-out videos: sample_example(example_seed('heldout', "
                                    f"{args.seed}, i)), greedy, max {MAX_NEW_TOKENS} new tokens, fp16 weights "
                                    "upcast to fp32"},
-        "rebuild_command": (f"python -m mmspec.zoo.training.train_video_captioner --seed {args.seed} "
-                            f"--aux-steps {info['aux_steps']} --aux-batch-size {args.aux_batch_size} --steps {info['steps']} "
-                            f"--batch-size {args.batch_size} "
-                            f"--lm-frac {args.lm_frac} --max-minutes 600"),
+        "rebuild_command": rebuild_command(args, info),
     }
     (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
     (folder / "heldout_samples.json").write_text(json.dumps(rows[:20], indent=1) + "\n")
@@ -584,6 +594,10 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
 
 
 def main(argv: list[str] | None = None) -> None:
+    train(build_parser().parse_args(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lm-dir", default=str(LM_DIR))
@@ -615,7 +629,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe-every", type=int, default=0, help="run the reading probe every N stage-B steps")
     parser.add_argument("--probe-n", type=int, default=24, help="held-out videos in the reading probe")
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many stage-B steps; save nothing")
-    train(parser.parse_args(argv))
+    return parser
 
 
 if __name__ == "__main__":
