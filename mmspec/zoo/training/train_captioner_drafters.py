@@ -83,8 +83,8 @@ def recipes(args: argparse.Namespace) -> dict[str, Recipe]:
         "flash": Recipe("flash", "none", flash, f"FLASH, {args.flash_queries} compressed visual tokens, "
                         f"{args.flash_semi_ar} drafts per forward"),
     }
-    out = {kind: shipped[kind] for kind in args.kinds}
-    if args.ablations:
+    out = {} if args.only_ablations else {kind: shipped[kind] for kind in args.kinds}
+    if args.ablations or args.only_ablations:
         out["flash-no-compression"] = Recipe("flash", "none", {**flash, "compress": False},
                                              "FLASH ablation: all 288 visual embeddings kept")
         out["flash-semi-ar-1"] = Recipe("flash", "none", {**flash, "semi_ar_tokens": 1},
@@ -270,8 +270,13 @@ def run(args: argparse.Namespace) -> int:
 
     data_dir = out_root / "data"
     start = time.perf_counter()
-    meta = generate_distill_data(pipe.model, VideoInputs(pipe, args.videos, seed=args.seed), data_dir,
-                                 max_new_tokens=args.max_new_tokens, text_traces=True, overwrite=True)
+    if args.reuse_data and (data_dir / "metadata.json").is_file():
+        # Same captioner and seed: the traces a previous run of this command made (e.g. before --only-ablations).
+        meta = json.loads((data_dir / "metadata.json").read_text())
+        print(f"reusing the traces in {data_dir} ({meta['num_traces']} traces)", flush=True)
+    else:
+        meta = generate_distill_data(pipe.model, VideoInputs(pipe, args.videos, seed=args.seed), data_dir,
+                                     max_new_tokens=args.max_new_tokens, text_traces=True, overwrite=True)
     data_wall = time.perf_counter() - start
     data = {"videos": args.videos, "split": "train", "seed": args.seed, "traces": meta["num_traces"],
             "modalities": meta["modalities"], "max_new_tokens": args.max_new_tokens,
@@ -321,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--flash-semi-ar", type=int, default=3, help="FLASH: draft tokens per drafter forward")
     parser.add_argument("--out-root", default=str(DEFAULT_OUT_ROOT), help="data, checkpoints and ablation drafters go here")
     parser.add_argument("--ablations", action="store_true", help="also train the ablation drafters (into --out-root)")
+    parser.add_argument("--only-ablations", action="store_true", help="train the ablation drafters only (nothing shipped)")
+    parser.add_argument("--reuse-data", action="store_true",
+                        help="use the traces already in --out-root/data (made by an earlier run for this captioner)")
     parser.add_argument("--checkpoint-every", type=int, default=250)
     parser.add_argument("--resume", action="store_true", help="continue each drafter from its latest checkpoint")
     parser.add_argument("--seed", type=int, default=0)
