@@ -146,6 +146,8 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
           "regime, NOT measured here):")
     for name, value in extras["modelled_memory_bound_speed_up"].items():
         print(f"  {name:<26} {value:.2f}x")
+    for note in extras.get("notes", []):
+        print(f"note: {note}")
     return 0
 
 

@@ -10,6 +10,12 @@ reports two things that explain them:
   small-matrix compute dominates, so the measured wall-clock speed-up is lower. Both are shown
   and labelled.
 
+With a text-only drafter there is also an `hf-assisted k=K` row: transformers' own assisted
+generation with that drafter as `assistant_model` (see `hf_assisted.py` for how the drafter is
+made an assistant, and why it reads the visual placeholders that mmspec's drafter strips). When
+transformers cannot run it for this model / drafter pair, the extras carry a note saying why
+instead of a row.
+
 Trained feature drafters (MSD, FLASH) get one row each, named by a label: "msd" / "flash" for
 the model's own (zoo) drafters, any label for extra ablation drafters (`--extra-drafter`).
 """
@@ -30,6 +36,8 @@ from ..policies import FixedDraftLength
 from ..stats import SpecStats
 from .feature_drafter import FeatureDrafterModel
 from .feature_methods import describe, runtime_drafter
+from .hf_assisted import NOTE as HF_ASSISTED_NOTE
+from .hf_assisted import assistant_for, hf_assisted
 from .models import feature_token_ids
 from .sparse_to_dense import SparseToDenseDrafter, gather_positions
 from .target import VisionTarget
@@ -154,17 +162,29 @@ def bench_vision(
     progress: bool = True,
     title: str = "bench vision",
 ) -> tuple[BenchReport, dict[str, Any]]:
-    """Plain greedy, the text-only drafter, Sparse-to-Dense settings and each feature drafter, on `inputs`.
+    """Plain greedy, the text-only drafter (mmspec's loop and transformers' assisted generation),
+    Sparse-to-Dense settings and each feature drafter, on `inputs`.
 
     `feature_drafters` maps a row label ("msd", "flash", or an ablation's name) to a trained MSD /
     FLASH drafter model for `model`; each row drafts `num_draft_tokens` per round. Returns the
     report and the extras described in the module docstring.
     """
     counter = ForwardCounter(model)
+    counters = [counter]
+    notes: list[str] = []
     methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(model, max_new_tokens, counter)}
+    assistant = None
+    hf_name = f"hf-assisted k={num_draft_tokens}"
     if drafter is not None:
         methods[f"text-only k={num_draft_tokens}"] = speculative(
             model, lambda: TextOnlyDrafter(drafter, model), num_draft_tokens, max_new_tokens, "text-only")
+        assistant, assistant_counter, reason = _hf_assistant(model, drafter, inputs[0], num_draft_tokens, counter)
+        if assistant is None:
+            notes.append(f"{hf_name} not run: {reason}")
+        else:
+            counters.append(assistant_counter)
+            methods[hf_name] = hf_assisted(model, assistant, num_draft_tokens, max_new_tokens, counter, assistant_counter)
+            notes.append(f"{hf_name}: {HF_ASSISTED_NOTE}")
     for keep, gamma in std_settings:
         methods[f"std K={keep} gamma={gamma}"] = speculative(
             model, lambda keep=keep: SparseToDenseDrafter(model, visual_keep=keep), gamma, max_new_tokens, "std")
@@ -179,7 +199,8 @@ def bench_vision(
                                    settings={"videos": len(inputs), "max_new_tokens": max_new_tokens, "repeats": repeats,
                                              "threads": torch.get_num_threads()})
     finally:
-        counter.close()
+        for each in counters:
+            each.close()
 
     share = visual_attention_share(model, inputs[0])
     weights = model_bytes(model) // 2  # as fp16
@@ -191,6 +212,9 @@ def bench_vision(
         name = result.name
         if name in feature_rows:
             drafter_read = feature_drafter_read(feature_rows[name], model, context, visual_tokens)
+        elif name == hf_name:
+            # The assistant keeps KV entries for the visual placeholders too (it reads them as tokens).
+            drafter_read = model_bytes(assistant) // 2 + kv_bytes_per_token(assistant.config) * context
         elif name.startswith("text-only"):
             drafter_read = model_bytes(drafter) // 2 + kv_bytes_per_token(drafter.config) * (context - visual_tokens)
         elif name.startswith("std"):
@@ -205,5 +229,26 @@ def bench_vision(
         "modelled_bytes_per_token": modelled,
         "modelled_memory_bound_speed_up": {name: plain_bytes / b for name, b in modelled.items()},
         "feature_drafters": {name: describe(net) for name, net in feature_rows.items()},
+        "notes": notes,
     }
     return report, extras
+
+
+def _hf_assistant(model: PreTrainedModel, drafter: PreTrainedModel, item: CaptionInput, k: int,
+                  counter: ForwardCounter) -> tuple[PreTrainedModel | None, ForwardCounter | None, str]:
+    """The assistant copy of `drafter` and its forward counter, once a short assisted call on `item` ran;
+    or (None, None, why not)."""
+    try:
+        assistant = assistant_for(drafter, model)
+    except MMSpecError as error:
+        return None, None, str(error)
+    assistant_counter = ForwardCounter(assistant)
+    try:
+        with torch.inference_mode():
+            hf_assisted(model, assistant, k, 2, counter, assistant_counter)(item)
+    except Exception as error:  # noqa: BLE001 - transformers refuses with ValueError, TypeError, NotImplementedError...
+        assistant_counter.close()
+        first = (str(error).splitlines() or [""])[0]
+        return None, None, (f"transformers' assisted generation failed for {type(model).__name__}: "
+                            f"{type(error).__name__}: {first}")
+    return assistant, assistant_counter, ""

@@ -1,10 +1,15 @@
-"""bench vision on a tiny random LLaVA: every method identical to plain greedy, extras present."""
+"""bench vision on tiny random LLaVA / LLaVA-NeXT-Video: every method identical to plain greedy, extras present."""
 
+import pytest
 import torch
+from transformers import (CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaNextVideoConfig,
+                          LlavaNextVideoForConditionalGeneration)
 
-from mmspec.testing import tiny_llama
+from mmspec.errors import MMSpecError
+from mmspec.testing import reload_from_disk, tiny_llama
 from mmspec.vision.bench import CaptionInput, bench_vision
 from mmspec.vision.flash import FlashDrafterModel
+from mmspec.vision.hf_assisted import assistant_for
 from mmspec.vision.msd import MSDDrafterModel
 
 from .test_sparse_to_dense import llava_inputs, tiny_llava  # noqa: F401 (fixture)
@@ -23,7 +28,8 @@ def test_bench_vision_runs_and_checks_identity(tiny_llava):
     report, extras = bench_vision(tiny_llava, inputs(), drafter=drafter, max_new_tokens=8, repeats=1,
                                   std_settings=((4, 3),), progress=False)
     rows = {r.name: r for r in report.results}
-    assert set(rows) == {"plain-greedy", "text-only k=5", "std K=4 gamma=3"}
+    # Same vocabulary here (the <image> id 99 is inside the drafter's): the assistant only masks it.
+    assert set(rows) == {"plain-greedy", "text-only k=5", "hf-assisted k=5", "std K=4 gamma=3"}
     assert all(r.identical for r in rows.values())
     assert extras["visual_tokens"] == 17
     assert 0.0 <= extras["visual_attention_share"] <= 1.0
@@ -49,3 +55,107 @@ def test_bench_vision_feature_drafter_rows(tiny_llava):
                                                        "compress": True}
     assert all(v > 0 for v in extras["modelled_memory_bound_speed_up"].values())
     assert "flash k=4" in report.to_table()
+
+
+# --- transformers' assisted generation with the text-only drafter, on LLaVA-NeXT-Video ------------------------------
+# Like the toy captioner: the drafter's vocabulary is the target's minus the <video> / <image> ids appended after it.
+
+TEXT_VOCAB = 100
+VIDEO, IMAGE = TEXT_VOCAB, TEXT_VOCAB + 1
+FRAMES = 4  # CLIP 56 px / patch 14 = 4x4 patches, pooled by 2: 4 tokens per frame
+
+
+@pytest.fixture(scope="module")
+def tiny_next_video():
+    torch.manual_seed(0)
+    text = LlamaConfig(vocab_size=TEXT_VOCAB + 2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                       eos_token_id=2, pad_token_id=0)
+    config = LlavaNextVideoConfig(
+        vision_config=CLIPVisionConfig(image_size=56, projection_dim=32, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=1, num_attention_heads=2, patch_size=14),
+        text_config=text, image_token_index=IMAGE, video_token_index=VIDEO, video_seq_length=FRAMES * 4,
+        image_seq_length=16)
+    return reload_from_disk(LlavaNextVideoForConditionalGeneration(config))
+
+
+def text_part(model):
+    """The target's own language model cut to the text vocabulary: a drafter that agrees now and then."""
+    text = model.config.get_text_config()
+    drafter = LlamaForCausalLM(LlamaConfig(**{**text.to_dict(), "vocab_size": TEXT_VOCAB})).eval()
+    prefix = "model.language_model."
+    state = {"model." + k[len(prefix):]: v for k, v in model.state_dict().items() if k.startswith(prefix)}
+    state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"][:TEXT_VOCAB]
+    state["lm_head.weight"] = model.lm_head.weight[:TEXT_VOCAB]
+    drafter.load_state_dict(state)
+    return drafter
+
+
+def video_inputs():
+    items = []
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.cat([torch.tensor([1, 31, 32]), torch.full((FRAMES * 4,), VIDEO), torch.randint(3, 90, (4,), generator=gen)])
+        items.append(CaptionInput(ids[None], {"pixel_values_videos": torch.randn(1, FRAMES, 3, 56, 56, generator=gen)}))
+    return items
+
+
+def test_assistant_for_widens_and_masks_visual_ids(tiny_next_video):
+    drafter = tiny_llama(vocab_size=TEXT_VOCAB, num_layers=1, hidden_size=32, seed=7)
+    assistant = assistant_for(drafter, tiny_next_video)
+    assert assistant.config.vocab_size == TEXT_VOCAB + 2 and drafter.config.vocab_size == TEXT_VOCAB  # a copy
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        mine, theirs = assistant(ids).logits, drafter(ids).logits
+    assert torch.equal(mine[..., :TEXT_VOCAB], theirs)
+    assert torch.isinf(mine[..., TEXT_VOCAB:]).all() and (mine[..., TEXT_VOCAB:] < 0).all()
+    with torch.no_grad():  # it reads placeholders as tokens (embedded as the mean of the text embeddings)
+        assert torch.isfinite(assistant(torch.tensor([[1, VIDEO, VIDEO, 5]])).logits[..., :TEXT_VOCAB]).all()
+    with pytest.raises(MMSpecError, match="not visual tokens"):  # lacks text id 99: no shared vocabulary
+        assistant_for(tiny_llama(vocab_size=TEXT_VOCAB - 1, num_layers=1, hidden_size=32), tiny_next_video)
+
+
+@pytest.mark.parametrize("which", ["random", "text-part"])
+def test_bench_vision_hf_assisted_row(tiny_next_video, which):
+    if which == "random":
+        drafter = tiny_llama(vocab_size=TEXT_VOCAB, num_layers=1, hidden_size=32, seed=7)
+    else:
+        drafter = text_part(tiny_next_video)
+    max_new = 16
+    report, extras = bench_vision(tiny_next_video, video_inputs(), drafter=drafter, max_new_tokens=max_new, repeats=1,
+                                  std_settings=(), progress=False)
+    rows = {r.name: r for r in report.results}
+    assert set(rows) == {"plain-greedy", "text-only k=5", "hf-assisted k=5"}
+    assert all(r.identical and r.mismatches == 0 for r in rows.values())  # per video, against plain greedy
+    hf, plain = rows["hf-assisted k=5"].stats, rows["plain-greedy"].stats
+    assert hf.new_tokens == plain.new_tokens == 2 * max_new
+    assert plain.target_forwards == plain.new_tokens  # prefill + one forward per further token
+    assert hf.tau == hf.new_tokens / hf.target_forwards
+    assert hf.drafted == hf.drafter_forwards > 0
+    if which == "random":
+        # Nothing accepted: one round per token, each drafting min(k, tokens left - 1) (transformers' cap).
+        assert hf.accepted == 0 and hf.target_forwards == plain.target_forwards
+        assert hf.drafted == 2 * sum(min(5, max_new - 1 - r) for r in range(max_new))
+    else:
+        assert hf.accepted > 0 and hf.target_forwards < plain.target_forwards and 0 < hf.alpha < 1
+    assert any(note.startswith("hf-assisted k=5:") and "placeholder" in note for note in extras["notes"])
+    assert extras["modelled_memory_bound_speed_up"]["hf-assisted k=5"] > 0
+    assert "hf-assisted k=5" in report.to_table()
+
+
+def test_bench_vision_hf_assisted_refused_is_a_note(tiny_next_video, monkeypatch):
+    # When transformers refuses assisted generation for the model, the bench says why instead of adding a row.
+    generate = tiny_next_video.generate
+
+    def refusing(*args, **kwargs):
+        if kwargs.get("assistant_model") is not None:
+            raise ValueError("assisted generation is not supported here\nsecond line")
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_next_video, "generate", refusing)
+    drafter = tiny_llama(vocab_size=TEXT_VOCAB, num_layers=1, hidden_size=32, seed=7)
+    report, extras = bench_vision(tiny_next_video, video_inputs()[:1], drafter=drafter, max_new_tokens=4, repeats=1,
+                                  std_settings=(), progress=False)
+    assert {r.name for r in report.results} == {"plain-greedy", "text-only k=5"}
+    assert extras["notes"] == ["hf-assisted k=5 not run: transformers' assisted generation failed for "
+                               "LlavaNextVideoForConditionalGeneration: ValueError: assisted generation is not supported here"]
