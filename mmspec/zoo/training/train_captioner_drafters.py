@@ -190,7 +190,7 @@ def estimate(pipe: Any, args: argparse.Namespace, plan: dict[str, Recipe]) -> di
                  for label, recipe in plan.items()}
     train = {label: expected_train_seconds(steps[label], recipe, args.steps, args.batch_size, 0.5, args.text_fraction)
              for label, recipe in plan.items()}
-    shipped = per_video * args.videos + sum(train[k] for k in args.kinds)
+    shipped = per_video * args.videos + sum(train[k] for k in args.kinds if k in train)
     return {"seconds_per_video": per_video, "step_seconds": steps, "train_seconds": train,
             "data_seconds": per_video * args.videos, "shipped_total_seconds": shipped,
             "total_seconds": per_video * args.videos + sum(train.values())}
