@@ -198,7 +198,10 @@ def train(args: argparse.Namespace) -> dict:
         "quality": {**quality, "measured_on": (f"{args.heldout_n} held-out sequences (image_ar_data split 'heldout', "
                                                f"seed {args.seed}), fp16 weights upcast to fp32; samples: plain AR, "
                                                "temperature 1, judged by judge/")},
-        "target_rebuild_command": f"python -m mmspec.zoo.training.train_shapes_image_ar --steps {loop.done} --max-minutes 120",
+        "target_rebuild_command": (
+            f"python -m mmspec.zoo.training.train_shapes_image_ar --steps {loop.done} --max-minutes 120"
+            + (f" --init-from FOLDER_OF_THE_{args.prior_steps}_STEP_RUN --prior-steps {args.prior_steps} --lr {args.lr} "
+               f"--warmup {args.warmup}" if args.init_from else "")),
     }
     data.update_card(out, "target", info)
     print(f"saved {out} after {wall:.0f}s of training (+{prep:.0f}s data preparation)", flush=True)
