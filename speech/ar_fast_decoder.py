@@ -186,14 +186,19 @@ class ARHybridDrafter(HybridDrafter):
     rejected a draft, the fast decoder drafts the rest of the utterance again, continuing the
     corrected transcript, instead of re-aligning the old hypothesis. An autoregressive fast
     decoder can condition on the correction (a CTC one cannot), so the new draft follows the big
-    decoder's path; the price is more fast-decoder steps.
+    decoder's path; the price is more fast-decoder steps, which `redraft_tokens` caps (a re-draft
+    past the next likely correction is mostly thrown away).
     """
 
-    def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, **kwargs: Any) -> None:
+    def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, redraft_tokens: int | None = None,
+                 **kwargs: Any) -> None:
         if not isinstance(fast_decoder, ARFastDecoder):
             raise MMSpecError(f"ARHybridDrafter needs an ARFastDecoder, got {type(fast_decoder).__name__}")
         super().__init__(fast_decoder, **kwargs)
+        if redraft_tokens is not None and redraft_tokens < 1:
+            raise MMSpecError(f"redraft_tokens must be >= 1 (or None for the whole rest), got {redraft_tokens}")
         self.redraft = redraft
+        self.redraft_tokens = redraft_tokens  # a re-draft stops after this many tokens (None: to end-of-text)
         self.redrafts = 0
         self._encoder_states: torch.Tensor | None = None
         self._prompt: list[int] = []
@@ -236,7 +241,7 @@ class ARHybridDrafter(HybridDrafter):
             # Begin-suppression applies to the first token after the forced prompt only.
             if committed:
                 decoder.begin_suppress_tokens = []
-            rest = decoder.hypothesis(self._encoder_states)[0]
+            rest = decoder.hypothesis(self._encoder_states, max_new_tokens=self.redraft_tokens)[0]
         self.forwards += decoder.last_steps
         self.redrafts += 1
         stats = self.stats

@@ -72,12 +72,15 @@ def test_redraft_after_rejections_equals_greedy(whisper, references):
     fast = ARFastDecoder.for_target(whisper, init_layer=-1)
     total_redrafts = 0
     for x, sequences, _ in references.values():
-        drafter = ARHybridDrafter(fast, redraft=True)
-        out = ar_hybrid(whisper, fast, x, drafter=drafter)
-        assert_same(out.sequences, sequences)
-        assert drafter.redrafts < out.stats.rounds  # at most one per round that followed a rejection
-        total_redrafts += drafter.redrafts
+        for cap in (None, 2):
+            drafter = ARHybridDrafter(fast, redraft=True, redraft_tokens=cap)
+            out = ar_hybrid(whisper, fast, x, drafter=drafter)
+            assert_same(out.sequences, sequences)
+            assert drafter.redrafts < out.stats.rounds  # at most one per round that followed a rejection
+            total_redrafts += drafter.redrafts
     assert total_redrafts > 0  # a one-layer copy of a two-layer random model disagrees somewhere
+    with pytest.raises(MMSpecError, match="redraft_tokens"):
+        ARHybridDrafter(fast, redraft=True, redraft_tokens=0)
 
 
 def test_initialised_from_the_target(whisper):
