@@ -21,6 +21,7 @@ when present, or passed explicitly:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +63,13 @@ class CaptionOutput:
 
 
 def zoo_card(name_or_path: str) -> dict[str, Any]:
+    """The model's zoo card: a zoo entry's, or the `zoo_card.json` of a local folder (e.g. a toy model
+    rebuilt outside the package), else empty."""
     for entry in entries():
         if entry.name == name_or_path or Path(resolve(name_or_path)) == entry.path:
             return entry.card
-    return {}
+    card_file = Path(resolve(name_or_path)) / "zoo_card.json"
+    return json.loads(card_file.read_text()) if card_file.is_file() else {}
 
 
 class CaptionPipeline:

@@ -79,6 +79,19 @@ def test_zoo_card_training_prompt_is_used(pipe):
     assert pipe._prompt_text("video", "hi") == "<video>\nhi"  # no card: the processor's placeholder + newline
 
 
+def test_a_local_folders_card_is_read(tiny_captioner_folder, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "rebuilt-captioner"
+    shutil.copytree(tiny_captioner_folder, folder)
+    (folder / "zoo_card.json").write_text(json.dumps({"pairs_with": "shapes-caption-drafter",
+                                                      "prompt": "<video>describe the video."}))
+    local = CaptionPipeline.from_pretrained(folder)  # no drafter given: the card's pair is loaded
+    assert local.drafter_model is not None and "text" in local.available_methods
+    assert local._prompt_text("video", None) == "<video>describe the video."
+
+
 def test_bad_calls(pipe, frames, tmp_path):
     from mmspec import MMSpecError
 
