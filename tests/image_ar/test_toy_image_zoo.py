@@ -4,7 +4,6 @@ Skips when the zoo folder has no weights (rebuild: python -m mmspec.zoo.training
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
