@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -136,3 +138,24 @@ def borrow_target_parts(model: PreTrainedModel, drafter_hidden_size: int, name: 
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
     return BorrowedTargetParts(model.get_input_embeddings(), lm_head, visual_ids, stop_ids)
+
+
+def load_drafter_model(model_class: type, folder: str | Path, name: str, **kwargs: Any) -> Any:
+    """`model_class.from_pretrained(folder)` in eval mode, with one clear error for a missing or foreign folder."""
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise MMSpecError(f"no {name} drafter in {str(folder)!r} (config.json not found)")
+    try:
+        model = model_class.from_pretrained(str(path), **kwargs)
+    except Exception as err:  # wrong model type, missing or mismatched weights
+        raise MMSpecError(f"could not load a {name} drafter from {str(folder)!r}: {str(err).strip().splitlines()[0]}") from err
+    return model.eval()
+
+
+def as_drafter_model(model: Any, model_class: type, name: str) -> Any:
+    """A runtime drafter's model argument (a trained model or its folder) as an eval-mode `model_class`."""
+    if isinstance(model, (str, Path)):
+        model = load_drafter_model(model_class, model, name)
+    if not isinstance(model, model_class):
+        raise MMSpecError(f"the {name} drafter needs a {model_class.__name__}, got {type(model).__name__}")
+    return model.eval()

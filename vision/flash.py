@@ -35,21 +35,14 @@ from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
 from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
-from .feature_drafter import borrow_target_parts
+from .feature_drafter import as_drafter_model, borrow_target_parts, load_drafter_model
 
 __all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
 
 
 def load_flash_drafter(folder: str | Path, **kwargs: Any) -> FlashDrafterModel:
     """`FlashDrafterModel.from_pretrained(folder)` with one clear error for a missing or foreign folder."""
-    path = Path(folder).expanduser()
-    if not (path / "config.json").is_file():
-        raise MMSpecError(f"no FLASH drafter in {str(folder)!r} (config.json not found)")
-    try:
-        model = FlashDrafterModel.from_pretrained(str(path), **kwargs)
-    except Exception as err:  # wrong model type, missing or mismatched weights
-        raise MMSpecError(f"could not load a FLASH drafter from {str(folder)!r}: {str(err).strip().splitlines()[0]}") from err
-    return model.eval()
+    return load_drafter_model(FlashDrafterModel, folder, "FLASH", **kwargs)
 
 
 class FlashDrafter(Drafter):
@@ -69,11 +62,7 @@ class FlashDrafter(Drafter):
     vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
 
     def __init__(self, model: FlashDrafterModel | str | Path) -> None:
-        if isinstance(model, (str, Path)):
-            model = load_flash_drafter(model)
-        if not isinstance(model, FlashDrafterModel):
-            raise MMSpecError(f"FlashDrafter needs a FlashDrafterModel, got {type(model).__name__}")
-        self.model = model.eval()
+        self.model = as_drafter_model(model, FlashDrafterModel, "FLASH")
         self.forwards = 0
         self.target: Any = None
         self.cache: DynamicCache | None = None

@@ -33,7 +33,8 @@ from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
-from .feature_drafter import DistillBatch, FeatureDrafterModel, borrow_target_parts, eagle_loss, uniform_noise_like
+from .feature_drafter import (DistillBatch, FeatureDrafterModel, as_drafter_model, borrow_target_parts, eagle_loss,
+                              load_drafter_model, uniform_noise_like)
 
 
 class MSDConfig(PretrainedConfig):
@@ -256,11 +257,7 @@ class MSDDrafter(Drafter):
     vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
 
     def __init__(self, model: MSDDrafterModel | str | Path) -> None:
-        if isinstance(model, (str, Path)):
-            model = load_msd_drafter(model)
-        if not isinstance(model, MSDDrafterModel):
-            raise MMSpecError(f"MSDDrafter needs an MSDDrafterModel, got {type(model).__name__}")
-        self.model = model.eval()
+        self.model = as_drafter_model(model, MSDDrafterModel, "MSD")
         self.forwards = 0
         self.target: Any = None
         self.cache: DynamicCache | None = None
@@ -356,11 +353,4 @@ class MSDDrafter(Drafter):
 
 def load_msd_drafter(folder: str | Path, **kwargs: Any) -> MSDDrafterModel:
     """`MSDDrafterModel.from_pretrained(folder)` with one clear error for a missing or foreign folder."""
-    path = Path(folder).expanduser()
-    if not (path / "config.json").is_file():
-        raise MMSpecError(f"no MSD drafter in {str(folder)!r} (config.json not found)")
-    try:
-        model = MSDDrafterModel.from_pretrained(str(path), **kwargs)
-    except Exception as err:  # wrong model type, missing or mismatched weights
-        raise MMSpecError(f"could not load an MSD drafter from {str(folder)!r}: {str(err).strip().splitlines()[0]}") from err
-    return model.eval()
+    return load_drafter_model(MSDDrafterModel, folder, "MSD", **kwargs)
