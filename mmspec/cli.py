@@ -127,7 +127,9 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
         feature[label] = load_checked(kind, path, pipe.model)
     frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
     items = []
-    for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout"):
+    # held-out videos like the ones the captioner was trained on (its card says how many shapes a scene has)
+    max_shapes = pipe.card.get("max_shapes", 3)
+    for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout", max_shapes=max_shapes):
         inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
         items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
     std = tuple(tuple(int(x) for x in setting.split(",")) for setting in args.std)
@@ -181,7 +183,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
     # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
     feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
-                                           feature_drafters=feature)
+                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
     media = {"image": args.path} if Path(args.path).suffix.lower() in IMAGE_SUFFIXES else {"video": args.path}
@@ -435,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--method", choices=["ar", "text", "std", "msd", "flash"], default=None,
                          help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense, msd / flash = trained "
                               "feature drafters (default: fastest measured)")
+    caption.add_argument("--num-draft-tokens", type=int, default=None,
+                         help="tokens drafted per round (default: the model card's best for the method, else 5; StD 9)")
     caption.add_argument("--frames", type=int, default=8, help="frames sampled uniformly from the video")
     caption.add_argument("--fps", type=float, default=None, help="sample frames at this rate instead (capped by --frames)")
     caption.add_argument("--prompt", default=None)

@@ -49,6 +49,9 @@ from .text_drafter import TextOnlyDrafter
 
 DEFAULT_CAPTIONER = "shapes-video-captioner"
 METHODS = ("ar", "text", "std", *FEATURE_KINDS)  # ..., "msd", "flash"
+# Draft length per method when neither the caller nor the model card sets one: StD's paper
+# default gamma = 9; 5 for the trained drafters (the card's measured best replaces it).
+DEFAULT_DRAFT_TOKENS = {"text": 5, "std": 9, "msd": 5, "flash": 5}
 
 
 @dataclass
@@ -83,6 +86,7 @@ class CaptionPipeline:
         card: zoo card of the model, if it came from the zoo (prompt format, measured best method).
         feature_drafters: trained feature drafters by method, e.g. {"msd": MSDDrafterModel, "flash": "folder"};
             each is checked against the model (hidden size, vocabulary).
+        num_draft_tokens: tokens drafted per round for every method (None: per method, see `draft_length`).
         model_folder: the model's local folder, named in the error when a method's drafter is missing.
     """
 
@@ -94,7 +98,7 @@ class CaptionPipeline:
         model_name: str = "",
         card: dict[str, Any] | None = None,
         std_kv_budget: int = 1024,
-        num_draft_tokens: int = 5,
+        num_draft_tokens: int | None = None,
         feature_drafters: Mapping[str, FeatureDrafterModel | str | os.PathLike] | None = None,
         model_folder: str | os.PathLike | None = None,
     ) -> None:
@@ -104,6 +108,8 @@ class CaptionPipeline:
         self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
         self.card = card or {}
         self.std_kv_budget = std_kv_budget
+        if num_draft_tokens is not None and num_draft_tokens < 1:
+            raise MMSpecError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         self.num_draft_tokens = num_draft_tokens
         self.target = VisionTarget(model)
         self.feature_drafters: dict[str, FeatureDrafterModel] = {
@@ -164,6 +170,13 @@ class CaptionPipeline:
         if measured in self.available_methods:
             return measured
         return "text" if self.drafter_model is not None else "std"
+
+    def draft_length(self, method: str) -> int:
+        """Tokens drafted per round: the pipeline's `num_draft_tokens` if set, else the model card's
+        measured best for the method (`draft_tokens`), else `DEFAULT_DRAFT_TOKENS`."""
+        if self.num_draft_tokens is not None:
+            return self.num_draft_tokens
+        return int(self.card.get("draft_tokens", {}).get(method, DEFAULT_DRAFT_TOKENS.get(method, 5)))
 
     def make_drafter(self, method: str) -> Drafter:
         if method not in METHODS:
@@ -252,7 +265,8 @@ class CaptionPipeline:
         drafter = self.make_drafter(method)
         inputs = self.prepare_inputs(video=video, image=image, prompt=prompt, num_frames=num_frames, fps=fps)
         input_ids = inputs.pop("input_ids")
-        decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.num_draft_tokens), method=method)
+        decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.draft_length(method)),
+                                     method=method)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         with tqdm(total=max_new_tokens, desc=f"caption ({method})", disable=not progress_bar, leave=False) as bar:
             out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,

@@ -31,9 +31,9 @@ def sample_example(example: int, max_shapes: int = 3) -> tuple[Scene, str]:
     return scene, caption(scene, rng)
 
 
-def examples(n: int, seed: int = 0, split: str = "train") -> list[tuple[Scene, str]]:
-    """``n`` (scene, caption) pairs of ``split``."""
-    return [sample_example(example_seed(split, seed, i)) for i in range(n)]
+def examples(n: int, seed: int = 0, split: str = "train", max_shapes: int = 3) -> list[tuple[Scene, str]]:
+    """``n`` (scene, caption) pairs of ``split``, with 1..``max_shapes`` shapes per scene."""
+    return [sample_example(example_seed(split, seed, i), max_shapes) for i in range(n)]
 
 
 def caption_corpus(n: int, seed: int = 0, split: str = "train") -> list[str]:

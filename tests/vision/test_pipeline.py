@@ -79,6 +79,18 @@ def test_zoo_card_training_prompt_is_used(pipe):
     assert pipe._prompt_text("video", "hi") == "<video>\nhi"  # no card: the processor's placeholder + newline
 
 
+def test_draft_length_per_method(pipe):
+    from mmspec import MMSpecError
+
+    assert pipe.draft_length("std") == 9 and pipe.draft_length("text") == 5  # StD's paper gamma; the generic default
+    carded = CaptionPipeline(pipe.model, pipe.processor, card={"draft_tokens": {"flash": 9, "text": 6}})
+    assert carded.draft_length("flash") == 9 and carded.draft_length("text") == 6 and carded.draft_length("msd") == 5
+    forced = CaptionPipeline(pipe.model, pipe.processor, card={"draft_tokens": {"text": 6}}, num_draft_tokens=3)
+    assert forced.draft_length("text") == 3 and forced.draft_length("std") == 3  # the caller's value wins
+    with pytest.raises(MMSpecError, match="num_draft_tokens"):
+        CaptionPipeline(pipe.model, pipe.processor, num_draft_tokens=0)
+
+
 def test_a_local_folders_card_is_read(tiny_captioner_folder, tmp_path):
     import json
     import shutil

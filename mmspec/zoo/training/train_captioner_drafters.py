@@ -102,7 +102,9 @@ class VideoInputs:
     def __init__(self, pipe: Any, n: int, seed: int, start: int = 0) -> None:
         from mmspec.world import examples
 
-        self.pipe, self.scenes = pipe, [scene for scene, _ in examples(start + n, seed=seed, split="train")[start:]]
+        max_shapes = pipe.card.get("max_shapes", 3)  # videos like the captioner's own training videos
+        self.pipe = pipe
+        self.scenes = [scene for scene, _ in examples(start + n, seed=seed, split="train", max_shapes=max_shapes)[start:]]
 
     def __len__(self) -> int:
         return len(self.scenes)
@@ -281,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
     data = {"videos": args.videos, "split": "train", "seed": args.seed, "traces": meta["num_traces"],
             "modalities": meta["modalities"], "max_new_tokens": args.max_new_tokens,
             "distill_wall_time_s": round(data_wall, 1),
-            "source": f"mmspec.world.examples({args.videos}, seed={args.seed}, split='train'), rendered like the "
+            "source": f"mmspec.world.examples({args.videos}, seed={args.seed}, split='train', "
+                      f"max_shapes={pipe.card.get('max_shapes', 3)}), rendered like the "
                       "captioner's training videos, inputs from its processor and prompt"}
 
     shipped: dict[str, dict[str, Any]] = {}

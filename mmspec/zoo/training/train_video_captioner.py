@@ -176,12 +176,13 @@ def pooled_features(model, pixel_values_videos: torch.Tensor) -> torch.Tensor:
 class Stream:
     """Train examples (scene, caption) of ``seed``, index after index; renders on the fly."""
 
-    def __init__(self, seed: int, split: str = "train"):
-        self.seed, self.split, self.next = seed, split, 0
+    def __init__(self, seed: int, split: str = "train", max_shapes: int = 3):
+        self.seed, self.split, self.next, self.max_shapes = seed, split, 0, max_shapes
         self.max_index = 0
 
     def take(self, n: int) -> list:
-        out = [sample_example(example_seed(self.split, self.seed, i)) for i in range(self.next, self.next + n)]
+        out = [sample_example(example_seed(self.split, self.seed, i), self.max_shapes)
+               for i in range(self.next, self.next + n)]
         self.next += n
         self.max_index = max(self.max_index, self.next)
         return out
@@ -352,8 +353,8 @@ def train(args) -> None:
         model.train()
     print(f"text-only greedy caption of the LM: {text_only_caption!r}", flush=True)
     head = AuxHead(VISION["hidden_size"], cd.FRAMES, cd.AUX_DIM)
-    stream = Stream(args.seed)
-    heldout = [sample_example(example_seed("heldout", args.seed, i)) for i in range(args.eval_n)]
+    stream = Stream(args.seed, max_shapes=args.max_shapes)
+    heldout = [sample_example(example_seed("heldout", args.seed, i), args.max_shapes) for i in range(args.eval_n)]
 
     lm_params = list(model.model.language_model.parameters())
     for p in lm_params:
@@ -563,12 +564,13 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
             "vision_feature_select_strategy": "default (CLS dropped)",
         },
         "trained_on": (f"shapes-world train examples rendered on the fly (mmspec.world.sample_example("
-                       f"example_seed('train', {args.seed}, i)), render_video(scene, {cd.FRAMES}, {cd.FRAME_SIZE})), "
+                       f"example_seed('train', {args.seed}, i), max_shapes={args.max_shapes}), render_video(scene, {cd.FRAMES}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage A: {info['aux_steps']} steps x {args.aux_batch_size} videos, "
                        f"per-token colour/kind cross-entropy + per-video multi-label scene-content loss on throw-away heads over the pooled vision tokens; stage B: {info['steps']} steps x "
                        f"{args.batch_size} videos, caption cross-entropy (+{args.aux_weight} x stage-A loss), LM frozen"
                        + (f" until step {info['lm_start']}, then lr {args.lm_lr}" if info["lm_start"] is not None else "")),
         "seed": args.seed,
+        "max_shapes": args.max_shapes,
         "data_size": info["data_size"],
         "aux_steps": info["aux_steps"],
         "aux_batch_size": args.aux_batch_size,
@@ -584,7 +586,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
         "train_machine": f"2 CPU cores, torch.set_num_threads({args.threads})",
         "quality": {**quality, "stage_a_heldout_aux_set_accuracy": info["aux_acc"],
                     "measured_on": f"{args.eval_n} held-out videos: sample_example(example_seed('heldout', "
-                                   f"{args.seed}, i)), greedy, max {MAX_NEW_TOKENS} new tokens, fp16 weights "
+                                   f"{args.seed}, i), max_shapes={args.max_shapes}), greedy, max {MAX_NEW_TOKENS} new tokens, fp16 weights "
                                    "upcast to fp32"},
         "rebuild_command": rebuild_command(args, info),
     }
@@ -618,6 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--aux-weight", type=float, default=0.3)
     parser.add_argument("--eval-n", type=int, default=50)
+    parser.add_argument("--max-shapes", type=int, default=3,
+                        help="shapes per scene, 1..N (train and held-out videos alike)")
     parser.add_argument("--content-weight", type=float, default=1.0,
                         help="loss weight of caption words only the video can decide (colours, kinds, motions, ...)")
     parser.add_argument("--init-from", default=None, help="continue from a saved captioner folder")
