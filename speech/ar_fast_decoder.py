@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, WhisperForCausalLM
@@ -35,6 +35,7 @@ from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
 from .hybrid import HybridDrafter
+from .lean_decoder import LeanWhisperDecoder
 from .target import encoder_outputs_of
 
 AR_FAST_DECODER_FOLDER = "ar_fast_decoder"
@@ -129,12 +130,14 @@ class ARFastDecoder(WhisperForCausalLM):
 
     @torch.inference_mode()
     def hypothesis(self, encoder_hidden_states: torch.Tensor, prompt_ids: Sequence[int] | torch.Tensor | None = None,
-                   max_new_tokens: int | None = None) -> list[list[int]]:
+                   max_new_tokens: int | None = None, lean: bool = True) -> list[list[int]]:
         """Greedy hypotheses, one list of target token ids per utterance (no prompt, no end-of-text).
 
         encoder_hidden_states [B, T, D]: the target encoder's output. `prompt_ids`: the forced prompt
         to continue (default: the one set by `ARHybridDrafter`, else the config's). `max_new_tokens`:
-        default as many as the decoder's positions allow after the prompt.
+        default as many as the decoder's positions allow after the prompt. `lean`: run the steps with
+        `LeanWhisperDecoder` (same maths, a fraction of the per-call cost); False uses the
+        transformers forward.
         """
         prompt = self._prompt(prompt_ids)
         limit = self.config.max_target_positions - len(prompt)
@@ -147,14 +150,12 @@ class ARFastDecoder(WhisperForCausalLM):
         tokens = torch.tensor([prompt] * batch, dtype=torch.long, device=self.device)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         out: list[list[int]] = [[] for _ in range(batch)]
-        cache = None
+        step_logits = self._lean_steps(states) if lean else self._transformers_steps(states)
         step_input = tokens
         self.last_steps = 0
         for step in range(max(0, limit)):
-            result = self(input_ids=step_input, encoder_outputs=states, past_key_values=cache, use_cache=True)
+            logits = step_logits(step_input).float()
             self.last_steps += 1
-            cache = result.past_key_values
-            logits = result.logits[:, -1].float()
             # The same -inf fill as Whisper's SuppressTokens(AtBegin)LogitsProcessor (see target.py).
             if suppress:
                 logits[:, suppress] = float("-inf")
@@ -172,6 +173,22 @@ class ARFastDecoder(WhisperForCausalLM):
                 break
             step_input = choice[:, None]
         return out
+
+    def _lean_steps(self, states: torch.Tensor) -> Callable[[torch.LongTensor], torch.Tensor]:
+        runner = LeanWhisperDecoder(self.model.decoder, self.proj_out)
+        state = runner.start(states)
+        return lambda ids: runner.step(state, ids)
+
+    def _transformers_steps(self, states: torch.Tensor) -> Callable[[torch.LongTensor], torch.Tensor]:
+        cache = None
+
+        def step(ids: torch.LongTensor) -> torch.Tensor:
+            nonlocal cache
+            result = self(input_ids=ids, encoder_outputs=states, past_key_values=cache, use_cache=True)
+            cache = result.past_key_values
+            return result.logits[:, -1]
+
+        return step
 
 
 class ARHybridDrafter(HybridDrafter):

@@ -56,6 +56,24 @@ def test_copy_of_a_one_layer_target_drafts_its_greedy_transcript(one_layer):
         assert out.stats.drafter_forwards == fast.last_steps >= 1
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_lean_steps_match_the_transformers_forward(whisper, layers):
+    """LeanWhisperDecoder runs the same maths as WhisperForCausalLM: same logits, same hypothesis."""
+    fast = ARFastDecoder.for_target(whisper, num_layers=layers, init_layer=-1)
+    with torch.no_grad():  # distinct layers and a non-zero bias, so a swapped weight would show
+        for p in fast.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    states = torch.cat([encoder_outputs_of(whisper, {"input_features": features(s)}).last_hidden_state for s in (0, 1)])
+    lean, reference = fast._lean_steps(states), fast._transformers_steps(states)
+    prompt = torch.tensor([[119, 120, 123, 124]] * 2)
+    torch.testing.assert_close(lean(prompt), reference(prompt), rtol=1e-4, atol=1e-4)
+    for token in (5, 17, 42):
+        ids = torch.tensor([[token], [token + 1]])
+        torch.testing.assert_close(lean(ids), reference(ids), rtol=1e-4, atol=1e-4)
+    assert fast.hypothesis(states, prompt_ids=prompt[0], max_new_tokens=12) == fast.hypothesis(
+        states, prompt_ids=prompt[0], max_new_tokens=12, lean=False)
+
+
 @pytest.mark.parametrize("init_layer", [0, -1])
 def test_strict_hybrid_with_the_ar_fast_decoder_equals_greedy(whisper, references, init_layer):
     fast = ARFastDecoder.for_target(whisper, init_layer=init_layer)

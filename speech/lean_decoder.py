@@ -1,0 +1,106 @@
+"""A lean greedy step loop over a Whisper decoder's own weights, for drafting.
+
+Why: on a small decoder (the one-layer AR fast decoder of Hybrid Decoding) a transformers
+forward costs ~1-2 ms per token on this CPU, almost all of it per-call machinery (cache objects,
+mask building, module dispatch) rather than arithmetic. Drafting calls it once per token, so that
+overhead decides whether hybrid decoding pays. This module runs the same maths with plain tensor
+ops: the cross-attention keys/values are projected once per utterance, the self-attention cache is
+two growing tensors per layer, and every projection is one `F.linear` on the module's weights.
+
+It reads a `WhisperDecoder` (pre-norm layers: self-attention, cross-attention, GELU MLP, final
+layer norm, learned positions) and never modifies it. Drafts only: the target verifies every
+token, so a rare float-rounding difference from the transformers forward could change a draft,
+never the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import MMSpecError
+
+
+def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _norm(x: torch.Tensor, layer: nn.LayerNorm) -> torch.Tensor:
+    return F.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
+
+
+@dataclass
+class LeanDecoderState:
+    """Per-utterance caches: cross-attention K/V (fixed) and self-attention K/V (growing), per layer."""
+
+    cross: list[tuple[torch.Tensor, torch.Tensor]]
+    self_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
+    length: int = 0  # decoder positions consumed so far
+
+
+class LeanWhisperDecoder:
+    """Greedy steps of a Whisper decoder (+ its output projection) with hand-rolled caches.
+
+    Args:
+        decoder: a transformers `WhisperDecoder` (e.g. `model.model.decoder` of a `WhisperForCausalLM`).
+        proj_out: the output projection (`model.proj_out`; tied to the token embeddings in Whisper).
+    """
+
+    def __init__(self, decoder: nn.Module, proj_out: nn.Linear) -> None:
+        activation = getattr(decoder.config, "activation_function", "gelu")
+        if activation != "gelu":
+            raise MMSpecError(f"the lean decoder implements Whisper's GELU MLP, not {activation!r}")
+        self.decoder, self.proj_out = decoder, proj_out
+        self.heads = decoder.config.decoder_attention_heads
+        self.embed_scale = math.sqrt(decoder.config.d_model) if decoder.config.scale_embedding else 1.0
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # [B, L, D] -> [B, H, L, D/H]
+        b, length, d = x.shape
+        return x.view(b, length, self.heads, d // self.heads).transpose(1, 2)
+
+    def _merge(self, x: torch.Tensor) -> torch.Tensor:  # [B, H, L, D/H] -> [B, L, D]
+        b, h, length, dh = x.shape
+        return x.transpose(1, 2).reshape(b, length, h * dh)
+
+    def start(self, encoder_states: torch.Tensor) -> LeanDecoderState:
+        """Project the encoder states [B, T, D] into each layer's cross-attention keys and values."""
+        cross = []
+        for layer in self.decoder.layers:
+            attn = layer.encoder_attn
+            cross.append((self._split(_linear(encoder_states, attn.k_proj)), self._split(_linear(encoder_states, attn.v_proj))))
+        return LeanDecoderState(cross=cross, self_kv=[None] * len(cross))
+
+    def step(self, state: LeanDecoderState, tokens: torch.LongTensor) -> torch.Tensor:
+        """Feed tokens [B, n] (the prompt at first, then one token); logits [B, V] at the last position."""
+        n = tokens.shape[1]
+        positions = torch.arange(state.length, state.length + n, device=tokens.device)
+        h = F.embedding(tokens, self.decoder.embed_tokens.weight) * self.embed_scale
+        h = h + self.decoder.embed_positions.weight[positions]
+        for index, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            x = _norm(h, layer.self_attn_layer_norm)
+            q, k, v = (self._split(_linear(x, proj)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            past = state.self_kv[index]
+            if past is not None:
+                k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+            state.self_kv[index] = (k, v)
+            # The new queries are the last n positions: causal among themselves, free over the past.
+            causal = n > 1
+            if causal and past is not None:
+                mask = torch.ones(n, k.shape[2], dtype=torch.bool, device=h.device).tril(k.shape[2] - n)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            h = h + _linear(self._merge(out), attn.out_proj)
+            cross = layer.encoder_attn
+            x = _norm(h, layer.encoder_attn_layer_norm)
+            out = F.scaled_dot_product_attention(self._split(_linear(x, cross.q_proj)), *state.cross[index])
+            h = h + _linear(self._merge(out), cross.out_proj)
+            x = _norm(h, layer.final_layer_norm)
+            h = h + _linear(F.gelu(_linear(x, layer.fc1)), layer.fc2)
+        state.length += n
+        return F.linear(_norm(h[:, -1], self.decoder.layer_norm), self.proj_out.weight, self.proj_out.bias)
