@@ -153,7 +153,8 @@ class TranscriptionPipeline:
         """Load a Whisper model + processor (zoo name, local folder, or Hub id available offline) and a fast decoder.
 
         `fast_decoder`: "ctc" / "ar" (the model folder's `fast_decoder/` / `ar_fast_decoder/`), a
-        folder, a loaded fast decoder, or None (`fast_decoder/` if present, else `ar_fast_decoder/`).
+        folder, a loaded fast decoder, or None (the kind the folder's zoo card measured fastest,
+        `default_fast_decoder`, else `fast_decoder/` if present, else `ar_fast_decoder/`).
         """
         name = str(model_id_or_path)
         path = resolve(name)
@@ -164,7 +165,7 @@ class TranscriptionPipeline:
                 raise MMSpecError(f"{name!r} has no {kind} fast decoder (no {FAST_DECODER_FOLDERS[kind]}/ subfolder in {path}); "
                                   f"train one with `mmspec train-fast-decoder --kind {kind}`")
         if fast_decoder is None:
-            fast_decoder = next((Path(path) / f for f in FAST_DECODER_FOLDERS.values() if (Path(path) / f).is_dir()), None)
+            fast_decoder = default_fast_decoder_folder(Path(path))
         if fast_decoder is not None and not isinstance(fast_decoder, (CTCFastDecoder, ARFastDecoder)):
             fast_decoder = load_fast_decoder(fast_decoder)
         if fast_decoder is not None:
@@ -317,6 +318,17 @@ class TranscriptionPipeline:
 def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
+
+
+def default_fast_decoder_folder(model_folder: Path) -> Path | None:
+    """The fast decoder a model folder uses by default: its zoo card's measured-fastest kind
+    (`"default_fast_decoder": "ar"`), else the CTC one (the paper's default), else the AR one."""
+    import json
+
+    card_file = model_folder / "zoo_card.json"
+    preferred = json.loads(card_file.read_text()).get("default_fast_decoder") if card_file.is_file() else None
+    order = ([preferred] if preferred in FAST_DECODER_FOLDERS else []) + list(FAST_DECODER_FOLDERS)
+    return next((model_folder / FAST_DECODER_FOLDERS[k] for k in order if (model_folder / FAST_DECODER_FOLDERS[k]).is_dir()), None)
 
 
 def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,

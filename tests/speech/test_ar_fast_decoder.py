@@ -1,6 +1,9 @@
 """The one-layer AR fast decoder (`ARFastDecoder`): drafting, strict hybrid decoding, save/load, the
 pipeline's choice of fast decoder, and transformers' assisted generation with it as the assistant."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from transformers import WhisperForCausalLM
@@ -145,6 +148,10 @@ def asr_both(tmp_path_factory):
 def test_pipeline_picks_the_fast_decoder_kind(asr_both, tmp_path):
     clip = write_wav(tmp_path / "clip.wav", speechy(0.8, seed=1))
     assert TranscriptionPipeline.from_pretrained(asr_both).fast_decoder_kind == "ctc"  # the default when both exist
+    carded = tmp_path / "carded"
+    shutil.copytree(asr_both, carded)
+    (carded / "zoo_card.json").write_text(json.dumps({"default_fast_decoder": "ar"}))  # measured fastest
+    assert TranscriptionPipeline.from_pretrained(carded).fast_decoder_kind == "ar"
     pipe = TranscriptionPipeline.from_pretrained(asr_both, fast_decoder="ar")
     assert pipe.fast_decoder_kind == "ar" and isinstance(pipe.make_drafter("hybrid"), ARHybridDrafter)
     out = pipe(clip, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False)

@@ -136,6 +136,7 @@ class AuxHead(nn.Module):
         self.out = nn.Linear(dim, out)
         self.dense = nn.Linear(dim, len(cd.DENSE_COLOURS) + len(cd.DENSE_KINDS))
         self.frame = nn.Linear(dim, cd.FRAME_TARGET_DIM)  # every token predicts its whole frame's content
+        self.kind = nn.Linear(dim, len(cd.AUX_KINDS))  # stage A1: one-shape frames, kind from the mean token
 
     def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B*T, 36, dim]`` -> video logits ``[B, out]``, token logits ``[B*T, 36, 12]``."""
@@ -162,6 +163,32 @@ def aux_loss(head: AuxHead, pooled: torch.Tensor, scenes, frame_weight: float = 
         logits = head.frame(pooled)  # [B*T, 36, D]
         loss = loss + frame_weight * F.binary_cross_entropy_with_logits(logits, frames[:, None].expand_as(logits))
     return loss
+
+
+def frame_batch(split: str, seed: int, start: int, n: int) -> tuple[torch.Tensor, list, list[int]]:
+    """``n`` single frames, each from its own one-shape scene (a random frame of its clip): far more
+    varied per step than the 8 frames of a few videos, which is what shape recognition needs."""
+    pixels, scenes, picks = [], [], []
+    for i in range(start, start + n):
+        scene, _ = sample_example(example_seed(split, seed, i), 1)
+        pick = random.Random(f"frame:{split}:{seed}:{i}").randrange(cd.FRAMES)
+        pixels.append(render_video(scene, cd.FRAMES, cd.FRAME_SIZE)[pick])
+        scenes.append(scene)
+        picks.append(pick)
+    return cd.normalise_frames(np.stack(pixels)[None])[0], scenes, picks
+
+
+def frame_loss(model, head: "AuxHead", pixels: torch.Tensor, scenes, picks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage A1: the frame's shape kind from its mean pooled token + each token's colour/kind (dense)."""
+    pooled = pooled_features(model, pixels[:, None])  # [N, 36, dim]
+    kind_logits = head.kind(pooled.mean(1))
+    kinds = torch.tensor([cd.AUX_KINDS.index(s.shapes[0].kind) for s in scenes])
+    dense = torch.from_numpy(np.stack([cd.dense_targets(s)[f] for s, f in zip(scenes, picks)]))  # [N, 36, 2]
+    token_logits = head.dense(pooled)
+    nc = len(cd.DENSE_COLOURS)
+    colour = F.cross_entropy(token_logits[..., :nc].flatten(0, 1), dense[..., 0].flatten(), weight=DENSE_CLASS_WEIGHT[0])
+    kind = F.cross_entropy(token_logits[..., nc:].flatten(0, 1), dense[..., 1].flatten(), weight=DENSE_CLASS_WEIGHT[1])
+    return F.cross_entropy(kind_logits, kinds) + colour + kind, (kind_logits.argmax(-1) == kinds).float().mean()
 
 
 def pooled_features(model, pixel_values_videos: torch.Tensor) -> torch.Tensor:
@@ -402,6 +429,32 @@ def train(args) -> None:
     print(f"stage A: {aux_steps_done} steps in {stage_a_s:.0f}s; held-out aux set accuracy {aux_acc}", flush=True)
     del opt_a
 
+    # ---- stage A1: shape recognition on varied single frames of one-shape scenes
+    frame_steps_done, frame_acc = 0, None
+    if args.frame_steps:
+        opt_f = torch.optim.AdamW(vision_params, lr=args.aux_lr, weight_decay=0.01)
+        held_pixels, held_scenes, held_picks = frame_batch("heldout", args.seed, 0, 256)
+        for step in tqdm(range(args.frame_steps), desc="stage A1 (frames)", mininterval=10):
+            if time.time() > deadline - 60:
+                print(f"stage-A1 time budget reached at step {step}", flush=True)
+                break
+            for g in opt_f.param_groups:
+                g["lr"] = args.aux_lr * lr_factor(step, args.frame_steps, 30)
+            pixels, scenes, picks = frame_batch("train", args.seed, step * args.frame_batch_size, args.frame_batch_size)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss, _ = frame_loss(model, head, pixels, scenes, picks)
+            opt_f.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(vision_params, 1.0)
+            opt_f.step()
+            frame_steps_done = step + 1
+            if step % 100 == 0 or step == args.frame_steps - 1:
+                with torch.no_grad():
+                    frame_acc = round(float(frame_loss(model, head, held_pixels, held_scenes, held_picks)[1]), 4)
+                print(f"A1 step {step} loss {loss.item():.4f} held-out frame kind accuracy {frame_acc} "
+                      f"elapsed {time.time() - start:.0f}s", flush=True)
+        del opt_f
+
     # ---- stage B: captioning through the LM
     prefix = cd.prompt_ids(tok)
     probe_set = heldout[: args.probe_n]
@@ -504,7 +557,7 @@ def train(args) -> None:
     for r in rows[:8]:
         print(f"  truth: {r['truth']}\n  gen:   {r['generated']}", flush=True)
     info = {
-        "n_params": n_params, "old_vocab": old_vocab, "train_wall": train_wall, "aux_steps": aux_steps_done,
+        "n_params": n_params, "old_vocab": old_vocab, "train_wall": train_wall, "aux_steps": aux_steps_done, "frame_steps": frame_steps_done, "frame_kind_acc": frame_acc,
         "steps": steps_done, "lm_start": lm_start, "step_times": med, "stage_a_s": stage_a_s, "aux_acc": aux_acc,
         "data_size": stream.max_index,
     }
@@ -515,7 +568,8 @@ def rebuild_command(args, info: dict) -> str:
     """The command that repeats this run: every option that differs from its default, with the
     step counts actually done (a run continued with --init-from also needs the run it started from)."""
     defaults = vars(build_parser().parse_args([]))
-    given = dict(vars(args), aux_steps=info["aux_steps"], steps=info["steps"], max_minutes=600.0)
+    given = dict(vars(args), aux_steps=info["aux_steps"], frame_steps=info["frame_steps"], steps=info["steps"],
+                 max_minutes=600.0)
     parts = ["python -m mmspec.zoo.training.train_video_captioner"]
     for name, value in given.items():
         if name in ("out", "lm_dir", "time_steps") or value == defaults.get(name):
@@ -566,13 +620,17 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
         "trained_on": (f"shapes-world train examples rendered on the fly (mmspec.world.sample_example("
                        f"example_seed('train', {args.seed}, i), max_shapes={args.max_shapes}), render_video(scene, {cd.FRAMES}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage A: {info['aux_steps']} steps x {args.aux_batch_size} videos, "
-                       f"per-token colour/kind cross-entropy + per-video multi-label scene-content loss on throw-away heads over the pooled vision tokens; stage B: {info['steps']} steps x "
+                       f"per-token colour/kind cross-entropy + per-video multi-label scene-content loss on throw-away heads over the pooled vision tokens; "
+                       f"stage A1: {info['frame_steps']} steps x {args.frame_batch_size} single frames of one-shape scenes, shape kind "
+                       f"from the mean pooled token + per-token colour/kind; stage B: {info['steps']} steps x "
                        f"{args.batch_size} videos, caption cross-entropy (+{args.aux_weight} x stage-A loss), LM frozen"
                        + (f" until step {info['lm_start']}, then lr {args.lm_lr}" if info["lm_start"] is not None else "")),
         "seed": args.seed,
         "max_shapes": args.max_shapes,
         "data_size": info["data_size"],
         "aux_steps": info["aux_steps"],
+        "frame_steps": info["frame_steps"],
+        "frame_batch_size": args.frame_batch_size,
         "aux_batch_size": args.aux_batch_size,
         "steps": info["steps"],
         "batch_size": args.batch_size,
@@ -585,6 +643,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
         "train_wall_time_s": round(info["train_wall"], 1),
         "train_machine": f"2 CPU cores, torch.set_num_threads({args.threads})",
         "quality": {**quality, "stage_a_heldout_aux_set_accuracy": info["aux_acc"],
+                    "stage_a1_heldout_frame_kind_accuracy": info["frame_kind_acc"],
                     "measured_on": f"{args.eval_n} held-out videos: sample_example(example_seed('heldout', "
                                    f"{args.seed}, i), max_shapes={args.max_shapes}), greedy, max {MAX_NEW_TOKENS} new tokens, fp16 weights "
                                    "upcast to fp32"},
@@ -611,6 +670,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--aux-minutes", type=float, default=10.0)
     parser.add_argument("--aux-batch-size", type=int, default=32)
     parser.add_argument("--aux-lr", type=float, default=2e-3)
+    parser.add_argument("--frame-steps", type=int, default=0,
+                        help="stage A1: steps of shape recognition on single frames of one-shape scenes")
+    parser.add_argument("--frame-batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=0, help="stage-B steps; 0 = fit the time budget")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--vision-lr", type=float, default=5e-4)
