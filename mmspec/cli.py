@@ -144,6 +144,12 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
     print(f"visual tokens {extras['visual_tokens']} of {extras['prompt_tokens']} prompt tokens; one decode step: "
           f"{extras['step_ms_full_cache']:.2f} ms over the full cache, {extras['step_ms_text_cache']:.2f} ms over text KV only "
           f"(visual attention share {extras['visual_attention_share']:.0%}, measured)")
+    if extras.get("decode_phase"):
+        print("decode phase alone (median wall time minus prefill, all videos; prefill = vision tower + prompt, the same "
+              "work for every method):")
+        for name, row in extras["decode_phase"].items():
+            print(f"  {name:<26} prefill {row['prefill_s']:.3f} s  decode {row['decode_s']:.3f} s  "
+                  f"decode speed-up {row['decode_speed_up']:.2f}x vs greedy-loop")
     print("modelled memory-bound speed-up (bytes of weights + KV read per committed token, plain / method; a GPU-like "
           "regime, NOT measured here):")
     for name, value in extras["modelled_memory_bound_speed_up"].items():

@@ -27,12 +27,20 @@ class MethodResult:
     name: str
     stats: SpecStats
     wall_times: list[float] = field(default_factory=list)
+    prefill_times: list[float] = field(default_factory=list)  # per repetition: the summed prefill (mmspec loops)
     identical: bool = True
     mismatches: int = 0
 
     @property
     def median_wall_time(self) -> float:
         return statistics.median(self.wall_times) if self.wall_times else 0.0
+
+    @property
+    def median_decode_time(self) -> float | None:
+        """Median over repetitions of wall time minus prefill (None when the method reports no prefill)."""
+        if not self.prefill_times or not any(self.prefill_times):
+            return None
+        return statistics.median(w - p for w, p in zip(self.wall_times, self.prefill_times))
 
 
 @dataclass
@@ -116,6 +124,7 @@ def run_benchmark(
                 produced.append(tokens)
                 bar.update(1)
             results[name].wall_times.append(total)
+            results[name].prefill_times.append(stats.prefill_time)
             if rep == 0:
                 results[name].stats = stats
                 results[name].stats.method = name

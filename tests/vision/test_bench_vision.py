@@ -29,11 +29,15 @@ def test_bench_vision_runs_and_checks_identity(tiny_llava):
                                   std_settings=((4, 3),), progress=False)
     rows = {r.name: r for r in report.results}
     # Same vocabulary here (the <image> id 99 is inside the drafter's): the assistant only masks it.
-    assert set(rows) == {"plain-greedy", "text-only k=5", "hf-assisted k=5", "std K=4 gamma=3"}
+    assert set(rows) == {"plain-greedy", "greedy-loop", "text-only k=5", "hf-assisted k=5", "std K=4 gamma=3"}
     assert all(r.identical for r in rows.values())
     assert extras["visual_tokens"] == 17
     assert 0.0 <= extras["visual_attention_share"] <= 1.0
     assert extras["modelled_memory_bound_speed_up"]["plain-greedy"] == 1.0
+    # The decode-phase split covers mmspec's own loops only (HF generate reports no prefill time).
+    phase = extras["decode_phase"]
+    assert set(phase) == {"greedy-loop", "text-only k=5", "std K=4 gamma=3"} and phase["greedy-loop"]["decode_speed_up"] == 1.0
+    assert all(row["prefill_s"] > 0 and row["decode_s"] > 0 for row in phase.values())
 
 
 def test_bench_vision_feature_drafter_rows(tiny_llava):
@@ -47,7 +51,7 @@ def test_bench_vision_feature_drafter_rows(tiny_llava):
     report, extras = bench_vision(tiny_llava, inputs(), drafter=None, feature_drafters=feature, max_new_tokens=8,
                                   num_draft_tokens=4, repeats=1, std_settings=(), progress=False)
     rows = {r.name: r for r in report.results}
-    assert set(rows) == {"plain-greedy", "msd k=4", "flash k=4", "flash-ar1 k=4"}
+    assert set(rows) == {"plain-greedy", "greedy-loop", "msd k=4", "flash k=4", "flash-ar1 k=4"}
     assert all(r.identical for r in rows.values())
     # k = 4 drafts cost ceil(4 / n) FLASH forwards per round (+ the prefill forward).
     assert rows["flash k=4"].stats.drafter_forwards < rows["flash-ar1 k=4"].stats.drafter_forwards
@@ -125,7 +129,7 @@ def test_bench_vision_hf_assisted_row(tiny_next_video, which):
     report, extras = bench_vision(tiny_next_video, video_inputs(), drafter=drafter, max_new_tokens=max_new, repeats=1,
                                   std_settings=(), progress=False)
     rows = {r.name: r for r in report.results}
-    assert set(rows) == {"plain-greedy", "text-only k=5", "hf-assisted k=5"}
+    assert set(rows) == {"plain-greedy", "greedy-loop", "text-only k=5", "hf-assisted k=5"}
     assert all(r.identical and r.mismatches == 0 for r in rows.values())  # per video, against plain greedy
     hf, plain = rows["hf-assisted k=5"].stats, rows["plain-greedy"].stats
     assert hf.new_tokens == plain.new_tokens == 2 * max_new
@@ -156,6 +160,6 @@ def test_bench_vision_hf_assisted_refused_is_a_note(tiny_next_video, monkeypatch
     drafter = tiny_llama(vocab_size=TEXT_VOCAB, num_layers=1, hidden_size=32, seed=7)
     report, extras = bench_vision(tiny_next_video, video_inputs()[:1], drafter=drafter, max_new_tokens=4, repeats=1,
                                   std_settings=(), progress=False)
-    assert {r.name for r in report.results} == {"plain-greedy", "text-only k=5"}
+    assert {r.name for r in report.results} == {"plain-greedy", "greedy-loop", "text-only k=5"}
     assert extras["notes"] == ["hf-assisted k=5 not run: transformers' assisted generation failed for "
                                "LlavaNextVideoForConditionalGeneration: ValueError: assisted generation is not supported here"]

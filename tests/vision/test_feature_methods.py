@@ -139,7 +139,7 @@ def test_cli_bench_vision_with_extra_drafters(zoo_like_folder, drafters, capsys)
     assert code == 0, captured.err
     result = json.loads(captured.out)
     rows = {row["method"]: row for row in result["methods"]}
-    assert set(rows) == {"plain-greedy", "std K=16 gamma=3", "msd k=3", "flash k=3", "flash-nc k=3"}
+    assert set(rows) == {"plain-greedy", "greedy-loop", "std K=16 gamma=3", "msd k=3", "flash k=3", "flash-nc k=3"}
     assert all(row["identical_to_reference"] for row in rows.values())
     assert result["extras"]["feature_drafters"]["flash-nc k=3"]["compress"] is False
     assert set(result["extras"]["modelled_memory_bound_speed_up"]) == set(rows)
