@@ -14,7 +14,9 @@ Folder: a transformers Janus checkpoint (config.json, weights, generation_config
 Prompts are formatted as transformers' Janus docs do for image generation: one user turn through the
 chat template with the generation prompt, then `processor(text=..., generation_mode="image")`, which
 appends the begin-of-image token. Methods: ar, sjd (lossless), gsd and lantern (relaxed, on SJD's
-Jacobi drafts). `sd` needs a small drafter sharing Janus' codebook and prompt format: mmspec has none.
+Jacobi drafts). With a drafter (`drafter=`: a smaller Janus sharing the codebook and tokenizer,
+e.g. Janus-Pro-1B for Janus-Pro-7B), also `sd` (lossless speculative sampling, both models guided
+with the same scale) and LANTERN on the drafter's drafts.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .janus import JanusCFGTarget
 from .methods import MethodConfig, MethodRunner
 from .pipeline import ImageGenerationOutput, check_guidance_scale, load_model, local_folder
 
-JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")
+JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")  # + "sd" with a drafter
 DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5
 
 
@@ -66,20 +68,30 @@ class JanusImagePipeline:
         model: the `JanusForConditionalGeneration`.
         processor: its `JanusProcessor`, or a tokenizer (prompts then end with the BOI token id).
         model_name: shown in outputs.
+        drafter: a smaller `JanusForConditionalGeneration` with the same codebook, image grid and
+            tokenizer (None: no `sd`, LANTERN on Jacobi drafts only).
     """
 
     conditioning = "text"  # the CLI passes the prompt through as free text
-    drafter = None  # no Janus drafter: `sd` and LANTERN with drafter drafts are unavailable
 
-    def __init__(self, model: JanusForConditionalGeneration, processor: Any, model_name: str = "") -> None:
+    def __init__(self, model: JanusForConditionalGeneration, processor: Any, model_name: str = "",
+                 drafter: JanusForConditionalGeneration | None = None) -> None:
         if processor is None:
             raise MMSpecError("Janus needs its processor or tokenizer to read text prompts")
         self.model = model.eval()
         self.processor = processor
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.folder = None  # set by from_pretrained (the benchmark looks for judge/ there)
-        target = JanusCFGTarget(model, guidance_scale=self.default_guidance_scale)
-        self.runner = MethodRunner(target, codebook=target.codebook_embeddings())
+        self.drafter = None if drafter is None else drafter.eval()
+        self.runner = self._runner()
+
+    def _runner(self) -> MethodRunner:
+        target = JanusCFGTarget(self.model, guidance_scale=self.default_guidance_scale)
+        drafter = None
+        if self.drafter is not None:
+            drafter = JanusCFGTarget(self.drafter, guidance_scale=self.default_guidance_scale)
+            check_janus_drafter(drafter, target)
+        return MethodRunner(target, drafter=drafter, codebook=target.codebook_embeddings())
 
     @classmethod
     def from_pretrained(
@@ -88,9 +100,8 @@ class JanusImagePipeline:
         drafter: Any = None,
         device: str | torch.device = "cpu",
     ) -> "JanusImagePipeline":
-        """Load a Janus folder or Hub id (float32) and its processor; `drafter` must be None or False."""
-        if drafter not in (None, False):
-            raise MMSpecError("mmspec has no drafter for Janus; use method ar, sjd, gsd or lantern (Jacobi drafts)")
+        """Load a Janus folder or Hub id (float32) and its processor, and optionally a drafter: a
+        smaller Janus (folder, Hub id or loaded model) sharing its codebook and tokenizer."""
         name = str(model_id_or_path)
         folder = local_folder(name)
         if not is_janus_folder(folder):
@@ -99,14 +110,20 @@ class JanusImagePipeline:
         processor = load_prompt_processor(str(folder))
         if processor is None:
             raise MMSpecError(f"{name!r} has no processor or tokenizer files: Janus cannot read a text prompt without them")
-        pipe = cls(model, processor, model_name=name)
+        if drafter not in (None, False) and not isinstance(drafter, JanusForConditionalGeneration):
+            drafter_folder = local_folder(str(drafter))
+            if not is_janus_folder(drafter_folder):
+                raise MMSpecError(f"the drafter {str(drafter)!r} is not a Janus checkpoint (config.json model_type is not 'janus')")
+            drafter = load_model(JanusForConditionalGeneration, str(drafter_folder), "Janus drafter")
+        pipe = cls(model, processor, model_name=name, drafter=drafter or None)
         pipe.folder = folder
         return pipe.to(device)
 
     def to(self, device: str | torch.device) -> "JanusImagePipeline":
         self.model.to(device)
-        target = self.runner.target
-        self.runner = MethodRunner(target, codebook=target.codebook_embeddings())  # codebook on the new device
+        if self.drafter is not None:
+            self.drafter.to(device)
+        self.runner = self._runner()  # codebook on the new device
         return self
 
     # ------------------------------------------------------------------ defaults (the LlamaGen pipeline's names)
@@ -127,7 +144,7 @@ class JanusImagePipeline:
 
     @property
     def available_methods(self) -> list[str]:
-        return list(JANUS_METHODS)
+        return list(JANUS_METHODS) + (["sd"] if self.drafter is not None else [])
 
     @property
     def default_method(self) -> str:
@@ -160,7 +177,10 @@ class JanusImagePipeline:
         prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
         if not prompts:
             raise MMSpecError("no prompt given: Janus generates from a text description")
-        self.target.set_prompts([self.encode_prompt(p) for p in prompts])
+        encoded = [self.encode_prompt(p) for p in prompts]
+        self.target.set_prompts(encoded)
+        if self.runner.drafter_model is not None:  # same tokenizer: the drafter reads the same ids
+            self.runner.drafter_model.set_prompts(encoded)
         return prompts
 
     def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
@@ -221,16 +241,28 @@ class JanusImagePipeline:
                                      stats=out.stats, prompts=[prompts[i] for i in conditions])
 
     def method_config(self, method: str, options: dict[str, Any]) -> MethodConfig:
-        """Validate a method for Janus: training-free ones only, LANTERN on Jacobi drafts."""
-        if method == "sd":
-            raise MMSpecError("method 'sd' needs a drafter model sharing Janus' codebook, and mmspec has none for Janus; "
-                              "use ar, sjd, gsd or lantern (LANTERN runs on Jacobi drafts)")
-        if method not in JANUS_METHODS:
-            raise MMSpecError(f"unknown method {method!r} for Janus; choose from {', '.join(JANUS_METHODS)}")
-        if options.get("drafts", "jacobi") not in ("auto", "jacobi"):
-            raise MMSpecError("Janus has no drafter: LANTERN runs on Jacobi drafts (drafts='jacobi')")
-        options = {**options, "drafts": "jacobi"}
+        """Validate a method for Janus: `sd` and LANTERN on drafter drafts need a drafter."""
+        if method == "sd" and self.drafter is None:
+            raise MMSpecError("method 'sd' needs a drafter: a smaller Janus sharing the codebook and tokenizer "
+                              "(drafter=PATH; CLI --drafter PATH); without one use ar, sjd, gsd or lantern (Jacobi drafts)")
+        if method not in self.available_methods:
+            raise MMSpecError(f"unknown method {method!r} for Janus; choose from {', '.join(self.available_methods)}")
+        if self.drafter is None:
+            if options.get("drafts", "jacobi") not in ("auto", "jacobi"):
+                raise MMSpecError("no Janus drafter is loaded: LANTERN runs on Jacobi drafts (drafts='jacobi')")
+            options = {**options, "drafts": "jacobi"}
         try:
             return MethodConfig(method=method, **options)
         except TypeError as error:
             raise MMSpecError(f"unknown method option: {error}") from None
+
+
+def check_janus_drafter(drafter: JanusCFGTarget, target: JanusCFGTarget) -> None:
+    """One clear error when a Janus drafter cannot draft for this target."""
+    if drafter.vocab_size != target.vocab_size or drafter.grid_size != target.grid_size:
+        raise MMSpecError(f"the Janus drafter makes {drafter.grid_size}x{drafter.grid_size} grids over {drafter.vocab_size} codes, "
+                          f"the target {target.grid_size}x{target.grid_size} over {target.vocab_size}: they must match")
+    mine = drafter.model.config.get_text_config().vocab_size
+    theirs = target.model.config.get_text_config().vocab_size
+    if mine != theirs:
+        raise MMSpecError(f"the Janus drafter reads a {mine}-token text vocabulary, the target {theirs}: prompts need one tokenizer")

@@ -83,14 +83,16 @@ class MethodRunner:
 
     Args:
         target: a `CFGTarget` (LlamaGen, or a subclass such as `JanusCFGTarget`).
-        drafter: a small LlamaGen sharing the target's codebook and classes (None: sd unavailable).
+        drafter: a small LlamaGen sharing the target's codebook and classes, or a guided target of the
+            same family (e.g. a `JanusCFGTarget` of a smaller Janus; it is guided with the target's
+            scale), or None (sd unavailable).
         codebook: the code vectors the VQ decoder looks up [V, D] (LANTERN neighbours, GSD distances).
     """
 
     def __init__(
         self,
         target: CFGTarget,
-        drafter: LlamaGenForClassConditional | None = None,
+        drafter: LlamaGenForClassConditional | CFGTarget | None = None,
         codebook: torch.Tensor | None = None,
     ) -> None:
         self.target = target
@@ -98,8 +100,10 @@ class MethodRunner:
         self.codebook = None if codebook is None else codebook.detach().float()
         if self.codebook is not None and self.codebook.shape[0] != target.vocab_size:
             raise MMSpecError(f"the codebook has {self.codebook.shape[0]} codes but the model predicts {target.vocab_size}")
-        if drafter is not None and drafter.config.vocab_size != target.vocab_size:
-            raise MMSpecError(f"drafter and target codebooks differ ({drafter.config.vocab_size} vs {target.vocab_size} codes)")
+        if drafter is not None:
+            codes = drafter.vocab_size if isinstance(drafter, CFGTarget) else drafter.config.vocab_size
+            if codes != target.vocab_size:
+                raise MMSpecError(f"drafter and target codebooks differ ({codes} vs {target.vocab_size} codes)")
         self._neighbours: dict[int, torch.LongTensor] = {}
 
     def neighbours(self, k: int) -> torch.LongTensor:
@@ -128,9 +132,13 @@ class MethodRunner:
         if config.uses_drafter(self.drafter_model is not None):
             if self.drafter_model is None:
                 raise MMSpecError(f"method {method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
-            # A drafter trained without a null class drafts unguided: still lossless, q is what it sampled from.
-            guided = self.drafter_model.config.class_dropout_prob > 0
-            drafter = GuidedImageDrafter(self.drafter_model, target.guidance_scale if guided else 1.0)
+            if isinstance(self.drafter_model, CFGTarget):
+                self.drafter_model.guidance_scale = target.guidance_scale  # guided like the target
+                drafter = GuidedImageDrafter(self.drafter_model)
+            else:
+                # A drafter trained without a null class drafts unguided: still lossless, q is what it sampled from.
+                guided = self.drafter_model.config.class_dropout_prob > 0
+                drafter = GuidedImageDrafter(self.drafter_model, target.guidance_scale if guided else 1.0)
             rule = None
             if method == "lantern":
                 rule = lantern_rule(self.neighbours(config.lantern_k), delta=config.lantern_delta, lam=config.lantern_lam)

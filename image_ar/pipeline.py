@@ -164,7 +164,7 @@ class SpeculativeImagePipeline:
         """Load from a zoo name, a local folder or a Hub id (layout in the module docstring).
 
         `drafter`: None = the folder's `drafter/` if present; False = none; a folder or a model.
-        A Janus checkpoint gives a `JanusImagePipeline` (text prompts; no drafter).
+        A Janus checkpoint gives a `JanusImagePipeline` (text prompts; `drafter` = a smaller Janus or None).
         """
         name = str(model_id_or_path)
         folder = local_folder(name)

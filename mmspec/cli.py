@@ -244,7 +244,7 @@ def cmd_generate_image(args: argparse.Namespace) -> int:
         raise MMSpecError(f"cannot write {args.out}: use an existing folder and an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))})")
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
-    pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL)
+    pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL, drafter=args.drafter)
     if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
         condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
         stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"
@@ -287,7 +287,7 @@ def cmd_bench_image(args: argparse.Namespace) -> int:
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
-    pipe = SpeculativeImagePipeline.from_pretrained(name)
+    pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
     try:
         gsd = [tuple(None if v == "none" else (int(v) if i == 0 else float(v)) for i, v in enumerate(setting.split(",")))
                for setting in args.gsd]
@@ -476,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: the toy shapes-image-ar)")
     image_gen.add_argument("--method", choices=["ar", "sd", "sjd", "gsd", "lantern"], default=None,
                            help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
+    image_gen.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; for Janus: a smaller "
+                           "Janus sharing its codebook and tokenizer, enabling sd)")
     image_gen.add_argument("--seed", type=int, default=0)
     image_gen.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the model card's)")
     image_gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -490,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--n", type=int, default=16, help="images per method (conditions cycle through the classes or --prompts)")
     image.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
                        help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
+    image.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; for Janus: a smaller "
+                           "Janus sharing its codebook and tokenizer, enabling sd)")
     image.add_argument("--seed", type=int, default=0, help="image i of every method is seeded with seed + i")
     image.add_argument("--guidance-scale", type=float, default=None)
     image.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")

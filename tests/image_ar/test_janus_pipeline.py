@@ -14,7 +14,7 @@ from mmspec.image_ar import JanusCFGTarget, JanusImagePipeline, SpeculativeImage
 from mmspec.sampling import SamplingConfig
 
 from .tiny_image_folder import build_tiny_folder
-from .tiny_janus import BOI, BOS, build_janus_folder
+from .tiny_janus import BOI, BOS, build_janus_folder, tiny_janus
 
 METHODS = ["ar", "sjd", "gsd", "lantern"]
 
@@ -94,14 +94,14 @@ def test_seeded_sampling_repeats_and_np_output(pipe):
         ({"prompt": "  "}, "prompt is empty"),
         ({"prompt": None}, "no prompt"),
         ({"prompt": ["a", 3]}, "prompts are text"),
-        ({"prompt": "a", "method": "sd"}, "needs a drafter.*none for Janus"),
+        ({"prompt": "a", "method": "sd"}, "needs a drafter: a smaller Janus"),
         ({"prompt": "a", "method": "beam"}, "unknown method 'beam' for Janus"),
         ({"prompt": "a", "guidance_scale": 0.5}, "guidance_scale must be"),
         ({"prompt": "a", "guidance_scale": float("nan")}, "guidance_scale must be"),
         ({"prompt": "a", "class_labels": 1}, "text-conditional"),
         ({"prompt": "a", "num_images": 0}, "num_images"),
         ({"prompt": "a", "lantern_size": 3}, "unknown method option"),
-        ({"prompt": "a", "method": "lantern", "drafts": "drafter"}, "Jacobi drafts"),
+        ({"prompt": "a", "method": "lantern", "drafts": "drafter"}, "no Janus drafter is loaded"),
     ],
 )
 def test_bad_inputs(pipe, kwargs, message):
@@ -112,8 +112,54 @@ def test_bad_inputs(pipe, kwargs, message):
 def test_folder_errors(tmp_path, folder):
     with pytest.raises(MMSpecError, match="no processor or tokenizer"):
         SpeculativeImagePipeline.from_pretrained(build_janus_folder(tmp_path / "bare", processor="none"))
-    with pytest.raises(MMSpecError, match="no drafter for Janus"):
-        SpeculativeImagePipeline.from_pretrained(folder, drafter=str(folder))
+    with pytest.raises(MMSpecError, match="drafter .* is not a Janus checkpoint"):
+        SpeculativeImagePipeline.from_pretrained(folder, drafter=str(build_tiny_folder(tmp_path / "llamagen")))
+
+
+# --- a smaller Janus as drafter: `sd` and LANTERN on drafter drafts ----------------------------------------------
+
+
+def with_janus_drafter(folder, tmp_path_factory, seed):
+    """The tiny Janus with a tiny Janus drafter (same codebook and tokenizer; seed 0 = its own weights)."""
+    drafter_folder = tmp_path_factory.mktemp(f"tiny-janus-drafter-{seed}")
+    tiny_janus(seed=seed).save_pretrained(drafter_folder)
+    return SpeculativeImagePipeline.from_pretrained(folder, drafter=str(drafter_folder))
+
+
+@pytest.fixture(scope="module")
+def drafted(folder, tmp_path_factory):
+    return with_janus_drafter(folder, tmp_path_factory, seed=1)  # other weights: drafts get rejected
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_janus_drafter_enables_sd(folder, tmp_path_factory, seed):
+    pipe = with_janus_drafter(folder, tmp_path_factory, seed)
+    assert pipe.available_methods == METHODS + ["sd"] and pipe.drafter is not None
+    greedy = {m: pipe("a green triangle", method=m, temperature=0, guidance_scale=2.0, progress_bar=False)
+              for m in ("ar", "sd", "lantern")}
+    for method in ("sd", "lantern"):  # greedy: every method is AR exactly
+        assert torch.equal(greedy[method].tokens, greedy["ar"].tokens), method
+        stats = greedy[method].stats
+        assert stats.drafter_forwards > 0
+        if seed == 0:  # the target's own weights draft: every draft is accepted
+            assert stats.accepted == stats.drafted and stats.target_forwards < 16
+
+
+def test_janus_sd_sampling_is_seeded(drafted):
+    a = drafted(["a red circle", "a blue square"], method="sd", generator=seeded(5), progress_bar=False)
+    b = drafted(["a red circle", "a blue square"], method="sd", generator=seeded(5), progress_bar=False)
+    assert torch.equal(a.tokens, b.tokens) and a.stats.new_tokens == 32 and a.stats.drafter_forwards > 0
+
+
+def test_a_mismatched_janus_drafter_is_refused(folder, tmp_path):
+    from transformers import JanusForConditionalGeneration
+
+    config = tiny_janus().config
+    config.vq_config.num_embeddings = 10  # another codebook
+    other = tmp_path / "other-codebook"
+    JanusForConditionalGeneration(config).save_pretrained(other)
+    with pytest.raises(MMSpecError, match="must match"):
+        SpeculativeImagePipeline.from_pretrained(folder, drafter=str(other))
 
 
 def test_cli_generate_image_json(folder, tmp_path, capsys):
@@ -166,6 +212,21 @@ def test_cli_bench_image_on_janus(folder, capsys):
     assert rows["ar"]["step_compression"] == 1.0 and rows["sjd W=16"]["step_compression"] >= 1.0
     assert main(["bench", "image", "--model", str(folder), "--n", "1"]) == 2
     assert "--prompts" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_cli_with_a_janus_drafter(folder, tmp_path, capsys):
+    drafter_folder = tmp_path / "drafter"
+    tiny_janus(seed=1).save_pretrained(drafter_folder)
+    code = main(["bench", "image", "--model", str(folder), "--drafter", str(drafter_folder), "--prompts", "a red circle",
+                 "--n", "2", "--lantern", "0.1,4", "--threads", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = {r["method"]: r for r in json.loads(captured.out)["methods"]}
+    assert "sd k=4" in rows and rows["sd k=4"]["drafter_forwards"] > 0 and "lantern d=0.1 k=4 drafter" in rows
+    out = tmp_path / "x.png"
+    assert main(["generate-image", "a red circle", "--model", str(folder), "--drafter", str(drafter_folder),
+                 "--method", "sd", "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "sd" and out.is_file()
 
 
 def test_ar_generate_with_the_pipeline_target_matches_pipe(pipe):
