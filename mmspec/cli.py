@@ -185,7 +185,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
     from .vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
     if args.model is None:
-        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic shapes videos")
+        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of one moving shape")
     # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
     feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,

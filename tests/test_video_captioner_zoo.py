@@ -102,3 +102,26 @@ def test_reads_the_video_on_held_out_videos(captioner):
         text = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
         right += cd.parse_caption(text)["colours"] == cd.scene_attributes(scene)["colours"]
     assert right >= 5, f"colours right in only {right} of {len(scenes)} held-out captions"
+
+
+def test_cli_caption_default_model_on_a_shapes_video_and_a_foreign_one(tmp_path, capsys):
+    """`mmspec caption PATH --json` with no --model: the zoo captioner, its fastest lossless method,
+    on a shapes-world video (written to mp4) and on a video the shapes world did not make."""
+    from mmspec.cli import main
+    from mmspec.vision import write_video
+    from mmspec.world import examples, render_video
+
+    if FOLDER != cd.zoo_folder():
+        pytest.skip("MMSPEC_CAPTIONER_DIR points elsewhere: the CLI default is the zoo folder")
+    scene, _ = examples(1, seed=5, split="heldout", max_shapes=1)[0]
+    shapes = write_video(tmp_path / "shapes.mp4", render_video(scene, 16, 96))
+    rng = np.random.default_rng(0)
+    foreign = write_video(tmp_path / "foreign.mp4", rng.integers(0, 256, (12, 60, 80, 3), dtype=np.uint8))
+    for path in (shapes, foreign):
+        code = main(["caption", str(path), "--json", "--max-new-tokens", "24"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        assert "shapes-video-captioner" in captured.err  # says it used the embedded toy model
+        result = json.loads(captured.out)
+        assert result["text"] and result["model"] == "shapes-video-captioner"
+        assert result["stats"]["new_tokens"] >= 1 and result["stats"]["target_forwards"] >= 1
