@@ -148,7 +148,8 @@ class ARFastDecoder(WhisperForCausalLM):
         suppress, begin = self._suppression()
         stops = self._stop_ids()
         tokens = torch.tensor([prompt] * batch, dtype=torch.long, device=self.device)
-        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        suppress_ids = torch.tensor(suppress, dtype=torch.long, device=self.device)  # built once, not per step
+        done = [False] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
         step_logits = self._lean_steps(states) if lean else self._transformers_steps(states)
         step_input = tokens
@@ -158,7 +159,7 @@ class ARFastDecoder(WhisperForCausalLM):
             self.last_steps += 1
             # The same -inf fill as Whisper's SuppressTokens(AtBegin)LogitsProcessor (see target.py).
             if suppress:
-                logits[:, suppress] = float("-inf")
+                logits.index_fill_(1, suppress_ids, float("-inf"))
             if step == 0 and begin:
                 logits[:, begin] = float("-inf")
             choice = logits.argmax(-1)
@@ -169,7 +170,7 @@ class ARFastDecoder(WhisperForCausalLM):
                     done[row] = True
                 else:
                     out[row].append(token)
-            if bool(done.all()):
+            if all(done):
                 break
             step_input = choice[:, None]
         return out
