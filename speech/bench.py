@@ -39,16 +39,15 @@ import statistics
 import time
 import unicodedata
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..bench.harness import BenchReport, ForwardCounter, run_benchmark
+from ..bench.harness import BenchReport, ForwardCounter, quiet_transformers, run_benchmark
 from ..decoding import SpeculativeDecoder
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError
@@ -262,19 +261,6 @@ class SpeechBenchReport:
 
 # --- running ----------------------------------------------------------------------------------------
 
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers warns on every Whisper generate call with these settings; the bench's output is the table."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
 @torch.inference_mode()
 def prepare_items(model: PreTrainedModel, processor: Any, clips: list[Clip]) -> list[SpeechItem]:
     """Prompt length, language-detection cost and decoding limit per clip (one encoder pass each)."""
@@ -315,7 +301,7 @@ def bench_speech(
         check_fast_decoder(ctc_fast_decoder, model)
     if ar_fast_decoder is not None:
         check_ar_fast_decoder(ar_fast_decoder, model)
-    with _quiet_transformers():
+    with quiet_transformers():
         items = prepare_items(model, processor, clips)
         decoder_counter = ForwardCounter(model.get_decoder())
         counters = [decoder_counter]

@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from transformers import PreTrainedModel
 
-from ..bench.harness import ForwardCounter, MethodFn
+from ..bench.harness import ForwardCounter, MethodFn, quiet_transformers
 from ..cached_model import model_vocab_size
 from ..errors import MMSpecError
 from ..stats import SpecStats
@@ -91,19 +89,6 @@ def assistant_for(drafter: PreTrainedModel, target: PreTrainedModel) -> PreTrain
         raise MMSpecError(f"the resized drafter's vocabulary (head {model_vocab_size(assistant)}, config {sizes[0]}) does "
                           f"not match the target's (head {width}, config {sizes[1]})")
     return assistant
-
-
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """transformers warns about the assistant's generation arguments on assisted calls; the bench's output is the table."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
 
 
 def hf_assisted(model: PreTrainedModel, assistant: PreTrainedModel, k: int, max_new_tokens: int,

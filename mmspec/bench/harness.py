@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -153,3 +154,17 @@ class ForwardCounter:
 
     def close(self) -> None:
         self._handle.remove()
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' per-call warnings (e.g. on assisted or Whisper generate) while a bench runs:
+    the bench's output is its table."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
