@@ -54,7 +54,7 @@ from ..decoding import SpeculativeDecoder
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError
 from ..stats import SpecStats
-from ..zoo import entries, resolve
+from ..zoo import entries, folder_card, resolve
 from .audio import AudioSource, is_silent, load_audio, split_chunks
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder, hybrid_drafter_for
 from .fast_decoder import CTCFastDecoder
@@ -323,10 +323,7 @@ def _first_line(error: BaseException) -> str:
 def default_fast_decoder_folder(model_folder: Path) -> Path | None:
     """The fast decoder a model folder uses by default: its zoo card's measured-fastest kind
     (`"default_fast_decoder": "ar"`), else the CTC one (the paper's default), else the AR one."""
-    import json
-
-    card_file = model_folder / "zoo_card.json"
-    preferred = json.loads(card_file.read_text()).get("default_fast_decoder") if card_file.is_file() else None
+    preferred = folder_card(model_folder).get("default_fast_decoder")
     order = ([preferred] if preferred in FAST_DECODER_FOLDERS else []) + list(FAST_DECODER_FOLDERS)
     return next((model_folder / FAST_DECODER_FOLDERS[k] for k in order if (model_folder / FAST_DECODER_FOLDERS[k]).is_dir()), None)
 

@@ -21,7 +21,6 @@ when present, or passed explicitly:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
 from ..stats import SpecStats
-from ..zoo import entries, load_causal_lm, resolve
+from ..zoo import entries, folder_card, load_causal_lm, resolve
 from .feature_drafter import FeatureDrafterModel
 from .feature_methods import BUILD_COMMAND, FEATURE_KINDS, load_checked, runtime_drafter, zoo_drafter_folder
 from .inputs import load_image, load_video
@@ -71,8 +70,7 @@ def zoo_card(name_or_path: str) -> dict[str, Any]:
     for entry in entries():
         if entry.name == name_or_path or Path(resolve(name_or_path)) == entry.path:
             return entry.card
-    card_file = Path(resolve(name_or_path)) / "zoo_card.json"
-    return json.loads(card_file.read_text()) if card_file.is_file() else {}
+    return folder_card(resolve(name_or_path))
 
 
 class CaptionPipeline:

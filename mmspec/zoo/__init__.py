@@ -43,6 +43,12 @@ def entries() -> list[ZooEntry]:
     return found
 
 
+def folder_card(folder: str | os.PathLike) -> dict[str, Any]:
+    """The `zoo_card.json` of a model folder (a zoo model, or one rebuilt elsewhere), else {}."""
+    card_file = Path(folder) / "zoo_card.json"
+    return json.loads(card_file.read_text()) if card_file.is_file() else {}
+
+
 def resolve(name_or_path: str | os.PathLike) -> str:
     """A zoo name -> its packaged folder; a local folder -> itself; anything else is passed on as a Hub id."""
     text = str(name_or_path)
