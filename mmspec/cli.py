@@ -315,7 +315,7 @@ def cmd_train_fast_decoder(args: argparse.Namespace) -> int:
 
     set_threads(args)
     report = train_from_folder(args.target, args.data, args.out, kind=args.kind, labels=args.labels, steps=args.steps,
-                               batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed)
+                               batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed, init_from=args.init_from)
     print(f"saved the {report.kind} fast decoder to {report.out} ({report.clips} clips, {report.labels} labels, "
           f"{report.steps} steps, loss {report.first_loss:.3f} -> {report.final_loss:.3f}, {report.seconds:.0f} s)")
     return 0
@@ -522,6 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_fast.add_argument("--batch-size", type=int, default=16)
     train_fast.add_argument("--lr", type=float, default=None, help="learning rate (default: 1e-3 for ctc, 5e-4 for ar)")
     train_fast.add_argument("--seed", type=int, default=0)
+    train_fast.add_argument("--init-from", default=None, help="a saved fast decoder of the same kind to continue training")
     train_fast.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     train_fast.set_defaults(func=cmd_train_fast_decoder)
 

@@ -82,6 +82,7 @@ class TrainReport:
     final_loss: float
     seconds: float
     out: str
+    init_from: str | None = None
     losses: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -324,11 +325,17 @@ def train_from_folder(
     batch_size: int = 16,
     learning_rate: float | None = None,
     seed: int = 0,
+    init_from: str | Path | None = None,
     progress_bar: bool = True,
 ) -> TrainReport:
-    """Load the target (zoo name, folder or offline Hub id), train a fast decoder on `data`, save it to `out`."""
+    """Load the target (zoo name, folder or offline Hub id), train a fast decoder on `data`, save it to `out`.
+
+    `init_from`: a saved fast decoder of the same kind to continue training (e.g. on more clips)
+    instead of a fresh one initialised from the target.
+    """
     from ..zoo import resolve
-    from .pipeline import load_whisper
+    from .ar_fast_decoder import check_ar_fast_decoder
+    from .pipeline import check_fast_decoder, load_fast_decoder, load_whisper
 
     if kind not in KINDS:
         raise MMSpecError(f"unknown fast decoder kind {kind!r}; choose from {', '.join(KINDS)}")
@@ -342,12 +349,20 @@ def train_from_folder(
     model, processor = load_whisper(target, resolve(target))
     for p in model.parameters():
         p.requires_grad_(False)  # the big model is frozen: only the fast decoder trains
+    start: Any = None
+    if init_from is not None:
+        start = load_fast_decoder(init_from)
+        wanted = ARFastDecoder if kind == "ar" else CTCFastDecoder
+        if not isinstance(start, wanted):
+            raise MMSpecError(f"--init-from {str(init_from)!r} holds a {type(start).__name__}, not a {kind} fast decoder")
+        (check_ar_fast_decoder if kind == "ar" else check_fast_decoder)(start, model)
+        start.to(dtype=model.dtype, device=model.device).train()
     examples = prepare_examples(model, processor, clips, labels, progress_bar=progress_bar)
     if kind == "ar":
-        fast, losses = train_ar_fast_decoder(model, examples, steps, batch_size=batch_size, learning_rate=learning_rate,
+        fast, losses = train_ar_fast_decoder(model, examples, steps, start, batch_size=batch_size, learning_rate=learning_rate,
                                              seed=seed, progress_bar=progress_bar)
     else:
-        fast, losses = train_ctc_fast_decoder(model, examples, steps, batch_size=batch_size, learning_rate=learning_rate,
+        fast, losses = train_ctc_fast_decoder(model, examples, steps, start, batch_size=batch_size, learning_rate=learning_rate,
                                               seed=seed, progress_bar=progress_bar)
     out_path.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_path)
@@ -355,7 +370,8 @@ def train_from_folder(
     report = TrainReport(
         kind=kind, labels=labels, target=target, clips=len(examples), steps=steps, batch_size=batch_size,
         learning_rate=learning_rate, seed=seed, first_loss=losses[0], final_loss=sum(tail) / len(tail),
-        seconds=time.perf_counter() - started, out=str(out_path), losses=losses,
+        seconds=time.perf_counter() - started, out=str(out_path), init_from=None if init_from is None else str(init_from),
+        losses=losses,
     )
     (out_path / "training.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return report

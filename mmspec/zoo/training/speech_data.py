@@ -162,7 +162,8 @@ def build_dataset(out: str | Path, n: int, split: str = "train", seed: int = 0, 
         return {"text": pool[i], "voice": settings["voice"], "speed": settings["speed"], "pitch": settings["pitch"]}, audio
 
     rows = []
-    with ThreadPoolExecutor(workers) as executor:  # espeak-ng runs as a subprocess: threads suffice
+    executor = ThreadPoolExecutor(workers)  # espeak-ng runs as a subprocess: threads suffice
+    try:
         for row in executor.map(make, range(len(pool))):
             if row is None:
                 continue
@@ -172,6 +173,9 @@ def build_dataset(out: str | Path, n: int, split: str = "train", seed: int = 0, 
             rows.append(meta)
             if len(rows) == n:
                 break
+    finally:
+        # map() queued every spare sentence: drop the ones not started instead of synthesising them all.
+        executor.shutdown(wait=True, cancel_futures=True)
     if len(rows) < n:
         raise MMSpecError(f"only {len(rows)} of {n} clips fit in {max_seconds} s")
     with open(out / "metadata.jsonl", "w") as handle:
