@@ -354,7 +354,7 @@ def train_from_folder(
         start = load_fast_decoder(init_from)
         wanted = ARFastDecoder if kind == "ar" else CTCFastDecoder
         if not isinstance(start, wanted):
-            raise MMSpecError(f"--init-from {str(init_from)!r} holds a {type(start).__name__}, not a {kind} fast decoder")
+            raise MMSpecError(f"--init-from {str(init_from)!r} holds a {type(start).__name__}, not the --kind {kind} fast decoder")
         (check_ar_fast_decoder if kind == "ar" else check_fast_decoder)(start, model)
         start.to(dtype=model.dtype, device=model.device).train()
     examples = prepare_examples(model, processor, clips, labels, progress_bar=progress_bar)
