@@ -356,7 +356,7 @@ def train_from_folder(
         if not isinstance(start, wanted):
             raise MMSpecError(f"--init-from {str(init_from)!r} holds a {type(start).__name__}, not the --kind {kind} fast decoder")
         (check_ar_fast_decoder if kind == "ar" else check_fast_decoder)(start, model)
-        start.to(dtype=model.dtype, device=model.device).train()
+        start.to(dtype=model.dtype, device=model.device)
     examples = prepare_examples(model, processor, clips, labels, progress_bar=progress_bar)
     if kind == "ar":
         fast, losses = train_ar_fast_decoder(model, examples, steps, start, batch_size=batch_size, learning_rate=learning_rate,
