@@ -119,3 +119,9 @@ def test_codes_are_encoded_once_and_cached(tmp_path):
     assert torch.equal(again, codes) and list((tmp_path / "cache").iterdir()) == [cached]
     expected = vq.encode(data.to_model_range(data.images(6).images)).flatten(1)
     assert np.array_equal(codes.long().numpy(), expected.numpy())
+
+
+def test_autocast_state_reports_what_really_ran():
+    # Cards must not claim bf16 on a CPU without it: the state follows the request AND the hardware.
+    assert data.autocast_state(False) == "off"
+    assert data.autocast_state(True) == ("on" if data.bf16_supported() else "off")

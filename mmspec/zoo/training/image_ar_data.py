@@ -234,6 +234,11 @@ def autocast(enabled: bool) -> ContextManager:
     return nullcontext()
 
 
+def autocast_state(enabled: bool) -> str:
+    """'on' / 'off': whether bf16 autocast really ran (asked for AND supported), for logs and cards."""
+    return "on" if enabled and bf16_supported() else "off"
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to 10% of the peak (as the caption LMs)."""
     if step < warmup:

@@ -137,7 +137,7 @@ def train(args: argparse.Namespace) -> dict:
         model.load_state_dict(LlamaGenForClassConditional.from_pretrained(args.init_from, dtype=torch.float32).state_dict())
     n_params = sum(p.numel() for p in model.parameters())
     print(f"target: {n_params / 1e6:.2f}M parameters, vocab {vq.config.codebook_size}, {codes.shape[0]} train sequences; "
-          f"bf16 autocast {'on' if args.bf16 and data.bf16_supported() else 'off'}", flush=True)
+          f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     generator = torch.Generator().manual_seed(args.seed)
     order = torch.randperm(codes.shape[0], generator=generator)
@@ -193,7 +193,7 @@ def train(args: argparse.Namespace) -> dict:
         "steps": loop.done,
         "batch_size": args.batch_size,
         "optimiser": (f"AdamW lr {args.lr}, betas (0.9, 0.95), weight decay 0.05, warm-up {args.warmup}, cosine to 10%, "
-                      f"bf16 autocast {args.bf16}"),
+                      f"bf16 autocast {data.autocast_state(args.bf16)}"),
         **data.timing_facts(loop, wall, args.threads, prep),
         "quality": {**quality, "measured_on": (f"{args.heldout_n} held-out sequences (image_ar_data split 'heldout', "
                                                f"seed {args.seed}), fp16 weights upcast to fp32; samples: plain AR, "

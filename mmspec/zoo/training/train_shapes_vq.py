@@ -148,7 +148,7 @@ def train(args: argparse.Namespace) -> dict:
     vq = build_vq(args).train()
     n_params = sum(p.numel() for p in vq.parameters())
     print(f"VQ: {n_params / 1e6:.2f}M parameters, codebook {args.codebook_size} x {args.embed_dim}, "
-          f"bf16 autocast {'on' if args.bf16 and data.bf16_supported() else 'off'}", flush=True)
+          f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     heldout = data.images(args.eval_n, args.seed, "heldout")
     stream = data.Stream(args.seed, "train")
     opt = torch.optim.AdamW(vq.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -195,7 +195,7 @@ def train(args: argparse.Namespace) -> dict:
         "loss": (f"L1 + L2 reconstruction (shape pixels weighted {1 + args.fg_weight:g}x) + codebook + 0.25 commitment "
                  "(l2-normalised codes, straight-through)"),
         "dead_code_restarts": restarted,
-        "optimiser": f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, bf16 autocast {args.bf16}",
+        "optimiser": f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, bf16 autocast {data.autocast_state(args.bf16)}",
         **data.timing_facts(loop, wall, args.threads),
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), fp16 weights"},
         "rebuild_command": f"python -m mmspec.zoo.training.train_shapes_vq --steps {loop.done} --max-minutes 60",
