@@ -349,21 +349,21 @@ def train_from_folder(
     model, processor = load_whisper(target, resolve(target))
     for p in model.parameters():
         p.requires_grad_(False)  # the big model is frozen: only the fast decoder trains
+    # Per kind: the class a saved decoder must be, its fit-to-this-model check, its trainer.
+    decoder_class, check_fit, trainer = {
+        "ar": (ARFastDecoder, check_ar_fast_decoder, train_ar_fast_decoder),
+        "ctc": (CTCFastDecoder, check_fast_decoder, train_ctc_fast_decoder),
+    }[kind]
     start: Any = None
     if init_from is not None:
         start = load_fast_decoder(init_from)
-        wanted = ARFastDecoder if kind == "ar" else CTCFastDecoder
-        if not isinstance(start, wanted):
+        if not isinstance(start, decoder_class):
             raise MMSpecError(f"--init-from {str(init_from)!r} holds a {type(start).__name__}, not the --kind {kind} fast decoder")
-        (check_ar_fast_decoder if kind == "ar" else check_fast_decoder)(start, model)
+        check_fit(start, model)
         start.to(dtype=model.dtype, device=model.device)
     examples = prepare_examples(model, processor, clips, labels, progress_bar=progress_bar)
-    if kind == "ar":
-        fast, losses = train_ar_fast_decoder(model, examples, steps, start, batch_size=batch_size, learning_rate=learning_rate,
-                                             seed=seed, progress_bar=progress_bar)
-    else:
-        fast, losses = train_ctc_fast_decoder(model, examples, steps, start, batch_size=batch_size, learning_rate=learning_rate,
-                                              seed=seed, progress_bar=progress_bar)
+    fast, losses = trainer(model, examples, steps, start, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
+                           progress_bar=progress_bar)
     out_path.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_path)
     tail = losses[-min(10, len(losses)):]

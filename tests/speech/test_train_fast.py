@@ -147,7 +147,8 @@ def test_cli_errors(asr, data, tmp_path, capsys, argv, message):
 
 def test_cli_init_from_continues_a_saved_fast_decoder(asr, data, tmp_path, capsys):
     first, second = tmp_path / "first", tmp_path / "second"
-    common = ["--target", str(asr), "--data", str(data), "--kind", "ar", "--batch-size", "2", "--threads", "1"]
+    shared = ["--target", str(asr), "--data", str(data), "--batch-size", "2", "--threads", "1"]
+    common = [*shared, "--kind", "ar"]
     assert run(["train-fast-decoder", *common, "--out", str(first), "--steps", "2"], capsys)[0] == 0
     # lr tiny: the continued decoder must still be (almost) the first one, not a fresh copy of the target's layer.
     code, _, err = run(["train-fast-decoder", *common, "--out", str(second), "--steps", "1", "--lr", "1e-12",
@@ -158,8 +159,7 @@ def test_cli_init_from_continues_a_saved_fast_decoder(asr, data, tmp_path, capsy
     assert json.loads((second / "training.json").read_text())["init_from"] == str(first)
     # A fast decoder of the other kind is refused with one clear line.
     ctc = tmp_path / "ctc"
-    assert run(["train-fast-decoder", *common[:-4], "--kind", "ctc", "--out", str(ctc), "--steps", "1", "--threads", "1"],
-               capsys)[0] == 0
+    assert run(["train-fast-decoder", *shared, "--kind", "ctc", "--out", str(ctc), "--steps", "1"], capsys)[0] == 0
     code, _, err = run(["train-fast-decoder", *common, "--out", str(tmp_path / "bad"), "--steps", "1", "--init-from", str(ctc)],
                        capsys)
     assert code == 2 and "Traceback" not in err and "holds a CTCFastDecoder, not the --kind ar fast decoder" in err.strip().splitlines()[-1]
