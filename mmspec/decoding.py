@@ -21,7 +21,7 @@ from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy, FixedDraftLength
 from .rules import AcceptanceRule, default_rule
-from .sampling import SamplingConfig, choose_next
+from .sampling import SamplingConfig, choose_next, seeded_generator
 from .stats import SpecStats
 from .targets import Target, as_target
 
@@ -97,8 +97,7 @@ class SpeculativeDecoder:
             raise MMSpecError(f"batch size {input_ids.shape[0]} is not supported yet: pass one sequence (batch size 1)")
         if sampling.do_sample and generator is None:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
-            generator = torch.Generator(device=self.target.model.device)
-            generator.manual_seed(int(torch.randint(0, 2**62, (1,))))
+            generator = seeded_generator(self.target.model.device)
         self.on_tokens = on_tokens
         rule = self.rule or default_rule(sampling)
         policy = self.policy.fresh()

@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from .sampling import SamplingConfig, probabilities, sample
+from .sampling import SamplingConfig, probabilities, rand, sample
 from .types import Proposal, Verdict
 
 
@@ -93,7 +93,7 @@ def speculative_sampling(
 ) -> Verdict:
     """Lossless speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
-    Accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw the
+    Accept draft x_i when u * q_i(x_i) < p_i(x_i) with u ~ U[0, 1) (probability min(1, p/q)); at the first rejection draw the
     correction from norm(max(p_i - q_i, 0)); if all k are accepted draw a bonus token from p_k.
     The output is distributed exactly as sampling from p alone. Exactly k uniforms and one
     multinomial draw are consumed per call, so seeded runs repeat.
@@ -104,8 +104,9 @@ def speculative_sampling(
     tokens = proposal.tokens[..., None]
     p_draft = p[:, :k].gather(-1, tokens).squeeze(-1)
     q_draft = q.gather(-1, tokens).squeeze(-1)
-    uniforms = torch.rand(batch, k, generator=generator, device=p.device)
-    num_accepted, next_probs = accept_and_residual(proposal.tokens, q, p, uniforms * q_draft <= p_draft)
+    uniforms = rand((batch, k), generator, p.device)
+    # Strict: a token the target gives probability 0 is never accepted, even when u is exactly 0.
+    num_accepted, next_probs = accept_and_residual(proposal.tokens, q, p, uniforms * q_draft < p_draft)
     return Verdict(num_accepted=num_accepted, next_token=sample(next_probs, generator))
 
 

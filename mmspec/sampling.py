@@ -56,9 +56,46 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return warp_logits(logits, config).softmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row of probs [B, V] -> LongTensor [B]."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def generator_device(generator: torch.Generator | None, default: torch.device) -> torch.device:
+    """Where random numbers are drawn: on the generator's device, so a seed means the same everywhere."""
+    return default if generator is None else torch.device(generator.device)
+
+
+def rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device,
+         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Uniforms in [0, 1) drawn on the generator's device and moved to `device`.
+
+    As diffusers' `randn_tensor`: a CPU generator works with a CUDA model and gives the numbers it
+    gives on the CPU.
+    """
+    return torch.rand(shape, generator=generator, device=generator_device(generator, device), dtype=dtype).to(device)
+
+
+def randn(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device,
+          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normals drawn on the generator's device and moved to `device` (see `rand`)."""
+    return torch.randn(shape, generator=generator, device=generator_device(generator, device), dtype=dtype).to(device)
+
+
+def randint(high: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Integers in [0, high) drawn on the generator's device and moved to `device` (see `rand`)."""
+    return torch.randint(high, shape, generator=generator, device=generator_device(generator, device)).to(device)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of probs [B, V] -> LongTensor [B], on the device of `probs`.
+
+    The draw happens on the generator's device (probs are moved there when it differs).
+    """
+    where = generator_device(generator, probs.device)
+    return torch.multinomial(probs.to(where), 1, generator=generator).squeeze(-1).to(probs.device)
+
+
+def seeded_generator(device: torch.device | str, seed: int | None = None) -> torch.Generator:
+    """A generator on `device`; without a seed, seeded from torch's global RNG so `torch.manual_seed` repeats runs."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def choose_next(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:

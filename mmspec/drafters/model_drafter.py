@@ -9,7 +9,7 @@ from transformers import PreTrainedModel
 
 from ..cached_model import CachedModel
 from ..policies import DraftLengthPolicy
-from ..sampling import SamplingConfig, probabilities
+from ..sampling import SamplingConfig, probabilities, sample
 from ..types import Proposal
 from .base import Drafter
 
@@ -30,7 +30,7 @@ def choose_draft_token(
     """
     if sampling.do_sample:
         q = probabilities(logits, sampling)
-        token = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+        token = sample(q, generator)
         confidence = float(q[0, token[0]]) if want_confidence else None
         return token, q, confidence
     token = logits.argmax(dim=-1)
