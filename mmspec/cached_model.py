@@ -17,6 +17,18 @@ from transformers.modeling_outputs import BaseModelOutput
 from .errors import MMSpecError
 
 
+def sliding_window_of(model: PreTrainedModel) -> int | None:
+    """The attention window of a model with sliding-window layers, None when all layers see everything."""
+    config = model.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
 def model_vocab_size(model: PreTrainedModel) -> int:
     """Width of the model's logits (the LM head), which is what acceptance compares."""
     head = model.get_output_embeddings()
@@ -37,6 +49,7 @@ class CachedModel:
         accepted = inspect.signature(model.forward).parameters
         self._takes_logits_to_keep = "logits_to_keep" in accepted
         self.vocab_size = model_vocab_size(model)
+        self.sliding_window = sliding_window_of(model)
         self.cache: Any = None
         self._encoder_kwargs: dict[str, Any] = {}
         self.forwards = 0
@@ -66,6 +79,11 @@ class CachedModel:
         self.cache = out.past_key_values
         if hasattr(self.cache, "is_croppable") and not self.cache.is_croppable:
             raise MMSpecError(f"the {self.role}'s cache cannot be rolled back (recurrent state); it cannot be used here")
+        # Sliding-window layers drop states beyond the window as they go; recording keeps them until
+        # the next crop so rejected drafts can be rolled back (as transformers' assisted decoding does,
+        # and, as there, only after the prefill, which never needs rolling back).
+        if hasattr(self.cache, "activate_past_recording"):
+            self.cache.activate_past_recording()
         return out
 
     def extend(self, tokens: torch.LongTensor, logits_to_keep: int = 0, **extra: Any) -> Any:
@@ -80,8 +98,8 @@ class CachedModel:
         excess = self.length - length
         if excess < 0:
             raise RuntimeError(f"{self.role}: cannot truncate a cache of {self.length} positions to {length}")
-        if excess:
-            self.cache.crop(-excess)
+        # crop(0) is not a no-op for sliding-window layers: it trims them back to the window.
+        self.cache.crop(-excess)
 
     def _forward(self, logits_to_keep: int, **kwargs: Any) -> Any:
         if self._takes_logits_to_keep:

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 
 from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
+from .generation import resolve_generation
 from .policies import DraftLengthPolicy, FixedDraftLength
 from .rules import AcceptanceRule, default_rule
 from .sampling import SamplingConfig, choose_next, seeded_generator
@@ -81,38 +82,69 @@ class SpeculativeDecoder:
         self,
         input_ids: torch.LongTensor | None,
         *,
-        max_new_tokens: int,
-        sampling: SamplingConfig = SamplingConfig(),
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
         generator: torch.Generator | None = None,
         eos_token_id: int | Iterable[int] | None = None,
         on_tokens: Callable[[int], None] | None = None,
-        **model_inputs: Any,
+        **kwargs: Any,
     ) -> SpeculativeOutput:
-        """Decode up to `max_new_tokens`; `on_tokens(n)` is called with the count committed each round."""
-        if max_new_tokens < 1:
+        """Decode up to `max_new_tokens` as the target's `generate` would, with speculation.
+
+        `kwargs` holds generation settings exactly as `generate` takes them (`do_sample`,
+        `temperature`, `top_k`, `top_p`, `repetition_penalty`, `min_new_tokens`, ...,
+        `generation_config=`, `logits_processor=`, `streamer=`; unset ones come from the target's
+        `generation_config`) and model inputs (`pixel_values`, `attention_mask`, `input_features`,
+        ...). Anything else is refused. An explicit `sampling` replaces do_sample / temperature /
+        top-k / top-p. `on_tokens(n)` is called with the count committed each round.
+        """
+        if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if input_ids is not None and (input_ids.dim() != 2 or input_ids.shape[1] == 0):
             raise MMSpecError(f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
         if input_ids is not None and input_ids.shape[0] != 1:
             raise MMSpecError(f"batch size {input_ids.shape[0]} is not supported yet: pass one sequence (batch size 1)")
+        settings, model_inputs = resolve_generation(
+            self.target.model, kwargs, eos_token_id=eos_token_id, known_inputs=self.target.input_names()
+        )
+        if sampling is not None:
+            settings.sampling = sampling
+            settings.config.do_sample = sampling.do_sample
+        sampling = settings.sampling
         if sampling.do_sample and generator is None:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
             generator = seeded_generator(self.target.model.device)
         self.on_tokens = on_tokens
+        self.streamer = settings.streamer
         rule = self.rule or default_rule(sampling)
         policy = self.policy.fresh()
-        stops = eos_ids(self.target.model, eos_token_id)
+        stops = settings.stop_ids
         stats = SpecStats(method=self.method)
         forwards_before = self.drafter.forwards
         target_forwards_before = self.target.forwards
-        model_inputs = dict(model_inputs)
         if not self.target.is_encoder_decoder:
             self._drop_trivial_attention_mask(model_inputs)
+        self.drafter.accept_inputs(input_ids, model_inputs)
 
         with stats.timer("total"):
             with stats.timer("prefill"):
                 sequence = self.target.initial_sequence(input_ids, model_inputs)
                 prompt_length = sequence.shape[1]
+                if max_new_tokens is None:
+                    max_new_tokens = settings.max_new_tokens(prompt_length)
+                    if max_new_tokens < 1:
+                        raise MMSpecError(
+                            f"the prompt ({prompt_length} tokens) leaves no room under max_length="
+                            f"{settings.config.max_length}: pass max_new_tokens"
+                        )
+                settings.config.max_length = prompt_length + max_new_tokens  # as generate sets it
+                processors = self.target.build_logits_processors(
+                    settings.config, prompt_length, settings.user_processors, encoder_input_ids=input_ids
+                )
+                self.target.processors = processors
+                self.drafter.logits_processor = processors
+                if self.streamer is not None:
+                    self.streamer.put(sequence.cpu())
                 self.drafter.prefill(sequence, model_inputs)
                 if self.drafter.drafts_from_prompt:
                     # Like transformers' assisted generation: the first drafts ride along with the prefill.
@@ -125,8 +157,7 @@ class SpeculativeDecoder:
                     self.drafter.on_target_prefill(sequence, step)
                     first = choose_next(step.logits[:, -1], sampling, generator)
                     sequence = torch.cat([sequence, first[:, None]], dim=1)
-                    if on_tokens is not None:
-                        on_tokens(1)
+                    self._announce(first)
                     done = int(first[0]) in stops
 
             while not done and sequence.shape[1] - prompt_length < max_new_tokens:
@@ -138,10 +169,19 @@ class SpeculativeDecoder:
                     step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
                     sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
 
+        if self.streamer is not None:
+            self.streamer.end()
         stats.new_tokens = sequence.shape[1] - prompt_length
         stats.target_forwards = self.target.forwards - target_forwards_before
         stats.drafter_forwards = self.drafter.forwards - forwards_before
         return SpeculativeOutput(sequences=sequence, stats=stats)
+
+    def _announce(self, new_tokens: torch.LongTensor) -> None:
+        """Tell the progress callback and the streamer about tokens just committed (1-D)."""
+        if self.on_tokens is not None:
+            self.on_tokens(new_tokens.shape[0])
+        if self.streamer is not None:
+            self.streamer.put(new_tokens[None].cpu())
 
     def _commit(self, sequence, proposal, step, rule, sampling, generator, policy, stops, stats):
         """Judge one proposal, append the accepted drafts plus the target's token, roll caches back."""
@@ -150,8 +190,7 @@ class SpeculativeDecoder:
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, done = self._truncate_at_stop(new_tokens, stops)
         sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-        if self.on_tokens is not None:
-            self.on_tokens(new_tokens.shape[0])
+        self._announce(new_tokens)
         # The cache now holds every committed token but the newest; drop the rejected drafts.
         self.target.truncate(self.target.length - (proposal.length - accepted))
         self.drafter.observe(sequence, verdict, step)
@@ -179,34 +218,39 @@ def speculative_generate(
     drafter: PreTrainedModel | Drafter,
     input_ids: torch.LongTensor | None,
     *,
-    max_new_tokens: int,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    max_new_tokens: int | None = None,
     generator: torch.Generator | None = None,
     num_draft_tokens: int = 5,
     policy: DraftLengthPolicy | None = None,
     rule: AcceptanceRule | None = None,
     eos_token_id: int | Iterable[int] | None = None,
     on_tokens: Callable[[int], None] | None = None,
-    **model_inputs: Any,
+    **kwargs: Any,
 ) -> SpeculativeOutput:
-    """Generate with speculative decoding; greedy output equals `target.generate(do_sample=False)`.
+    """Generate with speculative decoding: the output is what `target.generate(...)` gives for the same call.
+
+    Greedy output equals `target.generate` token for token; sampled output follows its distribution.
 
     Args:
         target: a transformers causal or encoder-decoder LM (or an mmspec `Target`).
         drafter: a transformers LM with the same vocabulary, or an mmspec `Drafter`.
         input_ids: prompt [1, L] (the encoder input for encoder-decoder targets).
+        max_new_tokens: as in `generate` (unset: the generation config's, else `max_length` - prompt).
+        generator: the source of all randomness; a CPU generator works with a model on any device.
         num_draft_tokens: k for the default fixed policy; ignored when `policy` is given.
         policy: a draft-length policy (fixed, heuristic, adaptive confidence stop).
         rule: the acceptance rule; default greedy match, or lossless speculative sampling.
         on_tokens: called with the number of tokens committed each round (progress bars).
-        model_inputs: extra target inputs (pixel_values, attention_mask, input_features, ...).
+        kwargs: generation settings as `generate` takes them (`do_sample`, `temperature`, `top_k`,
+            `top_p`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`,
+            `min_new_tokens`, `suppress_tokens`, ..., `generation_config=`, `logits_processor=`,
+            `streamer=`), unset ones taken from the target's `generation_config` as `generate`
+            does; and model inputs (`pixel_values`, `attention_mask`, `input_features`, ...).
+            Settings that cannot be honoured exactly (`num_beams`, `min_p`, ...) and unknown
+            names are refused with an `MMSpecError`.
     """
-    sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule)
     return decoder.generate(
-        input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator, eos_token_id=eos_token_id,
-        on_tokens=on_tokens, **model_inputs,
+        input_ids, max_new_tokens=max_new_tokens, generator=generator, eos_token_id=eos_token_id,
+        on_tokens=on_tokens, **kwargs,
     )

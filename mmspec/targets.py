@@ -9,8 +9,11 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel
 
+from transformers.generation.logits_process import LogitsProcessorList
+
 from .cached_model import CachedModel
 from .errors import MMSpecError
+from .generation import build_logits_processors, process_rows
 
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
@@ -30,11 +33,26 @@ class Target(CachedModel):
 
     The committed sequence always has one more token than the cache: the newest token is fed
     at the start of the next `score()` call, together with the drafts.
+
+    Logits come back processed as `generate` processes them: `processors` (set per call by the
+    loop from the generation settings, see `build_logits_processors`) run on every returned row
+    with the token prefix that row follows.
     """
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, role="target")
         self.output_hidden_states = output_hidden_states
+        self.processors = LogitsProcessorList()
+        self._tokens: torch.LongTensor | None = None  # the tokens fed so far, for the processors' prefixes
+
+    def input_names(self) -> set[str] | None:
+        """Model-input names a call may pass (None: what the model's forward takes)."""
+        return None
+
+    def build_logits_processors(self, config: Any, prompt_length: int, user_processors: list[Any],
+                                encoder_input_ids: torch.LongTensor | None = None) -> LogitsProcessorList:
+        """The logits processors `generate` would use for this call (targets with their own rules override)."""
+        return build_logits_processors(self.model, config, prompt_length, user_processors, encoder_input_ids)
 
     def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
         """The token sequence decoding continues: the prompt, or the decoder prompt of an encoder-decoder."""
@@ -63,13 +81,17 @@ class Target(CachedModel):
         prefilled alone and the drafts are scored in a second forward.
         """
         num_drafts = num_logits - 1
-        if num_drafts > 0 and not self.drafts_can_join_prefill(sequence[:, -num_drafts:], model_inputs):
+        # A prefill that fills a sliding window drops states before they are recorded: drafts that
+        # might be rejected must then come in a second forward.
+        beyond_window = self.sliding_window is not None and sequence.shape[1] >= self.sliding_window
+        if num_drafts > 0 and (beyond_window or not self.drafts_can_join_prefill(sequence[:, -num_drafts:], model_inputs)):
             first = self.start(sequence[:, :-num_drafts], 1, **model_inputs)
             rest = self.score(sequence[:, -num_drafts:])
             hidden = None
             if first.hidden_states is not None and rest.hidden_states is not None:
                 hidden = tuple(torch.cat(pair, dim=1) for pair in zip(first.hidden_states, rest.hidden_states))
             return TargetStep(logits=torch.cat([first.logits, rest.logits], dim=1), hidden_states=hidden)
+        self._tokens = sequence
         for name in PER_TOKEN_INPUTS:
             value = model_inputs.get(name)
             if value is not None and value.shape[-1] < sequence.shape[-1]:
@@ -77,7 +99,8 @@ class Target(CachedModel):
                 pad = value.new_zeros((*value.shape[:-1], sequence.shape[-1] - value.shape[-1]))
                 model_inputs[name] = torch.cat([value, pad], dim=-1)
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        return self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
+        step = self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
+        return self._processed(step, sequence.shape[1] - num_logits)
 
     def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
         """Whether drafts may be appended to the prompt in the prefill forward.
@@ -90,8 +113,24 @@ class Target(CachedModel):
 
     def score(self, tokens: torch.LongTensor) -> TargetStep:
         """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""
+        first_position = self.length
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        return self._step(self.extend(tokens, logits_to_keep=0, **extra), tokens.shape[1])
+        step = self._step(self.extend(tokens, logits_to_keep=0, **extra), tokens.shape[1])
+        if self._tokens is not None:
+            self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
+        return self._processed(step, first_position)
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        if self._tokens is not None:
+            self._tokens = self._tokens[:, :length]
+
+    def _processed(self, step: TargetStep, first_position: int) -> TargetStep:
+        """Row j of `step.logits` predicts the token after position first_position + j."""
+        if not self.processors or self._tokens is None:
+            return step
+        logits = process_rows(self.processors, self._tokens, first_position, step.logits)
+        return TargetStep(logits=logits, hidden_states=step.hidden_states)
 
     def _step(self, out: Any, num_logits: int) -> TargetStep:
         # Models without `logits_to_keep` return every position's logits: keep the last ones.

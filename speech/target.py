@@ -11,33 +11,29 @@ short-form clip (one encoder window) in transformers 5.x, and how it is reproduc
    present yet ("transcribe"); `<|notimestamps|>` is appended when timestamps are off.
    `whisper_prompt_ids()` reproduces this; language detection reuses the encoder output, so the
    encoder still runs once.
-2. **Logits processors** (`_retrieve_logit_processors`): `SuppressTokensLogitsProcessor`
-   (`generation_config.suppress_tokens`, -inf at every step) and
-   `SuppressTokensAtBeginLogitsProcessor` (`begin_suppress_tokens`, -inf at the first generated
-   position only, typically the blank " " and end-of-text). Real checkpoints set both. They are
-   applied here to every verified position of every target forward (`WhisperTarget.start` /
-   `.score`) as vocabulary masks (the same -inf fill as transformers' classes, which
-   `whisper_logits_processors` builds and the tests compare against), the begin mask on the one
-   row that predicts the first generated token; so greedy verification picks exactly the tokens
-   `generate` picks. Extra processors passed by the caller run row by row, each row seeing the
-   token prefix it would see in `generate`.
-   The timestamp processor is not used (transcription without timestamps) and the no-speech
-   detector only records probabilities for the temperature fallback (not used by greedy short-form).
+2. **Logits processors** (`_retrieve_logit_processors`): `SuppressTokensAtBeginLogitsProcessor`
+   (`begin_suppress_tokens`, the first generated position only, typically the blank " " and
+   end-of-text) and `SuppressTokensLogitsProcessor` (`suppress_tokens`, every step), placed in
+   front of the caller's processors; Whisper's `generate` then hands them to the generic
+   `generate`, which adds the processors of the other settings (repetition penalty, n-gram
+   blocking, minimum lengths, ...). `WhisperTarget.build_logits_processors` builds the same list
+   the same way, and the core applies it to every verified position with its own prefix.
+   The timestamp processor is not used (transcription without timestamps: `return_timestamps`
+   is refused) and the no-speech detector only records probabilities for the temperature fallback
+   (not used by greedy short-form).
 3. Output: `generate` returns the new tokens without the prompt and with the final end-of-text
    removed (`return_dict_in_generate=True` gives prompt + new tokens + end-of-text, which is
    what `speculative_generate` returns).
-
-Generation settings that would add other logits processors (repetition penalty, n-gram
-blocking, bad words, minimum lengths, timestamps) are refused with an `MMSpecError` rather than
-silently ignored.
 """
 
 from __future__ import annotations
 
+import copy
+
 from typing import Any, Iterable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     SuppressTokensAtBeginLogitsProcessor,
@@ -49,22 +45,6 @@ from ..errors import MMSpecError
 from ..targets import Target, TargetStep, register_target
 
 TASKS = ("transcribe", "translate")
-
-# Generation settings whose logits processors WhisperTarget does not reproduce, with their neutral value.
-_UNSUPPORTED_SETTINGS = {
-    "repetition_penalty": (None, 1.0),
-    "encoder_repetition_penalty": (None, 1.0),
-    "no_repeat_ngram_size": (None, 0),
-    "encoder_no_repeat_ngram_size": (None, 0),
-    "bad_words_ids": (None,),
-    "min_length": (None, 0),
-    "min_new_tokens": (None, 0),
-    "forced_bos_token_id": (None,),
-    "forced_eos_token_id": (None,),
-    "sequence_bias": (None,),
-    "exponential_decay_length_penalty": (None,),
-}
-
 
 def encoder_outputs_of(model: PreTrainedModel, model_inputs: dict[str, Any]) -> BaseModelOutput:
     """Run the encoder once and put its output into `model_inputs` in place of `input_features`.
@@ -188,27 +168,26 @@ def whisper_prompt_ids(
     return torch.tensor([ids], dtype=torch.long, device=model.device)
 
 
-def whisper_logits_processors(model: PreTrainedModel, begin_index: int) -> LogitsProcessorList:
-    """The processors Whisper's greedy short-form `generate` applies, built from the generation config."""
-    config = model.generation_config
+def whisper_logits_processors(model: PreTrainedModel, begin_index: int, config: Any = None) -> LogitsProcessorList:
+    """Whisper's own processors in `generate`'s order (begin suppression, then suppression), from `config`
+    (default: the model's generation config)."""
+    config = model.generation_config if config is None else config
     processors = LogitsProcessorList()
     device = model.device
-    if config.suppress_tokens:
-        processors.append(SuppressTokensLogitsProcessor(list(config.suppress_tokens), device=device))
     if config.begin_suppress_tokens:
         processors.append(SuppressTokensAtBeginLogitsProcessor(list(config.begin_suppress_tokens), begin_index, device=device))
+    if config.suppress_tokens:
+        processors.append(SuppressTokensLogitsProcessor(list(config.suppress_tokens), device=device))
     return processors
 
 
 def check_supported_generation_config(model: PreTrainedModel) -> None:
-    config = model.generation_config
-    for name, neutral in _UNSUPPORTED_SETTINGS.items():
-        value = getattr(config, name, None)
-        if value not in neutral and value != {} and value != []:
-            raise MMSpecError(
-                f"the model's generation config sets {name}={value!r}, which speculative transcription does not "
-                f"reproduce; clear it (model.generation_config.{name} = None) to decode greedily"
-            )
+    """Refuse Whisper settings whose processors need timestamps (not reproduced here)."""
+    if getattr(model.generation_config, "return_timestamps", None):
+        raise MMSpecError(
+            "return_timestamps=True is not supported by speculative transcription; "
+            "clear it (model.generation_config.return_timestamps = False)"
+        )
 
 
 class WhisperTarget(Target):
@@ -217,8 +196,8 @@ class WhisperTarget(Target):
     - `initial_sequence` runs the encoder once (its output replaces `input_features` in the model
       inputs, so the prefill and a fast decoder reuse it) and builds the forced prompt unless
       `decoder_input_ids` is given.
-    - every target forward's logits go through Whisper's suppression processors, position by
-      position, with the token prefix each position predicts after (see the module docstring).
+    - its logits processors are Whisper's suppressions in front of the generic ones, as in
+      Whisper's `generate` (see the module docstring); the core applies them position by position.
 
     Args:
         model: a `WhisperForConditionalGeneration` (or a speech seq2seq model with the same
@@ -242,11 +221,6 @@ class WhisperTarget(Target):
         self.language = language
         self.task = task
         self.extra_processors = list(logits_processors)
-        self.processors = LogitsProcessorList()
-        self._suppress: torch.Tensor | None = None
-        self._begin_suppress: torch.Tensor | None = None
-        self.begin_index = 0
-        self._tokens = torch.empty((1, 0), dtype=torch.long)  # decoder tokens held in the cache
 
     @property
     def max_target_positions(self) -> int | None:
@@ -269,58 +243,14 @@ class WhisperTarget(Target):
             decoder_ids = self.prompt_ids(model_inputs)
         if decoder_ids.dim() != 2 or decoder_ids.shape[0] != 1 or decoder_ids.shape[1] == 0:
             raise MMSpecError(f"decoder_input_ids must be a non-empty [1, length] tensor, got shape {tuple(decoder_ids.shape)}")
-        self.begin_index = decoder_ids.shape[1]
-        self.processors = whisper_logits_processors(self.model, self.begin_index)
-        self.processors.extend(self.extra_processors)
-        # The two suppressions as masks over the vocabulary, applied to all rows at once (the same
-        # -inf fill as transformers' processors, without a Python call per verified position).
-        config = self.model.generation_config
-        self._suppress = self._mask(config.suppress_tokens)
-        self._begin_suppress = self._mask(config.begin_suppress_tokens)
         return decoder_ids
 
-    def _mask(self, tokens: Iterable[int] | None) -> torch.Tensor | None:
-        if not tokens:
-            return None
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.model.device)
-        ids = torch.tensor([int(t) for t in tokens if 0 <= int(t) < self.vocab_size], dtype=torch.long)
-        mask[ids.to(mask.device)] = True
-        return mask
-
-    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
-        step = super().start(sequence, num_logits, **model_inputs)
-        self._tokens = sequence
-        return self._process(step, sequence.shape[1] - num_logits)
-
-    def score(self, tokens: torch.LongTensor) -> TargetStep:
-        first_position = self.length
-        step = super().score(tokens)
-        self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
-        return self._process(step, first_position)
-
-    def truncate(self, length: int) -> None:
-        super().truncate(length)
-        self._tokens = self._tokens[:, :length]
-
-    def _process(self, step: TargetStep, first_position: int) -> TargetStep:
-        """Suppress tokens in logits row j, which predicts the token at position first_position + j + 1."""
-        logits = step.logits
-        if self._suppress is not None:
-            logits = logits.masked_fill(self._suppress, float("-inf"))
-        begin_row = self.begin_index - 1 - first_position
-        if self._begin_suppress is not None and 0 <= begin_row < logits.shape[1]:
-            logits = logits.clone()
-            logits[:, begin_row] = logits[:, begin_row].masked_fill(self._begin_suppress, float("-inf"))
-        if self.extra_processors:
-            rows = []
-            for j in range(logits.shape[1]):
-                prefix = self._tokens[:, : first_position + j + 1]
-                row = logits[:, j]
-                for processor in self.extra_processors:
-                    row = processor(prefix, row)
-                rows.append(row)
-            logits = torch.stack(rows, dim=1)
-        return TargetStep(logits=logits, hidden_states=step.hidden_states)
+    def build_logits_processors(self, config: Any, prompt_length: int, user_processors: list[Any],
+                                encoder_input_ids: torch.LongTensor | None = None) -> LogitsProcessorList:
+        own = whisper_logits_processors(self.model, begin_index=prompt_length, config=config)
+        config = copy.deepcopy(config)
+        config.suppress_tokens = config.begin_suppress_tokens = None  # Whisper's own processors carry them
+        return super().build_logits_processors(config, prompt_length, [*own, *self.extra_processors, *user_processors])
 
 
 register_target("whisper", WhisperTarget)

@@ -25,9 +25,17 @@ class Drafter(ABC):
     # True when drafts can be made from the prompt alone, before the target's prefill (then the
     # first verification rides along with the prefill); False for drafters that read target features.
     drafts_from_prompt: bool = True
+    # The logits processors the target applies this call (repetition penalty, suppressed tokens,
+    # ...), set by the loop; a drafter that scores the target's vocabulary applies them to its own
+    # logits with its own prefixes, so its drafts follow the same rules and are accepted more often.
+    logits_processor: Any = None
 
     def bind(self, target: Any) -> None:
         """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
+
+    def accept_inputs(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> None:
+        """Called first in every call, with the caller's own inputs, before the target derives anything
+        from them (a drafter that runs its own encoder needs the raw encoder inputs)."""
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         """Called once per generation, before the target's prefill, with the prompt and the target's extra inputs.

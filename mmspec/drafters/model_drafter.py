@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cached_model import CachedModel
+from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig, probabilities, sample
 from ..types import Proposal
@@ -44,7 +45,8 @@ class ModelDrafter(Drafter):
     The cache is kept in step lazily: before proposing, it is cropped to the longest prefix it
     shares with the committed sequence, and only the rest is fed. After a round that accepted
     n of k drafts this feeds one or two tokens, as transformers' assisted generation does.
-    Encoder-decoder drafters receive the target's encoder inputs at prefill.
+    An encoder-decoder drafter runs its own encoder on the caller's raw encoder inputs (as
+    transformers' assisted generation runs the assistant's encoder), never on the target's states.
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
@@ -60,11 +62,29 @@ class ModelDrafter(Drafter):
     def forwards(self) -> int:  # type: ignore[override]
         return self.lm.forwards
 
+    def accept_inputs(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> None:
+        # A decoder-only drafter is text-only: it never sees the target's images or features.
+        self._encoder_inputs = {}
+        if not self.lm.is_encoder_decoder:
+            return
+        inputs = {k: v for k, v in model_inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
+        if input_ids is not None:
+            inputs["input_ids"] = input_ids
+        given = inputs.get("encoder_outputs")
+        if given is not None:
+            states = given[0] if isinstance(given, (tuple, list)) else given.last_hidden_state
+            width = getattr(self.lm.model.config, "d_model", None) or getattr(self.lm.model.config, "hidden_size", None)
+            if width is not None and states.shape[-1] != width:
+                raise MMSpecError(
+                    f"the encoder-decoder drafter runs its own encoder (width {width}); pass the encoder inputs "
+                    f"(input_features / input_ids), not the target's encoder_outputs (width {states.shape[-1]})"
+                )
+        device = self.lm.model.device
+        self._encoder_inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.lm.cache = None
         self._cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
-        # A decoder-only drafter is text-only: it never sees the target's images or features.
-        self._encoder_inputs = dict(model_inputs) if self.lm.is_encoder_decoder else {}
 
     def propose(
         self,
@@ -79,6 +99,9 @@ class ModelDrafter(Drafter):
         logits = self._catch_up(sequence[0])
         tokens, dists = [], []
         for step in range(max_tokens):
+            if self.logits_processor:
+                prefix = torch.cat([sequence, torch.stack(tokens, dim=1)], dim=1) if tokens else sequence
+                logits = self.logits_processor(prefix, logits.float())
             token, dist, confidence = self.choose(logits, sampling, generator, policy.needs_confidence)
             tokens.append(token)
             if dist is not None:

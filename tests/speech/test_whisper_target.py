@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers.generation.logits_process import LogitsProcessorList
 
 from mmspec import MMSpecError, NoDrafter, PromptLookupDrafter, Target, speculative_generate
 from mmspec.speech.target import WhisperTarget, whisper_logits_processors, whisper_prompt_ids
@@ -46,8 +47,15 @@ def test_plain_generate_output_is_the_transcript(whisper, references):
     assert sequences[0, -1] == EOT
 
 
+class UnprocessedTarget(Target):
+    """Control: a target that ignores the generation config's logits processors."""
+
+    def build_logits_processors(self, *args, **kwargs):
+        return LogitsProcessorList()
+
+
 def test_suppression_is_what_makes_it_exact():
-    """Control: suppress the token greedy decoding would pick first; the core Target alone then differs."""
+    """Control: suppress the token greedy decoding would pick first; a target without processors then differs."""
     model = tiny_whisper(suppress=False)
     x = features(3)
     free = model.generate(x, do_sample=False, max_new_tokens=12, return_dict_in_generate=True).sequences
@@ -57,8 +65,11 @@ def test_suppression_is_what_makes_it_exact():
     expected = model.generate(x, do_sample=False, max_new_tokens=12, return_dict_in_generate=True).sequences
     assert not torch.equal(expected, free)
     prompt = expected[:, :PROMPT_LENGTH]
-    plain = speculative_generate(Target(model), NoDrafter(), None, max_new_tokens=12, input_features=x, decoder_input_ids=prompt)
+    plain = speculative_generate(UnprocessedTarget(model), NoDrafter(), None, max_new_tokens=12, input_features=x,
+                                 decoder_input_ids=prompt)
     assert not torch.equal(plain.sequences, expected)
+    generic = speculative_generate(Target(model), NoDrafter(), None, max_new_tokens=12, input_features=x, decoder_input_ids=prompt)
+    assert_same(generic.sequences, expected)  # the core target builds the same processors from the config
     exact = speculative_generate(WhisperTarget(model), NoDrafter(), None, max_new_tokens=12, input_features=x,
                                  decoder_input_ids=prompt)
     assert_same(exact.sequences, expected)
@@ -93,8 +104,8 @@ def test_bad_inputs_and_unsupported_settings(whisper):
     with pytest.raises(MMSpecError, match="input_ids"):
         speculative_generate(target, NoDrafter(), torch.tensor([[1, 2]]), max_new_tokens=4, input_features=features(0))
     model = tiny_whisper(seed=1)
-    model.generation_config.no_repeat_ngram_size = 3
-    with pytest.raises(MMSpecError, match="no_repeat_ngram_size"):
+    model.generation_config.return_timestamps = True
+    with pytest.raises(MMSpecError, match="return_timestamps"):
         WhisperTarget(model)
     assert target.max_new_tokens_for(PROMPT_LENGTH, 500) == whisper.config.max_target_positions - PROMPT_LENGTH
 
@@ -106,6 +117,8 @@ def test_masks_equal_transformers_processors_row_by_row(whisper):
     target = WhisperTarget(whisper, logits_processors=[extra])
     inputs = {"input_features": features(4)}
     prompt = target.initial_sequence(None, inputs)
+    # As the loop does once per call: the processors generate would build, set on the target.
+    target.processors = target.build_logits_processors(whisper.generation_config, prompt.shape[1], [])
     sequence = torch.cat([prompt, torch.tensor([[5, 6, 5, 6]])], dim=1)
     step = target.start(sequence, num_logits=6, **inputs)
     # As the loop does: the cache drops the newest token, which is fed again with the next drafts.
