@@ -104,9 +104,9 @@ class SpeculativeDecoder:
             raise MMSpecError(f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
         if input_ids is not None and input_ids.shape[0] != 1:
             raise MMSpecError(f"batch size {input_ids.shape[0]} is not supported yet: pass one sequence (batch size 1)")
-        settings, model_inputs = resolve_generation(
-            self.target.model, kwargs, eos_token_id=eos_token_id, known_inputs=self.target.input_names()
-        )
+        if eos_token_id is not None:
+            kwargs["eos_token_id"] = eos_token_id  # a setting like any other: min-length processors use it
+        settings, model_inputs = resolve_generation(self.target.model, kwargs, known_inputs=self.target.input_names())
         if sampling is not None:
             settings.sampling = sampling
             settings.config.do_sample = sampling.do_sample
@@ -131,13 +131,14 @@ class SpeculativeDecoder:
                 sequence = self.target.initial_sequence(input_ids, model_inputs)
                 prompt_length = sequence.shape[1]
                 if max_new_tokens is None:
-                    max_new_tokens = settings.max_new_tokens(prompt_length)
+                    positions = getattr(self.target.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+                    max_new_tokens = settings.max_new_tokens(prompt_length, positions)
                     if max_new_tokens < 1:
                         raise MMSpecError(
                             f"the prompt ({prompt_length} tokens) leaves no room under max_length="
                             f"{settings.config.max_length}: pass max_new_tokens"
                         )
-                settings.config.max_length = prompt_length + max_new_tokens  # as generate sets it
+                settings.fix_lengths(prompt_length, max_new_tokens)
                 processors = self.target.build_logits_processors(
                     settings.config, prompt_length, settings.user_processors, encoder_input_ids=input_ids
                 )

@@ -103,12 +103,23 @@ class GenerationSettings:
     stop_ids: set[int]
     user_processors: list[Any] = field(default_factory=list)
     streamer: Any = None
+    default_max_length: bool = True  # nobody set max_length: generate then makes 20 new tokens
 
-    def max_new_tokens(self, prompt_length: int) -> int:
-        """As `generate`: `max_new_tokens` when set, else what `max_length` leaves after the prompt."""
+    def max_new_tokens(self, prompt_length: int, max_positions: int | None) -> int:
+        """As `generate`: `max_new_tokens` when set; else `max_length` counted after the prompt when
+        someone set it; else `max_length` (20) new tokens, within the model's positions."""
         if self.config.max_new_tokens is not None:
             return int(self.config.max_new_tokens)
-        return int(self.config.max_length) - prompt_length
+        if not self.default_max_length:
+            return int(self.config.max_length) - prompt_length
+        total = int(self.config.max_length) + prompt_length
+        return (total if max_positions is None else min(total, max_positions)) - prompt_length
+
+    def fix_lengths(self, prompt_length: int, max_new_tokens: int) -> None:
+        """Set max_length / min_length from the new-token counts, as generate does before building processors."""
+        self.config.max_length = prompt_length + max_new_tokens
+        if self.config.min_new_tokens is not None:
+            self.config.min_length = prompt_length + self.config.min_new_tokens
 
 
 def merged_generation_config(model: PreTrainedModel, base: GenerationConfig | None, settings: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]]:
@@ -216,9 +227,14 @@ def resolve_generation(
             raise MMSpecError(f"logits_processor entries must be callables (input_ids, scores) -> scores, got {processor!r}")
     if streamer is not None and not (hasattr(streamer, "put") and hasattr(streamer, "end")):
         raise MMSpecError("streamer must have put() and end() methods (transformers' streamer protocol)")
+    default_max_length = (
+        settings.get("max_length") is None
+        and (base is None or base.max_length is None)
+        and getattr(getattr(model, "generation_config", None), "max_length", None) is None
+    )
     resolved = GenerationSettings(
         config=config, sampling=sampling_of(config), stop_ids=stop_ids_of(config, eos_token_id),
-        user_processors=user_processors, streamer=streamer,
+        user_processors=user_processors, streamer=streamer, default_max_length=default_max_length,
     )
     return resolved, {k: v for k, v in inputs.items() if v is not None}
 

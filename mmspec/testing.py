@@ -87,6 +87,7 @@ def assert_greedy_equal(
         expected = reference
     else:
         expected = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **model_inputs)
+    kwargs.setdefault("do_sample", False)  # as the reference: greedy even where the generation config samples
     out = speculative_generate(target, drafter, input_ids, max_new_tokens=max_new_tokens, **kwargs)
     if not torch.equal(out.sequences, expected):
         at = first_difference(out.sequences, expected)
