@@ -1,0 +1,68 @@
+"""Every tensor a decoding path creates is made on a device: no bare `torch.tensor(...)`,
+`torch.arange(...)`, `torch.Generator()` ... in the modules a generation runs through.
+
+A CPU default is how device bugs hide on a CPU-only machine (they surface as "Expected all
+tensors to be on the same device" on a GPU), so this reads the source: a factory call must
+pass `device=` (or be a `*_like` / `.new_*` call, which inherit it). Reviewed exceptions are
+listed with their reason. The scanner must flag a planted violation, or it proves nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FACTORIES = {"tensor", "arange", "zeros", "ones", "full", "empty", "rand", "randn", "randint", "randperm",
+             "linspace", "eye", "Generator", "as_tensor"}
+# Modules a generation call runs through (training recipes and benches' data prep are not listed).
+DECODING_MODULES = [
+    "mmspec/decoding.py", "mmspec/rules.py", "mmspec/sampling.py", "mmspec/targets.py", "mmspec/cached_model.py",
+    "mmspec/generation.py", "mmspec/policies.py", "mmspec/drafters/base.py", "mmspec/drafters/model_drafter.py",
+    "mmspec/drafters/no_drafter.py", "mmspec/drafters/prompt_lookup.py",
+    "speech/target.py", "speech/hybrid.py", "speech/ar_fast_decoder.py", "speech/lean_decoder.py",
+    "speech/fast_decoder.py", "speech/pipeline.py",
+]
+# (module, function) -> why a device-less factory is right there.
+REVIEWED = {
+    ("mmspec/sampling.py", "seeded_generator"): "draws a seed from torch's global CPU RNG, a Python int",
+    ("mmspec/drafters/model_drafter.py", "__init__"): "placeholder, replaced on the sequence's device at prefill",
+    ("speech/fast_decoder.py", "_pad_labels"): "training labels, built on the CPU and moved with the batch",
+    ("speech/fast_decoder.py", "distillation_labels"): "training labels (Python lists)",
+    ("speech/fast_decoder.py", "train_fast_decoder"): "training data, moved with each batch",
+}
+
+
+def violations(source: str, module: str) -> list[str]:
+    """`module:line function` for each torch factory call without `device=` outside reviewed places."""
+    found = []
+    tree = ast.parse(source)
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if (module, function.name) in REVIEWED:
+            continue
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner = node.func.value
+            if not (isinstance(owner, ast.Name) and owner.id == "torch" and node.func.attr in FACTORIES):
+                continue
+            if any(keyword.arg == "device" or keyword.arg is None for keyword in node.keywords):
+                continue  # device= given, or **kwargs that may carry it
+            found.append(f"{module}:{node.lineno} {function.name}: torch.{node.func.attr}(...) without device=")
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("module", DECODING_MODULES)
+def test_decoding_paths_create_tensors_on_a_device(module):
+    path = ROOT / module
+    assert path.is_file(), f"{module} moved: update DECODING_MODULES"
+    assert violations(path.read_text(), module) == []
+
+
+def test_scanner_flags_a_planted_violation():
+    planted = "import torch\ndef f(x):\n    return x + torch.arange(3)\ndef g(x):\n    return torch.zeros(2, device=x.device)\n"
+    assert violations(planted, "planted.py") == ["planted.py:3 f: torch.arange(...) without device="]
