@@ -7,10 +7,10 @@ Fast decoders: `CTCFastDecoder` (non-autoregressive) or `ARFastDecoder` (a one-l
 `WhisperForCausalLM`, drafted through `ARHybridDrafter`); `train_from_folder` trains either.
 """
 
-from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, ARHybridDrafter, hybrid_drafter_for
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, ARHybridDrafter
 from .audio import DEFAULT_SAMPLING_RATE, is_silent, load_audio, split_chunks
 from .fast_decoder import CTCFastDecoder, CTCFastDecoderConfig, ctc_greedy_decode, train_fast_decoder
-from .hybrid import HybridDrafter, align_hypothesis, hybrid_generate, hybrid_rule, relaxed_top_r_rule
+from .hybrid import HybridDrafter, align_hypothesis, hybrid_drafter_for, hybrid_generate, hybrid_rule, relaxed_top_r_rule
 from .target import WhisperTarget, whisper_logits_processors, whisper_prompt_ids
 from .train_fast import read_clip_folder, train_ar_fast_decoder, train_ctc_fast_decoder, train_from_folder
 

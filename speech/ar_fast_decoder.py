@@ -57,6 +57,10 @@ class ARFastDecoder(WhisperForCausalLM):
         self.begin_suppress_tokens: list[int] | None = None
         self.last_steps = 0  # decoder forwards of the last hypothesis (for honest drafter counts)
 
+    def make_hybrid_drafter(self, **kwargs: Any) -> "ARHybridDrafter":
+        """The hybrid drafter this fast decoder needs (see `hybrid.hybrid_drafter_for`)."""
+        return ARHybridDrafter(self, **kwargs)
+
     @classmethod
     def for_target(cls, target_model: PreTrainedModel, *, num_layers: int = 1, init_layer: int = 0,
                    prompt_ids: Sequence[int] | None = None) -> "ARFastDecoder":
@@ -271,13 +275,6 @@ class ARHybridDrafter(HybridDrafter):
         if self._last is not None:
             self._rejected = int(verdict.num_accepted[0]) < self._last[1]
         super().observe(sequence, verdict, target_step)
-
-
-def hybrid_drafter_for(fast_decoder: Any, **kwargs: Any) -> HybridDrafter:
-    """The hybrid drafter a fast decoder needs: `ARHybridDrafter` for an `ARFastDecoder`, else `HybridDrafter`."""
-    if isinstance(fast_decoder, ARFastDecoder):
-        return ARHybridDrafter(fast_decoder, **kwargs)
-    return HybridDrafter(fast_decoder, **kwargs)
 
 
 def check_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -> None:

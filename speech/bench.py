@@ -52,9 +52,9 @@ from ..decoding import SpeculativeDecoder
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError
 from ..stats import SpecStats
-from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder, hybrid_drafter_for
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
-from .hybrid import hybrid_policy, hybrid_rule
+from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
 from .target import WhisperTarget, whisper_prompt_ids
 from .train_fast import Clip, clip_features, read_clip_folder

@@ -300,6 +300,13 @@ def hybrid_policy(num_tokens: int = DEFAULT_DRAFT_TOKENS) -> DraftLengthPolicy:
     return FixedDraftLength(num_tokens)
 
 
+def hybrid_drafter_for(fast_decoder: Any, **kwargs: Any) -> HybridDrafter:
+    """The hybrid drafter a fast decoder needs: its own (`make_hybrid_drafter`, e.g. the AR fast
+    decoder's incremental one), else the generic `HybridDrafter`."""
+    make = getattr(fast_decoder, "make_hybrid_drafter", None)
+    return make(**kwargs) if make is not None else HybridDrafter(fast_decoder, **kwargs)
+
+
 def hybrid_generate(
     target: Any,
     fast_decoder: HypothesisSource,
@@ -322,8 +329,6 @@ def hybrid_generate(
     """
     if not isinstance(target, WhisperTarget):
         target = WhisperTarget(target, language=language, task=task)
-    from .ar_fast_decoder import hybrid_drafter_for  # local: ar_fast_decoder imports this module
-
     drafter = hybrid_drafter_for(fast_decoder, **drafter_kwargs)
     decoder = SpeculativeDecoder(target, drafter, policy=hybrid_policy(num_draft_tokens), rule=hybrid_rule(mode, top_r, margin),
                                  method=f"hybrid-{mode}")

@@ -56,9 +56,9 @@ from ..errors import MMSpecError
 from ..stats import SpecStats
 from ..zoo import entries, folder_card, resolve
 from .audio import AudioSource, is_silent, load_audio, split_chunks
-from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder, hybrid_drafter_for
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
-from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_policy, hybrid_rule
+from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .target import WhisperTarget
 
 DEFAULT_ASR_MODEL = "shapes-whisper-asr"
