@@ -51,7 +51,9 @@ class ImportanceCapture:
         self.per_layer: dict[int, torch.Tensor] = {}
 
     def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
-        self.per_layer[layer_idx] = text_to_visual_importance(query, key, self.text_positions, self.visual_positions, scaling)
+        # Each layer scores on its own device (layers may sit on several GPUs under a device map).
+        text, visual = self.text_positions.to(query.device), self.visual_positions.to(query.device)
+        self.per_layer[layer_idx] = text_to_visual_importance(query, key, text, visual, scaling)
 
 
 _active_capture: ContextVar[ImportanceCapture | None] = ContextVar("mmspec_importance_capture", default=None)

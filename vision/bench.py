@@ -85,18 +85,22 @@ def visual_attention_share(model: PreTrainedModel, item: CaptionInput, repeats: 
         target.start(item.input_ids, **item.model_inputs)
         dense = target.cache
         length = dense.get_seq_length()
-        ids = torch.tensor(sorted(feature_token_ids(model)))
+        device = item.input_ids.device
+        ids = torch.tensor(sorted(feature_token_ids(model)), device=device)
         text = (~torch.isin(item.input_ids[0], ids)).nonzero().flatten()
         token = item.input_ids[:, -1:]
+        position = torch.tensor([[length]], device=device)
 
         def step_time(cache_factory) -> float:
             times = []
             for _ in range(repeats):
                 cache = cache_factory()
                 kv_length = cache.get_seq_length() + 1
-                mask = torch.ones(1, 1, 1, kv_length, dtype=torch.bool)
+                mask = torch.ones(1, 1, 1, kv_length, dtype=torch.bool, device=device)
+                synchronize(device)
                 start = time.perf_counter()
-                model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[length]]), attention_mask=mask, use_cache=True, logits_to_keep=1)
+                model(input_ids=token, past_key_values=cache, position_ids=position, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                synchronize(device)
                 times.append(time.perf_counter() - start)
             return sorted(times)[len(times) // 2]
 
@@ -105,16 +109,22 @@ def visual_attention_share(model: PreTrainedModel, item: CaptionInput, repeats: 
 
             cache = DynamicCache()
             for i, layer in enumerate(dense.layers):
-                index = positions.view(1, 1, -1).expand(layer.keys.shape[0], layer.keys.shape[1], -1)
+                index = positions.to(layer.keys.device).view(1, 1, -1).expand(layer.keys.shape[0], layer.keys.shape[1], -1)
                 cache.update(gather_positions(layer.keys, index), gather_positions(layer.values, index), i)
             return cache
 
-        everything = torch.arange(length)
+        everything = torch.arange(length, device=device)
         full = step_time(lambda: copy_of(everything))
         text_only = step_time(lambda: copy_of(text))
     return {"step_ms_full_cache": full * 1e3, "step_ms_text_cache": text_only * 1e3,
             "visual_attention_share": max(0.0, (full - text_only) / full), "prompt_tokens": length,
             "visual_tokens": length - text.numel()}
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock timing covers it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def bytes_per_committed_token(stats: SpecStats, target_read: int, drafter_read: int = 0) -> float:

@@ -33,23 +33,23 @@ from mmspec.errors import MMSpecError
 from mmspec.targets import as_target
 
 from .feature_drafter import DistillBatch
-from .models import feature_token_ids, visual_token_ids
+from .models import feature_token_ids, inputs_on_model, visual_token_ids
 
 DISTILL_FORMAT = "mmspec-distill-v1"
 MULTIMODAL, TEXT = "multimodal", "text"
 
 
-def _ids(model: PreTrainedModel, getter) -> torch.Tensor:
+def _ids(model: PreTrainedModel, getter, device: torch.device) -> torch.Tensor:
     try:
-        return torch.tensor(sorted(getter(model)), dtype=torch.long)
+        return torch.tensor(sorted(getter(model)), dtype=torch.long, device=device)
     except MMSpecError:  # a text-only target has no visual tokens
-        return torch.empty(0, dtype=torch.long)
+        return torch.empty(0, dtype=torch.long, device=device)
 
 
 def text_only_inputs(model: PreTrainedModel, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """The example's prompt without any visual input: placeholder and vision marker tokens removed, no pixels."""
     input_ids = inputs["input_ids"]
-    keep = ~torch.isin(input_ids[0], _ids(model, visual_token_ids).to(input_ids.device))
+    keep = ~torch.isin(input_ids[0], _ids(model, visual_token_ids, input_ids.device))
     return {"input_ids": input_ids[:, keep]}
 
 
@@ -62,7 +62,7 @@ def trace_target(
     Returns the trace dict described in the module docstring (modality from the presence of
     visual tokens in the prompt).
     """
-    model_inputs = dict(inputs)
+    model_inputs = inputs_on_model(model, inputs)  # the examples may come from a processor, on the CPU
     input_ids = model_inputs.pop("input_ids", None)
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
         raise MMSpecError("each distillation example needs input_ids of shape [1, L] (one prompt, batch size 1)")
@@ -72,7 +72,7 @@ def trace_target(
     stops = eos_ids(model, eos_token_id)
     target = as_target(model)
     target.output_hidden_states = True
-    sequence = target.initial_sequence(input_ids.to(model.device), model_inputs)
+    sequence = target.initial_sequence(input_ids, model_inputs)
     step = target.start(sequence, **model_inputs)
     embeds, features = [step.hidden_states[0][0]], [step.hidden_states[-1][0]]
     generated = []
@@ -87,7 +87,7 @@ def trace_target(
             break
     target.cache = None  # free the KV cache
     ids = torch.cat([sequence[0], torch.cat(generated)]).cpu()
-    visual = torch.isin(ids, _ids(model, feature_token_ids))
+    visual = torch.isin(ids, _ids(model, feature_token_ids, ids.device))
     visual[input_ids.shape[1]:] = False  # generated placeholder ids are plain tokens, as in generate
     return {
         "input_ids": ids,

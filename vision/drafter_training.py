@@ -229,7 +229,8 @@ def train_drafter(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
         scheduler.step()
-        loss, accuracy = float(metrics["loss"].detach()), float(metrics.get("token_accuracy", torch.tensor(float("nan"))))
+        loss = float(metrics["loss"].detach())
+        accuracy = float(metrics["token_accuracy"]) if "token_accuracy" in metrics else float("nan")
         recent.append((loss, accuracy))
         if step % log_every == 0 or step + 1 == steps:
             history.append({"step": step + 1, "loss": loss, "token_accuracy": accuracy, "lr": scheduler.get_last_lr()[0]})

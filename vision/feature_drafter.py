@@ -73,10 +73,12 @@ def eagle_loss(
         zero = predicted.sum() * 0
         return {"loss": zero, "feature_loss": zero, "token_loss": zero, "token_accuracy": zero.detach()}
     feature_loss = F.smooth_l1_loss(pred, target)
+    # The borrowed head keeps the target's dtype (e.g. bfloat16) while the drafter trains in its own.
+    head_dtype = getattr(getattr(lm_head, "weight", None), "dtype", pred.dtype)
     with torch.no_grad():
-        target_logits = lm_head(target)
+        target_logits = lm_head(target.to(head_dtype))
         target_probs = target_logits.float().softmax(-1)
-    draft_logp = lm_head(pred).float().log_softmax(-1)
+    draft_logp = lm_head(pred.to(head_dtype)).float().log_softmax(-1)
     token_loss = -(target_probs * draft_logp).sum(-1).mean()
     accuracy = (draft_logp.argmax(-1) == target_logits.argmax(-1)).float().mean()
     return {
@@ -131,10 +133,11 @@ def borrow_target_parts(model: PreTrainedModel, drafter_hidden_size: int, name: 
     lm_head = model.get_output_embeddings()
     if lm_head is None:
         raise MMSpecError(f"{type(model).__name__} has no LM head for the {name} drafter to borrow")
+    device = model.get_input_embeddings().weight.device  # where the token ids it is compared with live
     try:
-        visual_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long)
+        visual_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=device)
     except MMSpecError:  # a text-only target: the drafter is then plain EAGLE
-        visual_ids = torch.empty(0, dtype=torch.long)
+        visual_ids = torch.empty(0, dtype=torch.long, device=device)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
     return BorrowedTargetParts(model.get_input_embeddings(), lm_head, visual_ids, stop_ids)

@@ -77,26 +77,29 @@ def visual_runs(visual: torch.Tensor) -> list[tuple[int, int]]:
     return runs
 
 
-def spread_positions(start: int, end: int, count: int) -> torch.LongTensor:
-    """`count` positions spread evenly over [start, end - 1] (RoPE positions of a compressed block)."""
+def spread_positions(start: int, end: int, count: int, device: torch.device | str | None = None) -> torch.LongTensor:
+    """`count` positions spread evenly over [start, end - 1] (RoPE positions of a compressed block), on `device`."""
     if count == 1:
-        return torch.tensor([(start + end - 1) // 2])
-    return torch.linspace(start, end - 1, count).round().long()
+        return torch.tensor([(start + end - 1) // 2], device=device)
+    # linspace in float64 on any device gives the same rounding as on the CPU.
+    return torch.linspace(start, end - 1, count, dtype=torch.float64, device=device).round().long()
 
 
 def causal_bias(query_length: int, past_length: int, key_padding: torch.Tensor | None, dtype: torch.dtype,
-                batch: int = 1) -> torch.Tensor:
-    """Additive attention mask [B, 1, q, past + q]: query i sees keys <= past + i (and no padding).
+                batch: int = 1, device: torch.device | str | None = None) -> torch.Tensor:
+    """Additive attention mask [B, 1, q, past + q] on `device`: query i sees keys <= past + i (and no padding).
 
     Explicit, because with a cache and q > 1 SDPA's own `is_causal` aligns the wrong corner.
     Works with the eager and SDPA attention implementations.
     """
+    if key_padding is not None:
+        device = key_padding.device
     keys = past_length + query_length
-    allowed = torch.ones(query_length, keys, dtype=torch.bool).tril(diagonal=past_length)
+    allowed = torch.ones(query_length, keys, dtype=torch.bool, device=device).tril(diagonal=past_length)
     allowed = allowed.expand(batch, 1, query_length, keys)
     if key_padding is not None:
         allowed = allowed & key_padding.bool()[:, None, None, :]
-    bias = torch.zeros(allowed.shape, dtype=dtype)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
     return bias.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
@@ -271,22 +274,25 @@ class FlashDrafterModel(FeatureDrafterModel):
         RoPE positions [S] and sources [S] (the text position of each entry, -1 for visual).
         """
         length = text_hidden.shape[0]
+        device = text_hidden.device
         hidden, positions, sources = [], [], []
         cursor = 0
         for start, end in visual_runs(visual[:length]):
-            text = torch.arange(cursor, start)
+            text = torch.arange(cursor, start, device=device)
             hidden += [text_hidden[cursor:start], self.compress(embeds[start:end])]
             block = hidden[-1].shape[0]
-            block_positions = spread_positions(start, end, block) if self.config.compress else torch.arange(start, end)
+            if self.config.compress:
+                block_positions = spread_positions(start, end, block, device=device)
+            else:
+                block_positions = torch.arange(start, end, device=device)
             positions += [text, block_positions]
-            sources += [text, torch.full((block,), -1)]
+            sources += [text, torch.full((block,), -1, dtype=torch.long, device=device)]
             cursor = end
-        tail = torch.arange(cursor, length)
+        tail = torch.arange(cursor, length, device=device)
         hidden.append(text_hidden[cursor:length])
         positions.append(tail)
         sources.append(tail)
-        device = text_hidden.device
-        return torch.cat(hidden), torch.cat(positions).to(device), torch.cat(sources).to(device)
+        return torch.cat(hidden), torch.cat(positions), torch.cat(sources)
 
     def forward(
         self,
@@ -301,7 +307,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         """
         batch, length, _ = hidden.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        mask = causal_bias(length, past, key_padding, hidden.dtype, batch).to(hidden.device)
+        mask = causal_bias(length, past, key_padding, hidden.dtype, batch, device=hidden.device)
         out = self.layer(
             hidden,
             attention_mask=mask,

@@ -11,7 +11,7 @@ markers (plain text-like tokens that carry no features).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedConfig, PreTrainedModel
@@ -112,6 +112,20 @@ def modality_token_types(model: PreTrainedModel | PreTrainedConfig, input_ids: t
         if ids:
             types[torch.isin(input_ids, torch.tensor(sorted(ids), device=input_ids.device))] = value
     return types
+
+
+def inputs_on_model(model: PreTrainedModel, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Model inputs (a processor's output) on the model's device, floating tensors (pixels) in its dtype.
+
+    Token ids, grids and masks keep their integer dtypes; anything that is not a tensor is kept as is.
+    """
+    device, dtype = model.device, model.dtype
+    moved = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            value = value.to(device, dtype) if value.is_floating_point() else value.to(device)
+        moved[name] = value
+    return moved
 
 
 def is_supported(model: PreTrainedModel) -> bool:

@@ -41,7 +41,7 @@ from ..zoo import entries, folder_card, load_causal_lm, resolve
 from .feature_drafter import FeatureDrafterModel
 from .feature_methods import BUILD_COMMAND, FEATURE_KINDS, load_checked, runtime_drafter, zoo_drafter_folder
 from .inputs import load_image, load_video
-from .models import image_token_ids, load_vision_model, video_token_ids
+from .models import image_token_ids, inputs_on_model, load_vision_model, video_token_ids
 from .sparse_to_dense import SparseToDenseDrafter
 from .target import VisionTarget
 from .text_drafter import TextOnlyDrafter
@@ -102,7 +102,8 @@ class CaptionPipeline:
     ) -> None:
         self.model = model.eval()
         self.processor = processor
-        self.drafter_model = drafter
+        # The text drafter reads the committed tokens, which live on the model's device.
+        self.drafter_model = drafter.to(model.device) if drafter is not None else None
         self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
         self.card = card or {}
         self.std_kv_budget = std_kv_budget
@@ -151,6 +152,14 @@ class CaptionPipeline:
                 chosen[kind] = found
         return cls(model, processor, drafter=drafter, model_name=name, card=card, feature_drafters=chosen,
                    model_folder=folder, **kwargs)
+
+    def to(self, device: str | torch.device) -> "CaptionPipeline":
+        """Move the model and every drafter to `device` (as diffusers' `pipe.to("cuda")`)."""
+        self.model.to(device)
+        for module in (self.drafter_model, *self.feature_drafters.values()):
+            if module is not None:
+                module.to(device)
+        return self
 
     @property
     def available_methods(self) -> list[str]:
@@ -206,7 +215,7 @@ class CaptionPipeline:
         num_frames: int = 8,
         fps: float | None = None,
     ) -> dict[str, Any]:
-        """Model inputs (input_ids, pixel tensors, ...) for one video or one image and a prompt."""
+        """Model inputs (input_ids, pixel tensors, ...) for one video or one image and a prompt, on the model's device."""
         if (video is None) == (image is None):
             raise MMSpecError("pass exactly one of video=... or image=...")
         if video is not None:
@@ -223,7 +232,7 @@ class CaptionPipeline:
             inputs = self.processor(text=[text], return_tensors="pt", **media)
         except Exception as error:  # noqa: BLE001 - processors raise many types for bad media
             raise MMSpecError(f"the processor could not prepare this {kind}: {str(error).splitlines()[0]}") from None
-        return dict(inputs)
+        return inputs_on_model(self.model, inputs)
 
     def _prompt_text(self, kind: str, prompt: str | None) -> str:
         placeholder = getattr(self.processor, f"{kind}_token")

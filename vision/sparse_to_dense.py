@@ -46,8 +46,9 @@ def select_kv_positions(importance: torch.Tensor, visual_positions: torch.Tensor
     batch, kv_heads, num_visual = importance.shape
     keep = min(keep, num_visual)
     top = importance.topk(keep, dim=-1).indices
-    chosen_visual = visual_positions[top]
-    text = text_positions.view(1, 1, -1).expand(batch, kv_heads, -1)
+    # The positions live with the prompt, the scores with the layer (another GPU under a device map).
+    chosen_visual = visual_positions.to(top.device)[top]
+    text = text_positions.to(top.device).view(1, 1, -1).expand(batch, kv_heads, -1)
     return torch.cat([chosen_visual, text], dim=-1).sort(dim=-1).values
 
 
@@ -166,18 +167,24 @@ class SparseToDenseDrafter(Drafter):
         out = self.model(
             input_ids=token[:, None],
             past_key_values=self.sparse_cache,
-            position_ids=self._position_ids(position, token.shape[0]),
+            position_ids=self._position_ids(position, token),
             attention_mask=attend_all,
             use_cache=True,
             logits_to_keep=1,
         )
         return out.logits[:, -1, :]
 
-    def _position_ids(self, position: int, batch: int) -> torch.Tensor:
+    def _position_ids(self, position: int, token: torch.Tensor) -> torch.Tensor:
+        """Position ids [B, 1] (or [3, B, 1] for M-RoPE) of `token` [B], on its device.
+
+        Built on the token's device: a CPU tensor here meets the rotary embedding's `inv_freq` on the
+        model's device (on a GPU: "Expected all tensors to be on the same device, ... mat2 is on cpu").
+        """
+        batch = token.shape[0]
         if self._rope_deltas is None:
-            return torch.full((batch, 1), position, dtype=torch.long)
+            return torch.full((batch, 1), position, dtype=torch.long, device=token.device)
         # Qwen2-VL style M-RoPE: text after the visual span sits at position + rope delta on all 3 axes.
-        shifted = (position + self._rope_deltas).view(1, -1, 1).expand(3, batch, 1)
+        shifted = (position + self._rope_deltas.to(token.device)).view(1, -1, 1).expand(3, batch, 1)
         return shifted.long()
 
     def _truncate_sparse(self, length: int) -> None:

@@ -32,7 +32,7 @@ class VisionTarget(Target):
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, output_hidden_states=output_hidden_states)
-        self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long)
+        self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=model.device)
 
     def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
         sequence = super().initial_sequence(input_ids, model_inputs)
@@ -43,7 +43,8 @@ class VisionTarget(Target):
 
     def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
         # A placeholder id among the drafts would be counted as a slot for visual features.
-        return not bool(torch.isin(drafts, self.placeholder_ids.to(drafts.device)).any())
+        self.placeholder_ids = self.placeholder_ids.to(drafts.device)  # moves once if the model was moved
+        return not bool(torch.isin(drafts, self.placeholder_ids).any())
 
 
 for _model_type in ("llava", "llava_onevision", "llava_next_video", "qwen2_vl"):

@@ -47,7 +47,7 @@ class TextOnlyDrafter(ModelDrafter):
         ids = visual_token_ids(visual_tokens) if isinstance(visual_tokens, PreTrainedModel) else {int(t) for t in visual_tokens}
         if not ids:
             raise MMSpecError("TextOnlyDrafter needs at least one visual token id to remove")
-        self.visual_ids = torch.tensor(sorted(ids), dtype=torch.long)
+        self.visual_ids = torch.tensor(sorted(ids), dtype=torch.long, device=self.lm.model.device)
         self._pad_to = None
         if isinstance(visual_tokens, PreTrainedModel):
             target_width = model_vocab_size(visual_tokens)
@@ -58,7 +58,8 @@ class TextOnlyDrafter(ModelDrafter):
 
     def text_only(self, sequence: torch.LongTensor) -> torch.LongTensor:
         """`sequence` [1, L] without its visual tokens, [1, L']."""
-        keep = ~torch.isin(sequence[0], self.visual_ids.to(sequence.device))
+        self.visual_ids = self.visual_ids.to(sequence.device)  # moves once, not on every round
+        keep = ~torch.isin(sequence[0], self.visual_ids)
         return sequence[:, keep]
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
@@ -90,6 +91,6 @@ class TextOnlyDrafter(ModelDrafter):
         # before choosing keeps q (for speculative sampling) the distribution the draft came from.
         if self._pad_to is not None:
             logits = torch.nn.functional.pad(logits, (0, self._pad_to - logits.shape[-1]), value=float("-inf"))
-        ids = self.visual_ids.to(logits.device)
-        ids = ids[ids < logits.shape[-1]]
+        self.visual_ids = self.visual_ids.to(logits.device)
+        ids = self.visual_ids[self.visual_ids < logits.shape[-1]]
         return super().choose(logits.index_fill(-1, ids, float("-inf")), sampling, generator, want_confidence)

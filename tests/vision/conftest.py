@@ -3,9 +3,7 @@ already sets offline mode and one torch thread)."""
 
 import pytest
 
-from mmspec.testing import tiny_llama
-
-from .tiny_vlms import BUILDERS, VOCAB, Case, qwen2_vl_image, qwen2_vl_model, qwen2_vl_video
+from .tiny_vlms import BUILDERS, Case, qwen2_vl_image, qwen2_vl_model, qwen2_vl_video, text_drafter_lm
 
 
 @pytest.fixture(scope="session")
@@ -20,4 +18,4 @@ def vlm_cases() -> dict[str, Case]:
 @pytest.fixture(scope="session")
 def text_lm():
     """A small random text-only LM with the VLMs' vocabulary: the TextOnlyDrafter's model."""
-    return tiny_llama(vocab_size=VOCAB, num_layers=1, hidden_size=32, seed=1)
+    return text_drafter_lm()

@@ -27,7 +27,7 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from mmspec.testing import reload_from_disk
+from mmspec.testing import reload_from_disk, tiny_llama
 
 VOCAB = 200
 IMAGE, VIDEO, VISION_START, VISION_END = 190, 191, 192, 193
@@ -144,6 +144,11 @@ def qwen2_vl_video(seed: int = 0, model: PreTrainedModel | None = None) -> Case:
     pixels = torch.randn(32, 3 * 2 * 14 * 14)
     inputs = {"pixel_values_videos": pixels, "video_grid_thw": grid, "mm_token_type_ids": 2 * (ids == VIDEO).int()}
     return Case("qwen2vl-video", model, ids, inputs)
+
+
+def text_drafter_lm() -> PreTrainedModel:
+    """A small random text-only LM with the VLMs' vocabulary: the TextOnlyDrafter's model."""
+    return tiny_llama(vocab_size=VOCAB, num_layers=1, hidden_size=32, seed=1)
 
 
 BUILDERS: dict[str, Callable[[], Case]] = {
