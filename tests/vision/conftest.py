@@ -3,16 +3,12 @@ already sets offline mode and one torch thread)."""
 
 import pytest
 
-from .tiny_vlms import BUILDERS, Case, qwen2_vl_image, qwen2_vl_model, qwen2_vl_video, text_drafter_lm
+from .tiny_vlms import Case, all_cases, text_drafter_lm
 
 
 @pytest.fixture(scope="session")
 def vlm_cases() -> dict[str, Case]:
-    cases = {name: build() for name, build in BUILDERS.items() if not name.startswith("qwen2vl")}
-    qwen = qwen2_vl_model()
-    cases["qwen2vl-image"] = qwen2_vl_image(model=qwen)
-    cases["qwen2vl-video"] = qwen2_vl_video(model=qwen)
-    return cases
+    return all_cases()
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,9 @@ def method_drafter(method: str, model: PreTrainedModel, text_lm: PreTrainedModel
     if method == "std":
         return SparseToDenseDrafter(model, visual_keep=STD_VISUAL_KEEP)
     if method in ("msd", "flash"):
-        with torch.device(model.device):  # built where the model is (a test may set another default device)
+        # Initialised on the CPU (a seed gives the same weights for a model on any device, and a test may
+        # have set another default device), then moved.
+        with torch.device("cpu"):
             net = tiny_drafter(method, model.config.get_text_config(), seed=seed)
-        return runtime_drafter(net.to(dtype=drafter_dtype or model.dtype))
+        return runtime_drafter(net.to(device=model.device, dtype=drafter_dtype or model.dtype))
     raise ValueError(f"unknown method {method!r}")

@@ -233,3 +233,18 @@ def test_pipeline_in_float64(method, float64_pipe, frames):
     want = float64_pipe.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
     out = float64_pipe(video=frames, max_new_tokens=MAX_NEW, method=method, progress_bar=False)
     assert out.sequences.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("kind", ["msd", "flash"])
+def test_distillation_and_training_for_a_bfloat16_target(kind, vlm_cases, tmp_path):
+    """Traces of a bfloat16 target from CPU float32 examples; a float32 drafter trains against its bfloat16 head."""
+    from mmspec.vision.distill_data import generate_distill_data
+    from mmspec.vision.drafter_training import train_drafter
+
+    from .test_distill_training import llava_example
+
+    model = in_dtype(vlm_cases["llava-image"], torch.bfloat16).model
+    generate_distill_data(model, [llava_example(0), llava_example(1)], tmp_path / "data", max_new_tokens=6, progress=False)
+    net = train_drafter(model, kind, tmp_path / "data", tmp_path / "out", steps=3, batch_size=2, checkpoint_every=0,
+                        progress=False)
+    assert net.dtype == torch.float32

@@ -158,3 +158,12 @@ BUILDERS: dict[str, Callable[[], Case]] = {
     "qwen2vl-image": qwen2_vl_image,
     "qwen2vl-video": qwen2_vl_video,
 }
+
+
+def all_cases() -> dict[str, Case]:
+    """Every case in BUILDERS, the two Qwen2-VL cases sharing one model."""
+    cases = {name: build() for name, build in BUILDERS.items() if not name.startswith("qwen2vl")}
+    qwen = qwen2_vl_model()
+    cases["qwen2vl-image"] = qwen2_vl_image(model=qwen)
+    cases["qwen2vl-video"] = qwen2_vl_video(model=qwen)
+    return cases
