@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-import importlib
+import importlib.metadata
 from typing import Any, Callable
 
 import torch
@@ -142,8 +142,20 @@ class Target(CachedModel):
 # model_type -> Target factory. Adapters register the targets their models need (Whisper's
 # suppressed tokens, VLM placeholder handling); the core looks them up for raw models.
 TARGET_FACTORIES: dict[str, Callable[[PreTrainedModel], Target]] = {}
-# Adapter packages imported (once, lazily) so they can register: plug-in discovery by name only.
-ADAPTER_PACKAGES = ("mmspec.vision", "mmspec.speech")
+# Adapters announce themselves as entry points of this group (pyproject.toml); any installed
+# package can add one. They are loaded once, lazily, the first time a model type is unknown.
+ADAPTER_ENTRY_POINTS = "mmspec.adapters"
+_adapters_loaded = False
+
+
+def load_adapters() -> None:
+    """Import every installed adapter so it can register its targets."""
+    global _adapters_loaded
+    if _adapters_loaded:
+        return
+    _adapters_loaded = True
+    for entry_point in importlib.metadata.entry_points(group=ADAPTER_ENTRY_POINTS):
+        entry_point.load()
 
 
 def register_target(model_type: str, factory: Callable[[PreTrainedModel], Target]) -> None:
@@ -158,7 +170,6 @@ def as_target(model: PreTrainedModel | Target) -> Target:
         raise MMSpecError(f"the target must be a transformers PreTrainedModel, got {type(model).__name__}")
     model_type = getattr(model.config, "model_type", "")
     if model_type not in TARGET_FACTORIES:
-        for package in ADAPTER_PACKAGES:
-            importlib.import_module(package)
+        load_adapters()
     factory = TARGET_FACTORIES.get(model_type, Target)
     return factory(model)
