@@ -74,12 +74,6 @@ def split_chunks(audio: np.ndarray, chunk_seconds: float = 30.0, sampling_rate: 
     return [audio[start : start + size] for start in range(0, audio.shape[0], size)]
 
 
-def duration_seconds(audio: np.ndarray, sampling_rate: int = DEFAULT_SAMPLING_RATE) -> float:
-    return audio.shape[0] / float(sampling_rate)
-
-
-# ---------------------------------------------------------------------------------------------
-
 def _existing_file(source: str | Path) -> Path:
     path = Path(source)
     if not path.exists():
