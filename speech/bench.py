@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,8 +57,8 @@ from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
 from .target import WhisperTarget, whisper_prompt_ids
 from .train_fast import Clip, clip_features, read_clip_folder
+from .wer import NORMALISATION, corpus_wer, normalise
 
-NORMALISATION = "lowercase, punctuation (Unicode category P) removed, whitespace collapsed"
 REPETITION_MAX_N = 4
 REFERENCE = "plain-greedy"
 HF_ASSISTANT_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
@@ -67,33 +66,6 @@ HF_ASSISTANT_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_sched
 
 
 # --- quality measures -------------------------------------------------------------------------------
-
-def normalise(text: str) -> str:
-    """Lowercase, drop punctuation (Unicode category P), collapse whitespace."""
-    kept = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text.lower())
-    return " ".join(kept.split())
-
-
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(substitutions + deletions + insertions, reference words) after `normalise`."""
-    import jiwer
-
-    ref, hyp = normalise(reference), normalise(hypothesis)
-    if not ref:
-        return len(hyp.split()), 0  # jiwer refuses an empty reference: every output word is an insertion
-    out = jiwer.process_words(ref, hyp if hyp else "")
-    return out.substitutions + out.deletions + out.insertions, len(ref.split())
-
-
-def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
-    """Word error rate over the whole set (errors summed, divided by the reference words summed)."""
-    errors = words = 0
-    for ref, hyp in zip(references, hypotheses):
-        e, n = word_errors(ref, hyp)
-        errors += e
-        words += n
-    return errors / words if words else float(errors > 0)
-
 
 def repeated_ngrams(words: list[str], max_n: int = REPETITION_MAX_N) -> Counter:
     """Immediately repeated word n-grams (n = 1..max_n): "go go" counts ("go",) once, "a b a b" counts ("a", "b") once."""

@@ -33,7 +33,7 @@ import copy
 from typing import Any, Iterable
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     SuppressTokensAtBeginLogitsProcessor,
@@ -42,7 +42,7 @@ from transformers.generation.logits_process import (
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..errors import MMSpecError
-from ..targets import Target, TargetStep, register_target
+from ..targets import Target, register_target
 
 TASKS = ("transcribe", "translate")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, MistralConfig, T5Config
 
-from mmspec import MMSpecError, ModelDrafter, PromptLookupDrafter, SamplingConfig, speculative_generate
+from mmspec import MMSpecError, PromptLookupDrafter, SamplingConfig, speculative_generate
 from mmspec.generation import resolve_generation
 from mmspec.rules import speculative_sampling
 from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal, reload_from_disk, tiny_llama

@@ -1,7 +1,7 @@
 """The zoo video captioner (shapes-video-captioner) loads offline and captions a video.
 
 Skips cleanly when the zoo folder has no weights (rebuild with
-``python -m mmspec.zoo.training.train_video_captioner``).
+``python -m mmspec.vision.recipes.train_video_captioner``).
 """
 
 import json
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmspec.zoo.training import captioner_data as cd
+from mmspec.vision.recipes import captioner_data as cd
 
 FOLDER = Path(os.environ.get("MMSPEC_CAPTIONER_DIR", cd.zoo_folder()))
 

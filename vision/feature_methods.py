@@ -27,7 +27,7 @@ from .feature_drafter import FeatureDrafterModel
 
 # kind -> (name in messages, config model_type), in the order methods are listed.
 FEATURE_KINDS: dict[str, tuple[str, str]] = {"msd": ("MSD", "mmspec_msd"), "flash": ("FLASH", "mmspec_flash")}
-BUILD_COMMAND = "python -m mmspec.zoo.training.train_captioner_drafters"
+BUILD_COMMAND = "python -m mmspec.vision.recipes.train_captioner_drafters"
 
 
 def check_kind(kind: str) -> str:

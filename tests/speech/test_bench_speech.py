@@ -9,15 +9,8 @@ import pytest
 
 from mmspec import MMSpecError
 from mmspec.cli import main
-from mmspec.speech.bench import (
-    REFERENCE,
-    bench_speech,
-    corpus_wer,
-    normalise,
-    repeated_ngrams,
-    repetition_count,
-    word_errors,
-)
+from mmspec.speech.bench import REFERENCE, bench_speech, repeated_ngrams, repetition_count
+from mmspec.speech.wer import corpus_wer, normalise, word_errors
 from mmspec.speech.pipeline import load_fast_decoder, load_whisper
 from mmspec.speech.train_fast import read_clip_folder
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from mmspec import MMSpecError
-from mmspec.zoo.training import speech_data
-from mmspec.zoo.training.train_whisper_asr import normalise_text, word_errors
+from mmspec.speech.recipes import speech_data
+from mmspec.speech.wer import normalise, word_errors
 
 needs_espeak = pytest.mark.skipif(not speech_data.espeak_available(), reason="espeak-ng is not installed")
 
@@ -44,7 +44,7 @@ def test_bad_metadata_is_a_clear_error(tmp_path):
 
 
 def test_word_errors_after_normalisation():
-    assert normalise_text("In the video, a RED disc!") == "in the video a red disc"
+    assert normalise("In the video, a RED disc!") == "in the video a red disc"
     assert word_errors("the red disc moves.", "The red disc moves") == (0, 4)
     assert word_errors("the red disc moves", "the blue disc moves left") == (2, 4)
     assert word_errors("a b c", "") == (3, 3)

@@ -18,7 +18,7 @@ from mmspec.vision.feature_methods import check_compatible, load_feature_drafter
 from mmspec.vision.flash import FlashDrafterModel
 from mmspec.vision.msd import MSDDrafterModel
 from mmspec.vision.pipeline import CaptionPipeline
-from mmspec.zoo.training import train_captioner_drafters as build
+from mmspec.vision.recipes import train_captioner_drafters as build
 
 from .test_pipeline import frames, tiny_captioner_folder  # noqa: F401 (fixtures)
 

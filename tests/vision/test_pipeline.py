@@ -15,7 +15,7 @@ from mmspec.cli import main
 from mmspec.vision import write_video
 from mmspec.vision.pipeline import CaptionPipeline
 from mmspec.zoo import resolve
-from mmspec.zoo.training import captioner_data as cd
+from mmspec.vision.recipes import captioner_data as cd
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Measure the trained caption target/drafter pair and record it in their zoo cards.
 
-    python -m mmspec.zoo.training.measure_pair [--prompts 200] [--no-write]
+    python -m mmspec.vision.recipes.measure_pair [--prompts 200] [--no-write]
 
 - per-token forward latency of each model (1 new token over a KV cache of 20 tokens,
   fp32, inference mode, mean of 100 calls) and the target's 6-token verify forward;

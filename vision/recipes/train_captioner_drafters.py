@@ -1,8 +1,8 @@
 """Build the toy captioner's MSD and FLASH drafters from scratch, in one command.
 
-    python -m mmspec.zoo.training.train_captioner_drafters                 # data + msd + flash, shipped
-    python -m mmspec.zoo.training.train_captioner_drafters --time-only     # measure, print the estimate, stop
-    python -m mmspec.zoo.training.train_captioner_drafters --ablations     # + the ablation drafters (not shipped)
+    python -m mmspec.vision.recipes.train_captioner_drafters                 # data + msd + flash, shipped
+    python -m mmspec.vision.recipes.train_captioner_drafters --time-only     # measure, print the estimate, stop
+    python -m mmspec.vision.recipes.train_captioner_drafters --ablations     # + the ablation drafters (not shipped)
 
 What it does, in order:
 
@@ -126,7 +126,7 @@ def load_captioner(folder: Path) -> Any:
 
     if not (folder / "config.json").is_file():
         raise MMSpecError(f"no captioner in {folder} (config.json not found): build it first "
-                          "(python -m mmspec.zoo.training.train_video_captioner) or pass --captioner FOLDER")
+                          "(python -m mmspec.vision.recipes.train_video_captioner) or pass --captioner FOLDER")
     card_file = folder / "zoo_card.json"
     card = json.loads(card_file.read_text()) if card_file.is_file() else {}
     model = load_vision_model(folder)
@@ -234,7 +234,7 @@ def ship(drafter: Any, trained_dir: Path, dest: Path, extra: dict[str, Any]) -> 
 
 
 def rebuild_command(args: argparse.Namespace) -> str:
-    command = (f"python -m mmspec.zoo.training.train_captioner_drafters --kinds {' '.join(args.kinds)} --videos {args.videos} "
+    command = (f"python -m mmspec.vision.recipes.train_captioner_drafters --kinds {' '.join(args.kinds)} --videos {args.videos} "
                f"--steps {args.steps} --batch-size {args.batch_size} --lr {args.lr} --max-new-tokens {args.max_new_tokens} "
                f"--flash-queries {args.flash_queries} --flash-semi-ar {args.flash_semi_ar} --seed {args.seed}")
     return command + f" --threads {args.threads}"
@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mmspec.zoo.training.train_captioner_drafters",
+    parser = argparse.ArgumentParser(prog="python -m mmspec.vision.recipes.train_captioner_drafters",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--captioner", default=str(cd.zoo_folder()), help="captioner folder (default: the zoo's)")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="drafters to train and ship")

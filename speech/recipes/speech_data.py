@@ -13,7 +13,7 @@ A dataset folder is ``metadata.jsonl`` (one ``{"file", "text", "voice", "speed",
 line, ``file`` relative to the folder) plus the wav files: the format ``mmspec train-fast-decoder``
 and ``mmspec bench speech`` read.
 
-    python -m mmspec.zoo.training.speech_data --out /tmp/asr-train --n 6000 --split train
+    python -m mmspec.speech.recipes.speech_data --out /tmp/asr-train --n 6000 --split train
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Train the shapes-world caption LMs of the embedded zoo: a ~28M-parameter Llama
 target and a ~2M-parameter Llama drafter sharing one tokenizer.
 
-    python -m mmspec.zoo.training.train_caption_lm --which tokenizer
-    python -m mmspec.zoo.training.train_caption_lm --which target
-    python -m mmspec.zoo.training.train_caption_lm --which drafter [--distil]
-    python -m mmspec.zoo.training.train_caption_lm --which target --time-steps 5   # measure only
+    python -m mmspec.vision.recipes.train_caption_lm --which tokenizer
+    python -m mmspec.vision.recipes.train_caption_lm --which target
+    python -m mmspec.vision.recipes.train_caption_lm --which drafter [--distil]
+    python -m mmspec.vision.recipes.train_caption_lm --which target --time-steps 5   # measure only
 
 Sequences are ``<bos> caption <eos>`` over captions generated on the fly by
 :mod:`mmspec.world`. Weights are saved in fp16 safetensors beside a ``zoo_card.json``.
@@ -32,8 +32,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from mmspec.world import caption_corpus
 
 from .tokenizer import build_tokenizer
+from mmspec.zoo import MODELS_DIR
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 TARGET_DIR = MODELS_DIR / "shapes-caption-lm"
 DRAFTER_DIR = MODELS_DIR / "shapes-caption-drafter"
 HELDOUT_N = 2000  # held-out captions for the quality numbers in the card
@@ -241,7 +241,7 @@ def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, 
         "train_wall_time_s": round(wall, 1),
         "train_machine": f"2 CPU cores (shared with other jobs), torch.set_num_threads({threads})",
         "quality": {**quality, "measured_on": f"mmspec.world.caption_corpus(n={HELDOUT_N}, seed={seed}, split='heldout')"},
-        "rebuild_command": f"python -m mmspec.zoo.training.train_caption_lm --which {recipe.role}"
+        "rebuild_command": f"python -m mmspec.vision.recipes.train_caption_lm --which {recipe.role}"
                            + (" --distil" if distil else ""),
     }
     (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")

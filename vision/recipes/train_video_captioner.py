@@ -1,9 +1,9 @@
 """Train the zoo's toy video captioner ``shapes-video-captioner``: a real
 ``LlavaNextVideoForConditionalGeneration`` built from the zoo caption LM.
 
-    python -m mmspec.zoo.training.train_video_captioner                  # full run, auto-sized
-    python -m mmspec.zoo.training.train_video_captioner --time-steps 3   # time steps only
-    python -m mmspec.zoo.training.train_video_captioner --aux-steps 4 --steps 4 --eval-n 4 --out /tmp/x  # smoke
+    python -m mmspec.vision.recipes.train_video_captioner                  # full run, auto-sized
+    python -m mmspec.vision.recipes.train_video_captioner --time-steps 3   # time steps only
+    python -m mmspec.vision.recipes.train_video_captioner --aux-steps 4 --steps 4 --eval-n 4 --out /tmp/x  # smoke
 
 Model: the caption LM ``shapes-caption-lm`` (Llama, tied embeddings) with two rows
 appended to its embeddings for the new special tokens ``<video>`` and ``<image>``
@@ -62,8 +62,8 @@ from transformers import (AutoTokenizer, CLIPVisionConfig, LlamaForCausalLM, Lla
 from mmspec.world import example_seed, render_video, sample_example
 
 from . import captioner_data as cd
+from mmspec.zoo import MODELS_DIR
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 LM_DIR = MODELS_DIR / "shapes-caption-lm"
 DRAFTER_NAME = "shapes-caption-drafter"
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
@@ -570,7 +570,7 @@ def rebuild_command(args, info: dict) -> str:
     defaults = vars(build_parser().parse_args([]))
     given = dict(vars(args), aux_steps=info["aux_steps"], frame_steps=info["frame_steps"], steps=info["steps"],
                  max_minutes=600.0)
-    parts = ["python -m mmspec.zoo.training.train_video_captioner"]
+    parts = ["python -m mmspec.vision.recipes.train_video_captioner"]
     for name, value in given.items():
         if name in ("out", "lm_dir", "time_steps") or value == defaults.get(name):
             continue
@@ -601,7 +601,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
         "frame_size": cd.FRAME_SIZE,
         "prompt": f"<video>{cd.PROMPT}",
         "inputs": ("AutoProcessor.from_pretrained(folder)(text='<video>describe the video.', videos=frames[T,H,W,3] "
-                   "uint8, return_tensors='pt'); or mmspec.zoo.training.captioner_data.build_captioner_inputs"),
+                   "uint8, return_tensors='pt'); or mmspec.vision.recipes.captioner_data.build_captioner_inputs"),
         "vocab_size": len(tok),
         "base_vocab_size": info["old_vocab"],
         "vocab_note": (f"the caption LM's vocabulary ({info['old_vocab']}) + <video> (id {info['old_vocab']}) and "

@@ -1,9 +1,9 @@
 """Train the zoo's toy ASR model ``shapes-whisper-asr``: a small ``WhisperForConditionalGeneration``
-on speech synthesised with espeak-ng (:mod:`mmspec.zoo.training.speech_data`).
+on speech synthesised with espeak-ng (:mod:`mmspec.speech.recipes.speech_data`).
 
-    python -m mmspec.zoo.training.speech_data --out ~/.cache/mmspec/asr/heldout --n 300 --split heldout
-    python -m mmspec.zoo.training.speech_data --out ~/.cache/mmspec/asr/train --n 8000 --split train
-    python -m mmspec.zoo.training.train_whisper_asr --train ~/.cache/mmspec/asr/train \
+    python -m mmspec.speech.recipes.speech_data --out ~/.cache/mmspec/asr/heldout --n 300 --split heldout
+    python -m mmspec.speech.recipes.speech_data --out ~/.cache/mmspec/asr/train --n 8000 --split train
+    python -m mmspec.speech.recipes.train_whisper_asr --train ~/.cache/mmspec/asr/train \
         --heldout ~/.cache/mmspec/asr/heldout --max-minutes 30
 
 Model: Whisper architecture, English-only, transcribe-only, no timestamps, with a shortened
@@ -19,7 +19,7 @@ encoder output through a throw-away linear head (weight ``--ctc-weight``): joint
 training makes the encoder-decoder alignment converge in a fraction of the steps on CPU. The
 aux head is not saved; the shipped model is a plain Whisper checkpoint. With ``--steps 0`` the run lasts
 ``--max-minutes`` (minus the evaluation reserve) and the learning-rate schedule follows elapsed time; evaluation: greedy ``generate`` on
-held-out clips, WER after :func:`normalise_text`.
+held-out clips, WER after `mmspec.speech.wer.normalise`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import random
-import re
 import time
 from pathlib import Path
 
@@ -47,8 +46,9 @@ from transformers import (WhisperConfig, WhisperFeatureExtractor, WhisperForCond
 from mmspec.speech.audio import load_audio
 
 from . import speech_data
+from mmspec.speech.wer import word_errors
+from mmspec.zoo import MODELS_DIR
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 OUT_DIR = MODELS_DIR / "shapes-whisper-asr"
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
 CHUNK_SECONDS = 8
@@ -58,24 +58,6 @@ MAX_TARGET_POSITIONS = 128
 ARCH = dict(d_model=256, encoder_layers=4, decoder_layers=4, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=1024, decoder_ffn_dim=1024)
 
-
-def normalise_text(text: str) -> str:
-    """Lower case, punctuation dropped, spaces collapsed: the WER normalisation used everywhere here."""
-    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
-
-
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(word edit distance, reference words) after normalisation."""
-    ref, hyp = normalise_text(reference).split(), normalise_text(hypothesis).split()
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1], len(ref)
-
-
-# ---------------------------------------------------------------- tokenizer, processor, model
 
 def build_tokenizer(vocab_size: int, seed: int) -> WhisperTokenizer:
     """Byte-level BPE on the sentence generators, Whisper's specials appended after the ordinary ids."""
@@ -292,7 +274,7 @@ def save(model, processor, args, quality: dict, steps: int, train_time: float, c
         "window": f"{CHUNK_SECONDS} s chunks, {MEL_BINS} mel bins, hop {HOP} samples (20 ms) -> "
                   f"{model.config.max_source_positions} encoder positions",
         "prompt": "<|startoftranscript|><|notimestamps|> (English-only, transcribe, no timestamps)",
-        "trained_on": f"{clips} espeak-ng clips (mmspec.zoo.training.speech_data, split 'train', seed {args.seed}): "
+        "trained_on": f"{clips} espeak-ng clips (mmspec.speech.recipes.speech_data, split 'train', seed {args.seed}): "
                       "half shapes-world captions, half everyday template sentences; 48 voices (6 accents x 8 "
                       "variants), 140-210 wpm, pitch 25-75, white noise at 30-45 dB SNR",
         "training": f"{steps} steps x {args.batch_size} clips, AdamW lr {args.lr}, warm-up {args.warmup}, cosine; "
@@ -303,7 +285,7 @@ def save(model, processor, args, quality: dict, steps: int, train_time: float, c
                     "seeds, same voice pool), greedy generate", "wer_normalisation":
                     "lower case, characters other than a-z 0-9 ' and space dropped, spaces collapsed"},
         "history": history,
-        "rebuild_command": "python -m mmspec.zoo.training.train_whisper_asr " + " ".join(
+        "rebuild_command": "python -m mmspec.speech.recipes.train_whisper_asr " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items()) if v is not None and k != "out"),
         "limitations": "Synthetic espeak-ng speech only: it will not transcribe natural human speech well.",
     }

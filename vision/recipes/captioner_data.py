@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mmspec.zoo import MODELS_DIR
 
 FRAMES = 8  # frames per video
 FRAME_SIZE = 96  # frames are resized to FRAME_SIZE x FRAME_SIZE
@@ -217,7 +218,7 @@ AUX_DIM = (2 * len(AUX_COLOURS) + len(AUX_KINDS) + len(AUX_MOTIONS) + len(AUX_DI
 
 
 def zoo_folder() -> Path:
-    return Path(__file__).resolve().parents[1] / "models" / "shapes-video-captioner"
+    return MODELS_DIR / "shapes-video-captioner"
 
 
 # ---------------------------------------------------------------- dense per-token targets
