@@ -135,20 +135,17 @@ def merged_generation_config(model: PreTrainedModel, base: GenerationConfig | No
 
 
 def check_supported(config: GenerationConfig) -> None:
-    for name, off in UNSUPPORTED_SETTINGS.items():
-        value = getattr(config, name, None)
-        if value not in off:
-            raise MMSpecError(
-                f"{name}={value!r} is not supported by speculative decoding (one sequence, draft-then-verify); "
-                f"leave it unset (for a model's shipped setting: model.generation_config.{name} = None)"
-            )
+    """Refuse, by name, every setting in force that speculative decoding cannot reproduce exactly."""
+    checks = [(UNSUPPORTED_SETTINGS, "by speculative decoding (one sequence, draft-then-verify)")]
     if config.do_sample:
-        for name, off in UNSUPPORTED_WARPERS.items():
+        checks.append((UNSUPPORTED_WARPERS, "when sampling (only temperature, top_k and top_p are)"))
+    for table, why in checks:
+        for name, off in table.items():
             value = getattr(config, name, None)
             if value not in off:
                 raise MMSpecError(
-                    f"{name}={value!r} is not supported when sampling (only temperature, top_k and top_p are); "
-                    f"leave it unset (for a model's shipped setting: model.generation_config.{name} = None)"
+                    f"{name}={value!r} is not supported {why}; leave it unset "
+                    f"(for a model's shipped setting: model.generation_config.{name} = None)"
                 )
 
 
