@@ -10,6 +10,17 @@ has one (`judge/` folder + `mmspec.image_ar.judge`):
 - class accuracy: the judge's `class_accuracy(images, labels)`;
 - FD vs AR: the judge's Fréchet distance between a method's images and an independent AR run
   (same labels, other seeds). The AR row shows the noise floor: two AR runs against each other.
+
+LANTERN rows also report how far the rule really moves the output from the target (`output_tv_*`,
+column "TV out" = mean / max): delta bounds the total variation between p and each candidate's
+boosted distribution, not between p and the law of the token the rule outputs. For every sampled
+acceptance step of the row (up to `MAX_TV_STEPS`, evenly spaced over all its steps) the exact law
+of the token that step commits at the first draft position is computed analytically from that
+step's q and p (`rules.lantern_output_law`), and its total variation from p is averaged. It is
+exact per step, not a Monte Carlo estimate; the average is over the steps the row met.
+
+Seeds: image i of every method uses a CPU generator seeded with seed + i, whatever the model's
+device (draws happen on the generator's device), so a seed gives the same draws on every machine.
 """
 
 from __future__ import annotations
@@ -25,15 +36,16 @@ import torch
 from PIL import Image
 
 from mmspec.bench.harness import run_benchmark
-from mmspec.sampling import SamplingConfig
+from mmspec.sampling import SamplingConfig, seeded_generator
 from mmspec.stats import SpecStats
 
 from .imaging import image_grid, to_pil
 from .methods import MethodConfig
 from .pipeline import SpeculativeImagePipeline
+from .rules import LANTERN_DELTA, LANTERN_K, lantern_output_law, total_variation
 
 REFERENCE = "ar"
-DEFAULT_LANTERN_SETTINGS = ((0.1, 16), (0.25, 16), (0.25, 64))  # (delta, k)
+MAX_TV_STEPS = 2048  # acceptance steps per LANTERN row whose exact output law is computed
 
 
 @dataclass
@@ -52,9 +64,12 @@ class ImageBenchReport:
 
     def to_table(self) -> str:
         quality = any("class_accuracy" in r for r in self.rows)
+        tv = any("output_tv_mean" in r for r in self.rows)
         header = f"{'method':<30} {'steps x':>7} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'speed-up':>8}"
         if quality:
             header += f" {'class acc':>9} {'FD vs AR':>9}"
+        if tv:
+            header += f" {'TV out':>11}"
         lines = [self.title, header, "-" * len(header)]
         for r in self.rows:
             alpha = f"{r['alpha']:.2f}" if r["drafted"] else "-"
@@ -63,9 +78,16 @@ class ImageBenchReport:
             if quality:
                 acc, fd = r.get("class_accuracy"), r.get("fd_vs_ar")
                 line += f" {'-' if acc is None else f'{acc:.2f}':>9} {'-' if fd is None else f'{fd:.2f}':>9}"
+            if tv:
+                mean, most = r.get("output_tv_mean"), r.get("output_tv_max")
+                line += f" {'-' if mean is None else f'{mean:.3f}/{most:.2f}':>11}"
             lines.append(line)
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
         lines.append(f"(steps x = image tokens / target forwards; {settings}; wall = median over repetitions, all images)")
+        if tv:
+            lines.append("(TV out = total variation between the target's p and the exact law of the token a LANTERN step "
+                         "outputs, mean / max over the row's steps; delta bounds TV(p, each candidate's boosted p), "
+                         "not this)")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -75,7 +97,7 @@ def default_methods(
     *,
     window: int = 16,
     num_draft_tokens: int = 4,
-    lantern_settings: Sequence[tuple[float, int]] = DEFAULT_LANTERN_SETTINGS,
+    lantern_settings: Sequence[tuple[float, int]] = ((LANTERN_DELTA, LANTERN_K),),
     init: str = "left",
     gsd_defaults: dict[str, Any] | None = None,
     gsd_settings: Sequence[tuple[int, float | None, float | None]] = (),
@@ -84,17 +106,21 @@ def default_methods(
 
     The GSD row uses `gsd_defaults` (the pipeline's: the model card's calibrated group options, else
     the paper's); each of `gsd_settings` (group window, probability threshold, distance threshold;
-    None = filter off) adds one more GSD row.
+    None = filter off; optionally a fourth entry, the latents: "embeddings" or "codebook") adds one
+    more GSD row. `lantern_settings` are (delta, k) pairs (the pipeline's default: the model card's).
     """
     methods = {REFERENCE: MethodConfig(method="ar")}
     if has_drafter:
         methods[f"sd k={num_draft_tokens}"] = MethodConfig(method="sd", num_draft_tokens=num_draft_tokens)
     methods[f"sjd W={window}"] = MethodConfig(method="sjd", window=window, init=init)
     methods[f"gsd W={window}"] = MethodConfig(method="gsd", window=window, init=init, **(gsd_defaults or {}))
-    for group, prob, distance in gsd_settings:
-        methods[f"gsd W={window} g={group} p={prob} d={distance}"] = MethodConfig(
+    for setting in gsd_settings:
+        group, prob, distance = setting[:3]
+        latents = setting[3] if len(setting) > 3 else "embeddings"
+        suffix = "" if latents == "embeddings" else f" {latents}"
+        methods[f"gsd W={window} g={group} p={prob} d={distance}{suffix}"] = MethodConfig(
             method="gsd", window=window, init=init, gsd_window=group, gsd_prob_threshold=prob,
-            gsd_distance_threshold=distance)
+            gsd_distance_threshold=distance, gsd_latents=latents)
     for delta, k in lantern_settings:
         if has_drafter:
             methods[f"lantern d={delta} k={k} drafter"] = MethodConfig(
@@ -154,18 +180,36 @@ def bench_image(
     title: str = "bench image",
 ) -> ImageBenchReport:
     """Run every method on every label (image i seeded with seed + i), then judge and grid the images."""
-    methods = methods or default_methods(pipe.drafter is not None)
+    if methods is None:
+        lantern = pipe.lantern_settings() if hasattr(pipe, "lantern_settings") else {}
+        methods = default_methods(pipe.drafter is not None,
+                                  lantern_settings=[(lantern.get("lantern_delta", LANTERN_DELTA),
+                                                     lantern.get("lantern_k", LANTERN_K))],
+                                  gsd_defaults=pipe.gsd_settings() if hasattr(pipe, "gsd_settings") else None)
+    for config in methods.values():
+        pipe.runner.check(config)  # one clear error (e.g. LANTERN's k vs the codebook) before minutes of runs
     if judge_dir is None and pipe.folder is not None:
         judge_dir = pipe.folder / "judge"
     scale = pipe.default_guidance_scale if guidance_scale is None else guidance_scale
     items = list(enumerate(labels))
     grids: dict[str, dict[int, torch.Tensor]] = {name: {} for name in methods}
+    # LANTERN rows: per image, the (q, p) of each acceptance step (the last run of that image).
+    steps: dict[str, dict[int, list[tuple[torch.Tensor, torch.Tensor]]]] = {
+        name: {} for name, c in methods.items() if c.method == "lantern" and sampling.do_sample}
 
     def runner_for(name: str, config: MethodConfig):
         def run(item: tuple[int, int]) -> tuple[list[int], SpecStats]:
             index, label = item
-            generator = torch.Generator(device=pipe.model.device).manual_seed(seed + index)
-            out = pipe.runner.run(config, [label], sampling=sampling, generator=generator, guidance_scale=scale)
+            generator = seeded_generator("cpu", seed + index)  # a CPU generator: the same draws on every device
+            observe = None
+            if name in steps:
+                seen = steps[name][index] = []
+
+                def observe(q: torch.Tensor, p: torch.Tensor) -> None:
+                    seen.append((q.detach().float().cpu(), p.detach().float().cpu()))
+
+            out = pipe.runner.run(config, [label], sampling=sampling, generator=generator, guidance_scale=scale,
+                                  observe=observe)
             grids[name][index] = out.tokens[0]
             return out.tokens.flatten().tolist(), out.stats
 
@@ -182,7 +226,7 @@ def bench_image(
         if judge_dir is not None and judge_dir.is_dir():
             # An independent AR run (other seeds) for the Fréchet distance; the AR row then shows the noise floor.
             for index, label in items:
-                generator = torch.Generator(device=pipe.model.device).manual_seed(seed + len(items) + index)
+                generator = seeded_generator("cpu", seed + len(items) + index)
                 out = pipe.runner.run(MethodConfig(method="ar"), [label], sampling=sampling, generator=generator,
                                       guidance_scale=scale)
                 reference_images += to_pil(pipe.vq.decode(out.tokens))
@@ -193,6 +237,8 @@ def bench_image(
         name = row["method"]
         row["method_family"] = methods[name].method
         row.update(quality.get(name, {}))
+        if name in steps:
+            row.update(output_tv(steps[name], pipe.runner.neighbours(methods[name].lantern_k), methods[name]))
         if sampling.do_sample:  # sampled outputs are not comparable token for token
             row.pop("identical_to_reference", None)
             row.pop("mismatched_outputs", None)
@@ -202,3 +248,28 @@ def bench_image(
         notes.append("no drafter/ folder: sd and LANTERN-with-drafter rows skipped")
     grid = image_grid([(name, imgs[:grid_columns]) for name, imgs in images.items()])
     return ImageBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
+
+
+def output_tv(per_image: dict[int, list[tuple[torch.Tensor, torch.Tensor]]], neighbours: torch.LongTensor,
+              config: MethodConfig, max_steps: int = MAX_TV_STEPS, batch: int = 8) -> dict[str, Any]:
+    """Mean / max total variation between p and the exact output law of a LANTERN row's acceptance steps.
+
+    Steps are taken in image order; with more than `max_steps`, an evenly spaced subset.
+    """
+    pairs = [pair for index in sorted(per_image) for pair in per_image[index]]
+    if not pairs:
+        return {}
+    q = torch.cat([a for a, _ in pairs])
+    p = torch.cat([b for _, b in pairs])
+    if q.shape[0] > max_steps:
+        keep = torch.linspace(0, q.shape[0] - 1, max_steps, device=q.device).round().long()
+        q, p = q[keep], p[keep]
+    neighbours = neighbours.to(q.device)
+    tvs = torch.cat([
+        total_variation(lantern_output_law(q[i : i + batch], p[i : i + batch], neighbours, delta=config.lantern_delta,
+                                           lam=config.lantern_lam), p[i : i + batch])
+        for i in range(0, q.shape[0], batch)
+    ])
+    return {"lantern_delta": config.lantern_delta, "lantern_k": config.lantern_k, "output_tv_mean": float(tvs.mean()),
+            "output_tv_max": float(tvs.max()), "output_tv_steps": int(tvs.numel()),
+            "output_tv_method": "exact law per step (analytic), averaged over the row's acceptance steps"}

@@ -34,7 +34,7 @@ from mmspec.targets import Target, TargetStep
 from mmspec.types import Proposal, Verdict
 
 from .llamagen import LlamaGenForClassConditional
-from .rules import lantern_accept
+from .rules import lantern_accept, resolve_draft_probs
 from .target import CFGTarget, ImageTokensOutput
 
 
@@ -89,7 +89,7 @@ class GuidedImageDrafter(Drafter):
     def __init__(self, model: LlamaGenForClassConditional | CFGTarget, guidance_scale: float = 1.0) -> None:
         self.cfg = as_cfg_target(model, guidance_scale)
         self.vocab_size = self.cfg.vocab_size
-        self._cached = torch.empty(0, dtype=torch.long)
+        self._cached = torch.empty(0, dtype=torch.long, device=self.cfg.model.device)
 
     @property
     def forwards(self) -> int:  # type: ignore[override]
@@ -142,12 +142,15 @@ class GuidedImageDrafter(Drafter):
         return self.cfg.extend(sequence[None, keep:])[:, -1]
 
 
-def lantern_rule(neighbours: torch.LongTensor, delta: float = 0.0, lam: float | None = None) -> AcceptanceRule:
+def lantern_rule(neighbours: torch.LongTensor, delta: float = 0.0, lam: float | None = None,
+                 observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> AcceptanceRule:
     """LANTERN's relaxed acceptance as a core `AcceptanceRule` (see `image_ar.rules.lantern_accept`).
 
     Sampling: p and q are warped exactly as `speculative_sampling` warps them and the rule draws the
     same randomness, so delta = 0 reproduces plain speculative sampling token for token.
     Greedy: p is one-hot, no neighbour carries mass, and the rule is the exact greedy match.
+    `observe(q, p)`, if given, sees the first draft's q [B, V] and the target's p [B, V] of every
+    sampled step (the bench's output-law measurement).
     """
 
     def rule(proposal: Proposal, target_logits: torch.Tensor, sampling: SamplingConfig,
@@ -155,6 +158,9 @@ def lantern_rule(neighbours: torch.LongTensor, delta: float = 0.0, lam: float | 
         if not sampling.do_sample:
             return greedy_match(proposal, target_logits, sampling, generator)
         p = probabilities(target_logits, sampling)
+        if observe is not None and proposal.tokens.shape[1]:
+            q = resolve_draft_probs(proposal.tokens, proposal.probs, p)
+            observe(q[:, 0], p[:, 0])
         return lantern_accept(proposal.tokens, proposal.probs, p, generator, neighbours=neighbours, delta=delta, lam=lam)
 
     return rule
@@ -186,7 +192,7 @@ def draft_generate(
     rule = rule or (speculative_sampling if sampling.do_sample else greedy_match)
     decoder = SpeculativeDecoder(GuidedImageTarget(cfg), drafter, policy=policy or FixedDraftLength(num_draft_tokens),
                                  rule=rule, method=method)
-    labels = torch.as_tensor(class_labels, dtype=torch.long).reshape(-1)
+    labels = torch.as_tensor(class_labels, dtype=torch.long, device=cfg.model.device).reshape(-1)
     stats = SpecStats(method=method)
     grids = []
     for label in labels.tolist():

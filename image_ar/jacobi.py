@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, probabilities, sample
+from mmspec.sampling import SamplingConfig, probabilities, randint, sample
 from mmspec.stats import SpecStats
 
 from .llamagen import LlamaGenForClassConditional
@@ -44,12 +44,14 @@ def target_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch
     return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
 
 
-def initial_token(position: int, tokens: list[int], grid: int, vocab: int, strategy: str, generator) -> int:
+def initial_token(position: int, tokens: list[int], grid: int, vocab: int, strategy: str, generator,
+                  device: torch.device | str = "cpu") -> int:
     """A fresh draft for `position`, given all tokens (committed + drafts) before it.
 
     random: uniform over the codebook. left / spatial: copy the left neighbour (the row above in the
     first column). above: copy the token one row up (the left neighbour in the first row).
-    Falls back to random when no neighbour exists.
+    Falls back to random when no neighbour exists. Random draws happen on the generator's device
+    (`mmspec.sampling.randint`), so any generator works with a model on `device`.
     """
     left = position - 1 if position % grid else None
     up = position - grid if position >= grid else None
@@ -61,7 +63,7 @@ def initial_token(position: int, tokens: list[int], grid: int, vocab: int, strat
         source = None
     if source is not None:
         return tokens[source]
-    return int(torch.randint(vocab, (1,), generator=generator))
+    return int(randint(vocab, (1,), generator, torch.device(device)))
 
 
 def jacobi_generate(
@@ -91,7 +93,7 @@ def jacobi_generate(
         raise MMSpecError(f"unknown init strategy {init!r}; choose from {', '.join(INIT_STRATEGIES)}")
     if not isinstance(target, CFGTarget):
         target = CFGTarget(target, guidance_scale)
-    labels = torch.as_tensor(class_labels, dtype=torch.long).reshape(-1)
+    labels = torch.as_tensor(class_labels, dtype=torch.long, device=target.model.device).reshape(-1)
     stats = SpecStats(method=method)
     grids = []
     for label in labels:
@@ -113,11 +115,11 @@ def _generate_one(target: CFGTarget, label, window, rule, init, sampling, genera
                 drafts, draft_probs = drafts[:width], draft_probs[:, :width]
                 fresh = []
                 while len(drafts) < width:
-                    token = initial_token(n + len(drafts), committed + drafts, grid, vocab, init, generator)
+                    token = initial_token(n + len(drafts), committed + drafts, grid, vocab, init, generator, device)
                     drafts.append(token)
                     fresh.append(token)
                 if fresh:
-                    one_hot = torch.nn.functional.one_hot(torch.tensor(fresh, device=device), vocab).float()
+                    one_hot = torch.nn.functional.one_hot(torch.tensor(fresh, device=device), vocab).to(draft_probs.dtype)
                     draft_probs = torch.cat([draft_probs, one_hot[None]], dim=1)
             draft_tokens = torch.tensor([drafts], dtype=torch.long, device=device).view(1, width)
             with stats.timer("prefill" if n == 0 else "verify"):

@@ -71,7 +71,7 @@ class JanusCFGTarget(CFGTarget):
 
     def set_prompts(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> None:
         """Replace the prompts the condition indices refer to (a pipeline call sets its own)."""
-        encoded = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
+        encoded = [torch.as_tensor(p, dtype=torch.long, device=self.model.device).reshape(-1) for p in prompts]
         if not encoded or any(p.numel() == 0 for p in encoded):
             raise MMSpecError("Janus needs at least one non-empty prompt")
         self.prompts = encoded
@@ -104,7 +104,7 @@ class JanusCFGTarget(CFGTarget):
         return prompt.masked_fill(~keep, self.pad)
 
     def _prompt_rows(self, condition: torch.Tensor | Sequence[int] | int) -> torch.LongTensor:
-        index = torch.as_tensor(condition).reshape(-1)
+        index = torch.as_tensor(condition, device="cpu").reshape(-1)  # a host-side prompt index
         if index.numel() != 1:
             raise MMSpecError("Janus targets decode one prompt at a time (batch size 1)")
         i = int(index[0])
@@ -154,7 +154,7 @@ class JanusCFGTarget(CFGTarget):
     @torch.no_grad()
     def full_logits(self, class_labels: Any, tokens: torch.LongTensor) -> torch.Tensor:
         """Guided logits for prompt + tokens [N, T] without a cache (one sequence at a time): [N, 1 + T, V]."""
-        labels = torch.as_tensor(class_labels).reshape(-1)
+        labels = torch.as_tensor(class_labels, device="cpu").reshape(-1)  # host-side prompt indices
         rows = []
         for index, row_tokens in zip(labels.tolist(), tokens):
             prompt = self._prompt_rows(index)
@@ -168,6 +168,13 @@ class JanusCFGTarget(CFGTarget):
     def codebook_embeddings(self) -> torch.Tensor:
         """The l2-normalised code vectors Janus' VQ decoder looks up [V, D] (LANTERN / GSD latent distances)."""
         return F.normalize(self.model.model.vqmodel.quantize.embedding.weight.detach().float(), p=2, dim=-1)
+
+    @torch.no_grad()
+    def token_embeddings(self) -> torch.Tensor:
+        """What the language model reads for every image code [V, hidden]: generation_embeddings then
+        generation_aligner (`prepare_embeddings_for_image_generation`), GSD's latent space."""
+        codes = torch.arange(self.vocab_size, device=self.model.device)
+        return self.model.prepare_embeddings_for_image_generation(codes[None])[0].float()
 
     @torch.no_grad()
     def decode(self, tokens: torch.LongTensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import AutoProcessor, AutoTokenizer, JanusForConditionalGeneration
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig
+from mmspec.sampling import SamplingConfig, seeded_generator
 
 from .imaging import OUTPUT_TYPES, convert
 from .janus import JanusCFGTarget
@@ -170,7 +170,7 @@ class JanusImagePipeline:
         boi = self.target.boi
         if boi is None:
             raise MMSpecError("cannot find Janus' begin-of-image token id (generation_config.generation_kwargs.boi_token_id)")
-        return torch.tensor([*tokenizer(prompt).input_ids, boi])
+        return torch.tensor([*tokenizer(prompt).input_ids, boi], device=self.model.device)
 
     def set_prompts(self, prompts: str | Sequence[str]) -> list[str]:
         """Encode the prompts for the target; condition i of a run then means `prompts[i]`."""
@@ -213,7 +213,8 @@ class JanusImagePipeline:
 
         temperature 0 means greedy decoding (every method then equals greedy AR exactly).
         `method_options` are `MethodConfig` fields: window, init, lantern_delta, lantern_k,
-        lantern_lam, gsd_window, gsd_prob_threshold, gsd_distance_threshold.
+        lantern_lam, gsd_window, gsd_prob_threshold, gsd_distance_threshold, gsd_latents (GSD measures
+        distances between the language model's input embeddings of the image codes by default).
         """
         if class_labels is not None:
             raise MMSpecError("Janus is text-conditional: pass prompt=\"...\" instead of class_labels")
@@ -231,7 +232,7 @@ class JanusImagePipeline:
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
         if sampling.do_sample and generator is None:
             # A private generator seeded from torch's global seed: torch.manual_seed still makes runs repeat.
-            generator = torch.Generator(device=self.model.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+            generator = seeded_generator(self.model.device)
         total = len(conditions) * self.target.num_tokens
         with tqdm(total=total, desc=f"image ({method})", unit="tok", disable=not progress_bar, leave=False) as bar:
             out = self.runner.run(config, conditions, sampling=sampling, generator=generator, guidance_scale=scale,
@@ -252,9 +253,11 @@ class JanusImagePipeline:
                 raise MMSpecError("no Janus drafter is loaded: LANTERN runs on Jacobi drafts (drafts='jacobi')")
             options = {**options, "drafts": "jacobi"}
         try:
-            return MethodConfig(method=method, **options)
+            config = MethodConfig(method=method, **options)
         except TypeError as error:
             raise MMSpecError(f"unknown method option: {error}") from None
+        self.runner.check(config)  # e.g. LANTERN's k against the codebook, before anything runs
+        return config
 
 
 def check_janus_drafter(drafter: JanusCFGTarget, target: JanusCFGTarget) -> None:

@@ -107,8 +107,8 @@ class ImageJudge:
         self.model = model.eval()
         cfg = getattr(model, "pretrained_cfg", {}) or {}
         self.image_size = tuple(cfg.get("input_size", (3, 64, 64))[1:])
-        self.mean = torch.tensor(cfg.get("mean", (0.5, 0.5, 0.5)), dtype=torch.float32).view(1, 3, 1, 1)
-        self.std = torch.tensor(cfg.get("std", (0.5, 0.5, 0.5)), dtype=torch.float32).view(1, 3, 1, 1)
+        self.mean = torch.tensor(cfg.get("mean", (0.5, 0.5, 0.5)), dtype=torch.float32, device="cpu").view(1, 3, 1, 1)
+        self.std = torch.tensor(cfg.get("std", (0.5, 0.5, 0.5)), dtype=torch.float32, device="cpu").view(1, 3, 1, 1)
         names = class_names if class_names is not None else cfg.get("label_names")
         self.class_names = list(names) if names is not None else [str(i) for i in range(model.num_classes)]
         self.batch_size = batch_size
@@ -123,9 +123,10 @@ class ImageJudge:
             raise MMSpecError(
                 f"the judge takes {self.image_size[0]}x{self.image_size[1]} images, got {x.shape[-2]}x{x.shape[-1]}"
             )
-        x = (x - self.mean) / self.std
+        x = (x.cpu() - self.mean) / self.std  # images arrive on the host (PIL / numpy); the judge may live elsewhere
+        device = next(self.model.parameters()).device
         for i in range(0, x.shape[0], self.batch_size):
-            yield x[i : i + self.batch_size]
+            yield x[i : i + self.batch_size].to(device)
 
     @torch.no_grad()
     def logits(self, images: Images) -> torch.Tensor:
@@ -134,17 +135,17 @@ class ImageJudge:
 
     def predict(self, images: Images) -> torch.LongTensor:
         """Predicted class ids [B]."""
-        return self.logits(images).argmax(-1)
+        return self.logits(images).argmax(-1).cpu()
 
     @torch.no_grad()
     def features(self, images: Images) -> np.ndarray:
         """Penultimate features [B, F]: the pooled features the classifier layer reads."""
         out = [self.model.forward_head(self.model.forward_features(x), pre_logits=True) for x in self._batches(images)]
-        return torch.cat(out).double().numpy()
+        return torch.cat(out).double().cpu().numpy()
 
     def class_accuracy(self, images: Images, labels: Sequence[int] | torch.Tensor) -> float:
         """Share of `images` the judge assigns to their intended class `labels`."""
-        labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+        labels = torch.as_tensor(labels, dtype=torch.long, device="cpu").reshape(-1)
         predicted = self.predict(images)
         if predicted.shape != labels.shape:
             raise MMSpecError(f"{predicted.shape[0]} images but {labels.shape[0]} labels")

@@ -25,7 +25,8 @@ from mmspec.stats import SpecStats
 from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
 from .jacobi import INIT_STRATEGIES, jacobi_generate
 from .llamagen import LlamaGenForClassConditional
-from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, gsd_accept, lantern_accept, lantern_neighbours
+from .rules import (GSD_DISTANCE_THRESHOLD, GSD_LATENTS, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K, gsd_accept,
+                    lantern_accept, lantern_neighbours, resolve_draft_probs)
 from .target import CFGTarget, ImageTokensOutput, ar_generate
 
 METHODS = ("ar", "sd", "sjd", "gsd", "lantern")
@@ -41,11 +42,17 @@ class MethodConfig:
         default), above, spatial.
     num_draft_tokens: k drafted per round by the drafter (sd, lantern with a drafter).
     drafts: where LANTERN's drafts come from: auto (the drafter if loaded, else Jacobi), drafter, jacobi.
-    lantern_delta: LANTERN's total-variation budget per token; lantern_k: nearest codebook
-        neighbours considered (clipped to the codebook size - 1); lantern_lam: LANTERN++'s lambda
+    lantern_delta: LANTERN's budget in [0, 1]: the total variation between p and each candidate's
+        boosted distribution (not between p and the output law; see `rules.lantern_accept`);
+        lantern_k: nearest codebook neighbours considered, 1 <= k < codebook size (checked against the
+        model by `MethodRunner.check`; the defaults are the authors' for LlamaGen's 16384 codes, so a
+        small codebook needs its own, e.g. from the model card); lantern_lam: LANTERN++'s lambda
         (p~(x) <= lam p(x)), replaces delta when set.
-    gsd_window, gsd_prob_threshold, gsd_distance_threshold: GSD's group (rank window, probability
-        gap, squared L2 distance between l2-normalised codebook vectors; None disables a filter).
+    gsd_window, gsd_prob_threshold, gsd_distance_threshold, gsd_latents: GSD's group (rank window W:
+        W tokens less probable than the draft and W - 1 more probable, the authors' slice; probability
+        gap; squared L2 distance threshold; None disables a filter) and what the distance is measured
+        on: "embeddings" = the AR model's input token embeddings (the authors'), or "codebook" = the
+        VQ code vectors the decoder looks up.
     """
 
     method: str = "sjd"
@@ -53,12 +60,13 @@ class MethodConfig:
     init: str = "left"
     num_draft_tokens: int = 4
     drafts: str = "auto"
-    lantern_delta: float = 0.1
-    lantern_k: int = 1000
+    lantern_delta: float = LANTERN_DELTA
+    lantern_k: int = LANTERN_K
     lantern_lam: float | None = None
     gsd_window: int = GSD_WINDOW
     gsd_prob_threshold: float | None = GSD_PROB_THRESHOLD
     gsd_distance_threshold: float | None = GSD_DISTANCE_THRESHOLD
+    gsd_latents: str = "embeddings"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -67,8 +75,16 @@ class MethodConfig:
             raise MMSpecError(f"drafts must be one of {', '.join(DRAFT_SOURCES)}, got {self.drafts!r}")
         if self.init not in INIT_STRATEGIES:
             raise MMSpecError(f"unknown init strategy {self.init!r}; choose from {', '.join(INIT_STRATEGIES)}")
-        if self.window < 0 or self.num_draft_tokens < 1 or self.lantern_k < 1 or self.gsd_window < 0:
-            raise MMSpecError("window and gsd_window must be >= 0; num_draft_tokens and lantern_k >= 1")
+        if self.window < 0 or self.num_draft_tokens < 1 or self.gsd_window < 0:
+            raise MMSpecError("window and gsd_window must be >= 0; num_draft_tokens >= 1")
+        if self.gsd_latents not in GSD_LATENTS:
+            raise MMSpecError(f"gsd_latents must be one of {', '.join(GSD_LATENTS)}, got {self.gsd_latents!r}")
+        if isinstance(self.lantern_k, bool) or not isinstance(self.lantern_k, int) or self.lantern_k < 1:
+            raise MMSpecError(f"lantern_k (LANTERN's codebook neighbours) must be an integer >= 1, got {self.lantern_k!r}")
+        if not 0.0 <= self.lantern_delta <= 1.0:
+            raise MMSpecError(f"lantern_delta is a total-variation budget in [0, 1], got {self.lantern_delta}")
+        if self.lantern_lam is not None and not self.lantern_lam >= 1.0:
+            raise MMSpecError(f"lantern_lam (LANTERN++'s lambda) must be >= 1, got {self.lantern_lam}")
 
     def uses_drafter(self, has_drafter: bool) -> bool:
         if self.method == "sd":
@@ -86,7 +102,10 @@ class MethodRunner:
         drafter: a small LlamaGen sharing the target's codebook and classes, or a guided target of the
             same family (e.g. a `JanusCFGTarget` of a smaller Janus; it is guided with the target's
             scale), or None (sd unavailable).
-        codebook: the code vectors the VQ decoder looks up [V, D] (LANTERN neighbours, GSD distances).
+        codebook: the code vectors the VQ decoder looks up [V, D] (LANTERN neighbours; GSD distances
+            with gsd_latents="codebook").
+        embeddings: the AR model's input embedding of each code [V, D'] (GSD distances, the default);
+            None = `target.token_embeddings()`, read when first needed.
     """
 
     def __init__(
@@ -94,23 +113,61 @@ class MethodRunner:
         target: CFGTarget,
         drafter: LlamaGenForClassConditional | CFGTarget | None = None,
         codebook: torch.Tensor | None = None,
+        embeddings: torch.Tensor | None = None,
     ) -> None:
         self.target = target
         self.drafter_model = drafter
         self.codebook = None if codebook is None else codebook.detach().float()
         if self.codebook is not None and self.codebook.shape[0] != target.vocab_size:
             raise MMSpecError(f"the codebook has {self.codebook.shape[0]} codes but the model predicts {target.vocab_size}")
+        self._embeddings = None if embeddings is None else embeddings.detach().float()
+        if self._embeddings is not None and self._embeddings.shape[0] != target.vocab_size:
+            raise MMSpecError(f"the token embeddings have {self._embeddings.shape[0]} rows but the model predicts "
+                              f"{target.vocab_size} codes")
         if drafter is not None:
             codes = drafter.vocab_size if isinstance(drafter, CFGTarget) else drafter.config.vocab_size
             if codes != target.vocab_size:
                 raise MMSpecError(f"drafter and target codebooks differ ({codes} vs {target.vocab_size} codes)")
         self._neighbours: dict[int, torch.LongTensor] = {}
 
-    def neighbours(self, k: int) -> torch.LongTensor:
-        """LANTERN's k nearest codes of every code (computed once per k)."""
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """The AR model's input token embeddings [V, D] (GSD's latent distances, as the authors measure them)."""
+        if self._embeddings is None:
+            self._embeddings = self.target.token_embeddings().detach().float()
+        return self._embeddings
+
+    def gsd_latents(self, kind: str) -> torch.Tensor:
+        """The vectors GSD's distance filter compares: "embeddings" (default) or "codebook"."""
+        if kind == "codebook":
+            if self.codebook is None:
+                raise MMSpecError("GSD with gsd_latents='codebook' needs the VQ codebook; none was given")
+            return self.codebook
+        return self.embeddings
+
+    def check_lantern_k(self, k: int) -> None:
+        """One clear error when LANTERN's neighbourhood does not fit the codebook."""
         if self.codebook is None:
             raise MMSpecError("LANTERN needs the VQ codebook to find latent neighbours; none was given")
-        k = min(k, self.codebook.shape[0] - 1)
+        codes = self.codebook.shape[0]
+        if not 1 <= k < codes:
+            raise MMSpecError(
+                f"LANTERN's neighbourhood lantern_k={k} does not fit this {codes}-code codebook: it must be in "
+                f"[1, {codes - 1}] (the default {LANTERN_K} is the authors' for a 16384-code codebook). Set lantern_k "
+                "(CLI: --lantern-k), or give the model card lantern_defaults")
+
+    def check(self, config: MethodConfig) -> None:
+        """Validate a method config against this model before any generation (codebook size, drafter)."""
+        if config.uses_drafter(self.drafter_model is not None) and self.drafter_model is None:
+            raise MMSpecError(f"method {config.method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
+        if config.method == "lantern":
+            self.check_lantern_k(config.lantern_k)
+        if config.method == "gsd" and config.gsd_latents == "codebook" and self.codebook is None:
+            raise MMSpecError("GSD with gsd_latents='codebook' needs the VQ codebook; none was given")
+
+    def neighbours(self, k: int) -> torch.LongTensor:
+        """LANTERN's k nearest codes of every code (computed once per k; 1 <= k < codebook size)."""
+        self.check_lantern_k(k)
         if k not in self._neighbours:
             self._neighbours[k] = lantern_neighbours(self.codebook, k)
         return self._neighbours[k]
@@ -124,14 +181,19 @@ class MethodRunner:
         generator: torch.Generator | None = None,
         guidance_scale: float | None = None,
         on_tokens: Callable[[int], None] | None = None,
+        observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> ImageTokensOutput:
-        """Token grids [N, h, w] for the labels, and the summed stats (`stats.method` = config.method)."""
+        """Token grids [N, h, w] for the labels, and the summed stats (`stats.method` = config.method).
+
+        `observe(q, p)`, for LANTERN only, is called at every sampled acceptance step with the first
+        draft's draft distribution q [B, V] and the target's p [B, V] (the bench measures the exact
+        output law from them; `rules.lantern_output_law`).
+        """
+        self.check(config)
         if guidance_scale is not None:
             self.target.guidance_scale = float(guidance_scale)
         target, method = self.target, config.method
         if config.uses_drafter(self.drafter_model is not None):
-            if self.drafter_model is None:
-                raise MMSpecError(f"method {method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
             if isinstance(self.drafter_model, CFGTarget):
                 self.drafter_model.guidance_scale = target.guidance_scale  # guided like the target
                 drafter = GuidedImageDrafter(self.drafter_model)
@@ -141,7 +203,8 @@ class MethodRunner:
                 drafter = GuidedImageDrafter(self.drafter_model, target.guidance_scale if guided else 1.0)
             rule = None
             if method == "lantern":
-                rule = lantern_rule(self.neighbours(config.lantern_k), delta=config.lantern_delta, lam=config.lantern_lam)
+                rule = lantern_rule(self.neighbours(config.lantern_k), delta=config.lantern_delta, lam=config.lantern_lam,
+                                    observe=observe)
             return draft_generate(target, drafter, class_labels, num_draft_tokens=config.num_draft_tokens, rule=rule,
                                   sampling=sampling, generator=generator, method=method, on_tokens=on_tokens)
         if method == "ar":
@@ -152,15 +215,29 @@ class MethodRunner:
             return jacobi()
         if method == "gsd":
             return jacobi(rule=partial(gsd_accept, window=config.gsd_window, prob_threshold=config.gsd_prob_threshold,
-                                       embeddings=self.codebook, distance_threshold=config.gsd_distance_threshold))
-        return jacobi(rule=partial(lantern_accept, neighbours=self.neighbours(config.lantern_k),
-                                   delta=config.lantern_delta, lam=config.lantern_lam))
+                                       embeddings=self.gsd_latents(config.gsd_latents),
+                                       distance_threshold=config.gsd_distance_threshold))
+        rule = partial(lantern_accept, neighbours=self.neighbours(config.lantern_k), delta=config.lantern_delta,
+                       lam=config.lantern_lam)
+        return jacobi(rule=rule if observe is None or not sampling.do_sample else observed(rule, observe))
 
     def _ar(self, class_labels, sampling, generator, on_tokens) -> ImageTokensOutput:
         """AR decoding one image at a time, like every other method (batch 1), stats summed."""
         grids, stats = [], SpecStats(method="ar")
-        for label in torch.as_tensor(class_labels, dtype=torch.long).reshape(-1).tolist():
+        for label in torch.as_tensor(class_labels, dtype=torch.long, device="cpu").reshape(-1).tolist():  # host ints
             out = ar_generate(self.target, [label], sampling, generator, on_tokens=on_tokens)
             grids.append(out.tokens[0])
             stats = stats + out.stats
         return ImageTokensOutput(tokens=torch.stack(grids), stats=stats)
+
+
+def observed(rule: Callable, observe: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable:
+    """An image rule that first shows `observe` the first draft's q [B, V] and the target's p [B, V]."""
+
+    def wrapped(draft_tokens, draft_probs, target_probs, generator=None):
+        if draft_tokens.shape[1]:
+            q = resolve_draft_probs(draft_tokens, draft_probs, target_probs)
+            observe(q[:, 0], target_probs[:, 0])
+        return rule(draft_tokens, draft_probs, target_probs, generator)
+
+    return wrapped

@@ -14,7 +14,7 @@ Folder layout read by `from_pretrained` (the `shapes-image-ar` zoo model follows
     vq/                           its `VQModel` tokenizer (required: tokens -> pixels, LANTERN/GSD latents)
     drafter/                      optional small `LlamaGenForClassConditional` with the same codebook
     classes.json                  optional list of class names in id order ("red circle", ...): enables prompt=
-    zoo_card.json                 optional: default_method, guidance_scale
+    zoo_card.json                 optional: default_method, guidance_scale, gsd_defaults, lantern_defaults
     judge/                        ignored here (the benchmark's quality judge)
 """
 
@@ -33,14 +33,14 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig
+from mmspec.sampling import SamplingConfig, seeded_generator
 from mmspec.stats import SpecStats
 from mmspec.zoo import resolve
 
 from .imaging import OUTPUT_TYPES, convert
 from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
-from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW
+from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
 from .target import CFGTarget
 from .vq import VQModel
 
@@ -125,7 +125,7 @@ class SpeculativeImagePipeline:
         drafter: optional small `LlamaGenForClassConditional` with the same codebook and classes.
         class_names: optional class names in id order (for `prompt=`).
         model_name: shown in outputs.
-        card: zoo card (default_method, guidance_scale), if any.
+        card: zoo card (default_method, guidance_scale, gsd_defaults, lantern_defaults), if any.
     """
 
     conditioning = "class"  # the CLI reads its prompt as a class name or id (Janus: "text")
@@ -212,15 +212,32 @@ class SpeculativeImagePipeline:
     def gsd_settings(self, **given: Any) -> dict[str, Any]:
         """GSD's group options: those given, else the zoo card's `gsd_defaults`, else the paper's.
 
-        The embedding-distance threshold depends on the codebook's scale, so a model card may carry
-        values calibrated for that model (measured in BENCHMARKS.md); the library defaults are the
+        The distance threshold depends on the scale of the latents it compares (by default the AR
+        model's input token embeddings, as the authors do), so a model card may carry values
+        calibrated for that model (measured in BENCHMARKS.md); the library defaults are the
         authors' (So et al. 2025).
         """
-        card = self.card.get("gsd_defaults", {})
         paper = {"gsd_window": GSD_WINDOW, "gsd_prob_threshold": GSD_PROB_THRESHOLD,
-                 "gsd_distance_threshold": GSD_DISTANCE_THRESHOLD}
-        return {name: (given.get(name, MODEL_DEFAULT) if given.get(name, MODEL_DEFAULT) is not MODEL_DEFAULT
-                       else card.get(name, value)) for name, value in paper.items()}
+                 "gsd_distance_threshold": GSD_DISTANCE_THRESHOLD, "gsd_latents": "embeddings"}
+        return self._settings("gsd_defaults", paper, given)
+
+    def lantern_settings(self, **given: Any) -> dict[str, Any]:
+        """LANTERN's options: those given, else the zoo card's `lantern_defaults`, else the authors'.
+
+        The authors' k = 1000 neighbours is set for a 16384-code codebook; a model with a small
+        codebook carries its own in the card (the toy's: k = 16). k is checked against the codebook
+        when a method runs (`MethodRunner.check`).
+        """
+        authors = {"lantern_delta": LANTERN_DELTA, "lantern_k": LANTERN_K, "lantern_lam": None}
+        return self._settings("lantern_defaults", authors, given)
+
+    def _settings(self, section: str, defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(given) - set(defaults)
+        if unknown:
+            raise MMSpecError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(defaults)}")
+        card = self.card.get(section, {})
+        return {name: (given[name] if given.get(name, MODEL_DEFAULT) is not MODEL_DEFAULT else card.get(name, value))
+                for name, value in defaults.items()}
 
     @property
     def default_method(self) -> str:
@@ -253,7 +270,7 @@ class SpeculativeImagePipeline:
         if prompt is not None:
             labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
         else:
-            labels = torch.as_tensor(class_labels).reshape(-1).tolist()
+            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()  # host ints
         if not labels:
             raise MMSpecError("no class label or prompt given")
         count = self.model.config.num_classes
@@ -280,34 +297,37 @@ class SpeculativeImagePipeline:
         init: str = "left",
         num_draft_tokens: int = 4,
         drafts: str = "auto",
-        lantern_delta: float = 0.1,
-        lantern_k: int = 1000,
-        lantern_lam: float | None = None,
+        lantern_delta: Any = MODEL_DEFAULT,
+        lantern_k: Any = MODEL_DEFAULT,
+        lantern_lam: Any = MODEL_DEFAULT,
         gsd_window: Any = MODEL_DEFAULT,
         gsd_prob_threshold: Any = MODEL_DEFAULT,
         gsd_distance_threshold: Any = MODEL_DEFAULT,
+        gsd_latents: Any = MODEL_DEFAULT,
         progress_bar: bool = True,
     ) -> ImageGenerationOutput:
         """Generate `num_images` images per class label (or class-name prompt).
 
         temperature 0 means greedy decoding (every method then equals greedy AR exactly, relaxed ones
         included, since the greedy target distribution is one-hot). Method options: see `MethodConfig`;
-        GSD's group options default to the model card's calibrated values (`gsd_settings`).
+        GSD's and LANTERN's options default to the model card's values (`gsd_settings`,
+        `lantern_settings`), else the authors'.
         """
         if output_type not in OUTPUT_TYPES:
             raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
         labels = self.resolve_labels(class_labels, prompt, num_images)
         method = method or self.default_method
         config = MethodConfig(method=method, window=window, init=init, num_draft_tokens=num_draft_tokens, drafts=drafts,
-                              lantern_delta=lantern_delta, lantern_k=lantern_k, lantern_lam=lantern_lam,
+                              **self.lantern_settings(lantern_delta=lantern_delta, lantern_k=lantern_k, lantern_lam=lantern_lam),
                               **self.gsd_settings(gsd_window=gsd_window, gsd_prob_threshold=gsd_prob_threshold,
-                                                  gsd_distance_threshold=gsd_distance_threshold))
+                                                  gsd_distance_threshold=gsd_distance_threshold, gsd_latents=gsd_latents))
+        self.runner.check(config)  # one clear error (e.g. LANTERN's k vs the codebook) before anything runs
         if temperature < 0:
             raise MMSpecError(f"temperature must be >= 0, got {temperature}")
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
         if sampling.do_sample and generator is None:
             # A private generator seeded from torch's global seed: torch.manual_seed still makes runs repeat.
-            generator = torch.Generator(device=self.model.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+            generator = seeded_generator(self.model.device)
         scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
         total = len(labels) * self.runner.target.num_tokens
         with tqdm(total=total, desc=f"image ({method})", unit="tok", disable=not progress_bar, leave=False) as bar:

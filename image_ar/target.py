@@ -105,6 +105,10 @@ class CFGTarget:
         self.forwards += 1
         return self._guide(out.logits)
 
+    def token_embeddings(self) -> torch.Tensor:
+        """The model's input embedding of every image code [V, D]: what GSD's latent filter compares."""
+        return self.model.get_input_embeddings().weight.detach()
+
     def truncate(self, length: int) -> None:
         """Roll the cache back to hold the class position and the first `length` image tokens."""
         if length > self.length:

@@ -235,6 +235,38 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return 0
 
 
+IMAGE_METHOD_OPTIONS = ("lantern_delta", "lantern_k", "lantern_lam", "gsd_window", "gsd_prob_threshold",
+                        "gsd_distance_threshold", "gsd_latents")
+
+
+def optional_float(value: str) -> float | None:
+    """A float, or None for "none" / "off" (a GSD filter turned off)."""
+    if value.lower() in ("none", "off"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or none, got {value!r}") from None
+
+
+def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
+    """GROUP,PROB,DIST[,LATENTS] -> (int, float | None, float | None[, str]) for an extra `bench image` GSD row."""
+    usage = (f"--gsd settings are GROUP,PROB,DIST[,LATENTS] such as 7,0.15,0.5 or 7,0.3,1.0,codebook "
+             f"(none = filter off; LATENTS: embeddings or codebook); got {given}")
+    parts = setting.split(",")
+    if len(parts) not in (3, 4) or parts[0] == "none":
+        raise MMSpecError(usage)
+    try:
+        values = (int(parts[0]), *(None if v == "none" else float(v) for v in parts[1:3]))
+    except ValueError:
+        raise MMSpecError(usage) from None
+    if len(parts) == 4:
+        if parts[3] not in ("embeddings", "codebook"):
+            raise MMSpecError(usage)
+        values += (parts[3],)
+    return values
+
+
 def cmd_generate_image(args: argparse.Namespace) -> int:
     import torch
 
@@ -257,8 +289,11 @@ def cmd_generate_image(args: argparse.Namespace) -> int:
     out_path = Path(args.out or f"{stem}.png")
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
+    # Only the method options given on the command line; the rest come from the model card (else the authors').
+    options = {name: getattr(args, name) for name in IMAGE_METHOD_OPTIONS if hasattr(args, name)}
     out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
-               top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)
+               top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json,
+               **options)
     out.images[0].save(out_path)
     s = out.stats
     if args.json:
@@ -273,6 +308,7 @@ def cmd_generate_image(args: argparse.Namespace) -> int:
 def cmd_bench_image(args: argparse.Namespace) -> int:
     from .image_ar.bench import bench_image, default_methods
     from .image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+    from .image_ar.rules import LANTERN_DELTA, LANTERN_K
     from .sampling import SamplingConfig
 
     set_threads(args)
@@ -280,25 +316,25 @@ def cmd_bench_image(args: argparse.Namespace) -> int:
         raise MMSpecError(f"--n must be >= 1, got {args.n}")
     if args.grid_out and Path(args.grid_out).suffix.lower() not in IMAGE_SUFFIXES:
         raise MMSpecError(f"--grid-out needs an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))}), got {args.grid_out}")
-    try:
-        lantern = [(float(d), int(k)) for d, k in (setting.split(",") for setting in args.lantern)]
-    except ValueError:
-        raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
+    lantern = None
+    if args.lantern is not None:
+        try:
+            lantern = [(float(d), int(k)) for d, k in (setting.split(",") for setting in args.lantern)]
+        except ValueError:
+            raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
+    gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
     pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
-    try:
-        gsd = [tuple(None if v == "none" else (int(v) if i == 0 else float(v)) for i, v in enumerate(setting.split(",")))
-               for setting in args.gsd]
-    except ValueError:
-        raise MMSpecError(f"--gsd settings are GROUP,PROB,DIST triples such as 7,0.15,0.5 (none = filter off); "
-                          f"got {args.gsd}") from None
-    if any(len(g) != 3 or g[0] is None for g in gsd):
-        raise MMSpecError(f"--gsd settings are GROUP,PROB,DIST triples such as 7,0.15,0.5; got {args.gsd}")
+    if lantern is None:  # the model's LANTERN default (its card's, else the authors')
+        card = pipe.lantern_settings() if hasattr(pipe, "lantern_settings") else {}
+        lantern = [(card.get("lantern_delta", LANTERN_DELTA), card.get("lantern_k", LANTERN_K))]
     gsd_defaults = pipe.gsd_settings() if hasattr(pipe, "gsd_settings") else None
     methods = default_methods(pipe.drafter is not None, window=args.window, num_draft_tokens=args.num_draft_tokens,
                               lantern_settings=lantern, gsd_defaults=gsd_defaults, gsd_settings=gsd)
+    if args.methods:
+        methods = {row: config for row, config in methods.items() if config.method in {"ar", *args.methods}}
     labels = pipe.bench_conditions(args.n, args.prompts)  # class ids, or prompt indices for a text-to-image model
     sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
@@ -483,6 +519,24 @@ def build_parser() -> argparse.ArgumentParser:
     image_gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     image_gen.add_argument("--top-k", type=int, default=None)
     image_gen.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
+    # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
+    suppress = argparse.SUPPRESS
+    image_gen.add_argument("--lantern-delta", dest="lantern_delta", type=float, default=suppress, metavar="DELTA",
+                           help="LANTERN: budget in [0, 1] on the total variation between p and each candidate's boosted p "
+                           "(not a bound on the output law; default: the model card's)")
+    image_gen.add_argument("--lantern-k", dest="lantern_k", type=int, default=suppress, metavar="K",
+                           help="LANTERN: nearest codebook neighbours, 1 <= K < codebook size (default: the model card's, "
+                           "else the authors' 1000 for a 16384-code codebook)")
+    image_gen.add_argument("--lantern-lam", dest="lantern_lam", type=float, default=suppress, metavar="LAMBDA",
+                           help="LANTERN++: bound p~(x) <= LAMBDA p(x) instead of the delta budget")
+    image_gen.add_argument("--gsd-window", dest="gsd_window", type=int, default=suppress, metavar="W",
+                           help="GSD: rank window (W less probable tokens, W - 1 more probable; default: the model card's)")
+    image_gen.add_argument("--gsd-prob-threshold", dest="gsd_prob_threshold", type=optional_float, default=suppress,
+                           metavar="P", help="GSD: probability gap (none = off)")
+    image_gen.add_argument("--gsd-distance-threshold", dest="gsd_distance_threshold", type=optional_float,
+                           default=suppress, metavar="D", help="GSD: squared latent distance (none = off)")
+    image_gen.add_argument("--gsd-latents", dest="gsd_latents", choices=["embeddings", "codebook"], default=suppress,
+                           help="GSD: distances between the AR model's input token embeddings (the authors') or VQ codes")
     image_gen.add_argument("--json", action="store_true")
     image_gen.set_defaults(func=cmd_generate_image)
 
@@ -499,10 +553,14 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     image.add_argument("--window", type=int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
     image.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafter tokens per round")
-    image.add_argument("--lantern", nargs="+", default=["0.1,16", "0.25,16", "0.25,64"], metavar="DELTA,K",
-                       help="LANTERN settings: TV budget delta, codebook neighbours k")
-    image.add_argument("--gsd", nargs="+", default=[], metavar="GROUP,PROB,DIST",
-                       help="extra GSD rows: group window, probability and latent-distance thresholds (none = off)")
+    image.add_argument("--lantern", nargs="+", default=None, metavar="DELTA,K",
+                       help="LANTERN rows: budget delta (on the TV between p and each candidate's boosted p), codebook "
+                       "neighbours k (default: the model card's setting); rows report the measured TV of the output law")
+    image.add_argument("--gsd", nargs="+", default=[], metavar="GROUP,PROB,DIST[,LATENTS]",
+                       help="extra GSD rows: rank window, probability and latent-distance thresholds (none = off), and "
+                       "optionally the latents (embeddings = the AR model's input embeddings, the default; codebook)")
+    image.add_argument("--methods", nargs="+", default=None, choices=["sd", "sjd", "gsd", "lantern"],
+                       help="run only these method families' rows (ar, the reference, always runs)")
     image.add_argument("--repeats", type=int, default=1)
     image.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     image.add_argument("--grid-out", default=None, help="write a grid of samples per method to this image file")

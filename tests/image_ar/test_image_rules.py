@@ -4,6 +4,7 @@ The `slow_*` functions restate each formula independently with Python loops over
 """
 
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
@@ -13,11 +14,14 @@ from mmspec.errors import MMSpecError
 from mmspec.image_ar.rules import (
     gsd_accept,
     gsd_decide,
+    gsd_group_mask,
     lantern_accept,
     lantern_decide,
     lantern_neighbours,
+    lantern_output_law,
     sjd_accept,
     sjd_decide,
+    total_variation,
 )
 from mmspec.sampling import probabilities
 from mmspec.testing import chi_square
@@ -34,9 +38,9 @@ def normalise(weights):
 
 
 def slow_chain(tokens, d, p, u, accept_prob, residual):
-    """Generic left-to-right chain: accept draft i while u_i <= accept_prob(i); else residual(i)."""
+    """Generic left-to-right chain: accept draft i while u_i < accept_prob(i) (strict); else residual(i)."""
     for i, x in enumerate(tokens):
-        if u[i] > accept_prob(i, x):
+        if not u[i] < accept_prob(i, x):
             return i, residual(i, x)
     return len(tokens), list(p[len(tokens)])
 
@@ -52,10 +56,12 @@ def slow_sjd(tokens, d, p, u):
 
 
 def slow_gsd_group(x, p_row, window, prob_threshold, embeddings, distance_threshold):
-    ranking = sorted(range(len(p_row)), key=lambda t: -p_row[t])  # stable: ties by token id
+    """The authors' slice of an ascending sort, order[r - W : r + W] (clipped at 0): W below x, W - 1 above."""
+    ranking = sorted(range(len(p_row)), key=lambda t: p_row[t])  # ascending; stable: ties by token id
     r = ranking.index(x)
+    below, above = (window, window - 1) if isinstance(window, int) else window
     group = {x}
-    for g in ranking[max(0, r - window) : r + window + 1]:
+    for g in ranking[max(0, r - below) : r + above + 1]:
         if prob_threshold is not None and not abs(p_row[g] - p_row[x]) < prob_threshold:
             continue
         if embeddings is not None and distance_threshold is not None:
@@ -351,3 +357,137 @@ def test_lantern_output_follows_its_formula(mode):
     expected = mixture(D_ROW, accept_prob, lambda x: slow_lantern_residual(x, p, q, table, delta, lam))
     counts = first_token_counts(lantern_accept, D_ROW, neighbours=neighbours, **mode)
     assert chi_square(counts, dict(enumerate(expected))).p_value > 1e-3
+
+
+# ----------------------------------------------------------------------------- strict acceptance
+
+
+def test_a_zero_probability_draft_is_never_accepted_even_when_u_is_zero(monkeypatch):
+    """u * q(x) < p(x), strictly: with every uniform exactly 0, a draft the target (or the rule's grouped /
+    relaxed target) gives probability 0 is rejected; `<=` would accept it."""
+    import mmspec.image_ar.rules as rules
+
+    monkeypatch.setattr(rules, "draw_uniforms", lambda tokens, generator, device: torch.zeros(tokens.shape, device=device))
+    p = torch.zeros(1, 2, V)
+    p[:, :, 0] = 1.0  # the target is sure of token 0
+    d = torch.full((1, 1, V), 1.0 / V)
+    zero, sure = torch.tensor([[3]]), torch.tensor([[0]])
+    neighbours = lantern_neighbours(torch.randn(V, 3, generator=torch.Generator().manual_seed(0)), 4)
+    rules_under_test = {
+        "sjd": partial(sjd_accept),
+        "gsd": partial(gsd_accept),  # 0's probability gap to token 3 is 1 > 0.15: G(3) holds no target mass
+        "gsd-no-filters": partial(gsd_accept, window=3, prob_threshold=None, distance_threshold=None,
+                                  embeddings=None),  # ranks next to 3 are all zeros (0 is ranked first, far away)
+        "lantern": partial(lantern_accept, neighbours=neighbours, delta=0.5),  # merging 0 would cost 1 > delta
+    }
+    for name, rule in rules_under_test.items():
+        for probs in (d, None):  # a sampled draft and a deterministic (one-hot) one
+            verdict = rule(zero, probs, p, torch.Generator().manual_seed(0))
+            assert verdict.num_accepted.tolist() == [0], name
+            assert verdict.next_token.tolist() == [0], name  # the residual puts everything on token 0
+            assert rule(sure, probs, p, torch.Generator().manual_seed(0)).num_accepted.tolist() == [1], name  # control
+
+
+def test_strict_acceptance_keeps_the_acceptance_probability():
+    """u < r and u <= r have the same probability for u ~ U[0, 1): the decision at u = r itself flips."""
+    tokens, d, p, _ = random_case(1, 1, 0)
+    ratio = float(p[0, 0, tokens[0, 0]] / d[0, 0, tokens[0, 0]])
+    assert ratio < 1
+    at = torch.tensor([[ratio]]) * (1 + 1e-6)
+    below = torch.tensor([[ratio]]) * (1 - 1e-6)
+    assert sjd_decide(tokens, d, p, at).num_accepted.tolist() == [0]
+    assert sjd_decide(tokens, d, p, below).num_accepted.tolist() == [1]
+
+
+# ----------------------------------------------------------------------------- GSD's rank window
+
+
+def test_gsd_rank_window_is_the_authors_asymmetric_slice():
+    """The authors take order[r - 7 : r + 7] of an ascending sort: 7 less probable tokens and 6 more probable."""
+    vocab = 30
+    p = torch.arange(1, vocab + 1, dtype=torch.float32).flip(0)  # token t has rank t in the descending order
+    p = (p / p.sum())[None, None].expand(1, 2, vocab)
+    x = 15
+    group = gsd_group_mask(torch.tensor([[x]]), p, prob_threshold=None, embeddings=None)[0, 0]
+    members = set(torch.nonzero(group).flatten().tolist())
+    assert members == set(range(x - 6, x + 8))  # 6 more probable (9..14), x, 7 less probable (16..22)
+    more, less = [t for t in members if t < x], [t for t in members if t > x]
+    assert (len(more), len(less)) == (6, 7)
+    # a pair is (below, above): the symmetric window of earlier versions is (7, 7)
+    symmetric = gsd_group_mask(torch.tensor([[x]]), p, window=(7, 7), prob_threshold=None)[0, 0]
+    assert set(torch.nonzero(symmetric).flatten().tolist()) == set(range(x - 7, x + 8))
+    # clipped at both ends: the most probable token has only less probable neighbours, the least probable only more
+    top = gsd_group_mask(torch.tensor([[0]]), p, prob_threshold=None)[0, 0]
+    bottom = gsd_group_mask(torch.tensor([[vocab - 1]]), p, prob_threshold=None)[0, 0]
+    assert set(torch.nonzero(top).flatten().tolist()) == set(range(0, 8))
+    assert set(torch.nonzero(bottom).flatten().tolist()) == set(range(vocab - 7, vocab))
+    assert gsd_group_mask(torch.tensor([[x]]), p, window=0, prob_threshold=None)[0, 0].sum() == 1  # {x}: SJD
+
+
+def test_gsd_distance_filter_uses_the_given_latents():
+    """||e_g - e_x||^2 < threshold on the rows of `embeddings` (the AR model's input embeddings by default)."""
+    vocab = 6
+    p = torch.tensor([0.3, 0.25, 0.2, 0.12, 0.08, 0.05])[None, None].expand(1, 2, vocab)
+    e = torch.tensor([[0.0], [0.6], [0.8], [3.0], [0.5], [0.1]])
+    group = gsd_group_mask(torch.tensor([[0]]), p, prob_threshold=None, embeddings=e, distance_threshold=0.5)[0, 0]
+    assert torch.nonzero(group).flatten().tolist() == [0, 1, 4, 5]  # 0.36, 0.25, 0.01 < 0.5; 0.64 and 9 are not
+    with pytest.raises(MMSpecError, match="latent table"):
+        gsd_group_mask(torch.tensor([[0]]), p, embeddings=e[:4])
+
+
+# ----------------------------------------------------------------------------- what LANTERN's delta bounds
+
+
+def test_lantern_delta_bounds_each_candidate_not_the_output_law():
+    """Exact output law of one acceptance step, V = 40, delta = 0.1.
+
+    True: for every candidate x, TV(p, p~_x) <= delta, where p~_x moves the mass of x's merged
+    neighbours onto x. Not true: TV(p, law of the output) <= delta; here it is about 0.4."""
+    vocab, delta = 40, 0.1
+    gen = torch.Generator().manual_seed(0)
+    p = (torch.randn(vocab, generator=gen) * 2).double().softmax(-1)
+    q = (torch.randn(vocab, generator=gen) * 2).double().softmax(-1)
+    neighbours = lantern_neighbours(torch.randn(vocab, 4, generator=gen), 16)
+    table, p_list, q_list = neighbours.tolist(), p.tolist(), q.tolist()
+    for x in range(vocab):
+        boosted_x, merged = slow_lantern_merge(x, p_list, table, delta, None)
+        boosted = list(p_list)
+        for n in merged:
+            boosted[n] = 0.0
+        boosted[x] = boosted_x
+        assert abs(sum(boosted) - 1) < 1e-9
+        assert 0.5 * sum(abs(a - b) for a, b in zip(boosted, p_list)) <= delta + 1e-12  # the bound that holds
+    law = lantern_output_law(q[None], p[None], neighbours, delta=delta)[0]
+    # the law by its definition, with the slow restatement of accept and residual
+    expected = [0.0] * vocab
+    for x in range(vocab):
+        a = min(1.0, slow_lantern_merge(x, p_list, table, delta, None)[0] / q_list[x])
+        expected[x] += q_list[x] * a
+        for y, r in enumerate(slow_lantern_residual(x, p_list, q_list, table, delta, None)):
+            expected[y] += q_list[x] * (1 - a) * r
+    assert torch.allclose(law, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
+    assert float(total_variation(law, p)) > 3 * delta  # the output law is far outside delta (0.42 here)
+    assert float(total_variation(lantern_output_law(q[None], p[None], neighbours, delta=0.0)[0], p)) < 1e-12  # exact SD
+
+
+def test_lantern_output_law_is_what_the_rule_samples():
+    """Monte Carlo check of `lantern_output_law` against `lantern_accept` (one draft per row, x ~ q)."""
+    vocab, draws = 12, 200_000
+    gen = torch.Generator().manual_seed(1)
+    p = (torch.randn(vocab, generator=gen) * 1.5).softmax(-1)
+    q = (torch.randn(vocab, generator=gen) * 1.5).softmax(-1)
+    neighbours = lantern_neighbours(torch.randn(vocab, 3, generator=gen), 5)
+    tokens = torch.multinomial(q, draws, replacement=True, generator=gen)[:, None]
+    verdict = lantern_accept(tokens, q.expand(draws, 1, vocab), p.expand(draws, 2, vocab), gen, neighbours=neighbours,
+                             delta=0.2)
+    first = torch.where(verdict.num_accepted > 0, tokens[:, 0], verdict.next_token)
+    law = lantern_output_law(q[None], p[None], neighbours, delta=0.2)[0]
+    assert chi_square(Counter(first.tolist()), dict(enumerate(law.tolist()))).p_value > 1e-3
+    assert chi_square(Counter(first.tolist()), dict(enumerate(p.tolist()))).p_value < 1e-6  # and it is not p
+    # one-hot drafts (fresh Jacobi tokens) too
+    one_hot = torch.nn.functional.one_hot(torch.tensor(4), vocab).float()
+    law = lantern_output_law(one_hot[None], p[None], neighbours, delta=0.2)[0]
+    verdict = lantern_accept(torch.full((draws, 1), 4), None, p.expand(draws, 2, vocab), gen, neighbours=neighbours,
+                             delta=0.2)
+    first = torch.where(verdict.num_accepted > 0, torch.tensor(4), verdict.next_token)
+    assert chi_square(Counter(first.tolist()), dict(enumerate(law.tolist()))).p_value > 1e-3

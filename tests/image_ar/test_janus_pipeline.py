@@ -17,6 +17,8 @@ from .tiny_image_folder import build_tiny_folder
 from .tiny_janus import BOI, BOS, build_janus_folder, tiny_janus
 
 METHODS = ["ar", "sjd", "gsd", "lantern"]
+# LANTERN's default k (the authors' 1000, for a 16384-code codebook) does not fit the tiny 12-code VQ.
+OPTIONS = {"lantern": {"lantern_k": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def test_tokenizer_only_folder_appends_boi(tmp_path):
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_makes_images_and_stats(pipe, method):
     out = pipe(["a red circle", "a blue square"], method=method, num_images=2, guidance_scale=2.0, generator=seeded(),
-               progress_bar=False)
+               progress_bar=False, **OPTIONS.get(method, {}))
     assert len(out.images) == 4 and all(isinstance(im, Image.Image) and im.size == (8, 8) for im in out.images)
     assert out.tokens.shape == (4, 4, 4) and out.method == method and out.stats.method == method
     assert out.prompts == ["a red circle", "a red circle", "a blue square", "a blue square"] and out.class_labels == []
@@ -67,8 +69,8 @@ def test_every_method_makes_images_and_stats(pipe, method):
 
 def test_greedy_sjd_equals_ar_and_transformers(pipe):
     """temperature 0: SJD (and every method) gives AR's tokens, which are transformers' own greedy image generate."""
-    tokens = {m: pipe("a green triangle", method=m, temperature=0, guidance_scale=2.0, progress_bar=False).tokens
-              for m in METHODS}
+    tokens = {m: pipe("a green triangle", method=m, temperature=0, guidance_scale=2.0, progress_bar=False,
+                      **OPTIONS.get(m, {})).tokens for m in METHODS}
     for method in METHODS[1:]:
         assert torch.equal(tokens[method], tokens["ar"]), method
     prompt = pipe.encode_prompt("a green triangle")[None]
@@ -135,8 +137,8 @@ def drafted(folder, tmp_path_factory):
 def test_a_janus_drafter_enables_sd(folder, tmp_path_factory, seed):
     pipe = with_janus_drafter(folder, tmp_path_factory, seed)
     assert pipe.available_methods == METHODS + ["sd"] and pipe.drafter is not None
-    greedy = {m: pipe("a green triangle", method=m, temperature=0, guidance_scale=2.0, progress_bar=False)
-              for m in ("ar", "sd", "lantern")}
+    greedy = {m: pipe("a green triangle", method=m, temperature=0, guidance_scale=2.0, progress_bar=False,
+                      **OPTIONS.get(m, {})) for m in ("ar", "sd", "lantern")}
     for method in ("sd", "lantern"):  # greedy: every method is AR exactly
         assert torch.equal(greedy[method].tokens, greedy["ar"].tokens), method
         stats = greedy[method].stats

@@ -13,6 +13,9 @@ from mmspec.sampling import SamplingConfig
 
 from .tiny_image_folder import CLASSES, build_tiny_folder
 
+# LANTERN's default k (the authors' 1000, for a 16384-code codebook) does not fit the tiny 12-code VQ.
+OPTIONS = {"lantern": {"lantern_k": 4}}
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
@@ -47,7 +50,7 @@ def test_zoo_card_defaults(tmp_path):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_makes_images_and_stats(pipe, method):
-    out = pipe(class_labels=[0, 2], method=method, generator=seeded(), progress_bar=False)
+    out = pipe(class_labels=[0, 2], method=method, generator=seeded(), progress_bar=False, **OPTIONS.get(method, {}))
     assert len(out.images) == 2 and all(isinstance(im, Image.Image) and im.size == (16, 16) for im in out.images)
     assert out.tokens.shape == (2, 4, 4) and out.class_labels == [0, 2] and out.method == method
     s = out.stats
@@ -57,10 +60,12 @@ def test_every_method_makes_images_and_stats(pipe, method):
 
 def test_greedy_is_the_same_image_for_every_method(pipe):
     """temperature 0: lossless methods equal greedy AR, and so do the relaxed ones (a one-hot target)."""
-    tokens = {m: pipe(class_labels=[0, 1, 2], method=m, temperature=0, progress_bar=False).tokens for m in METHODS}
+    tokens = {m: pipe(class_labels=[0, 1, 2], method=m, temperature=0, progress_bar=False, **OPTIONS.get(m, {})).tokens
+              for m in METHODS}
     for method in METHODS:
         assert torch.equal(tokens[method], tokens["ar"]), method
-    jacobi_lantern = pipe(class_labels=[0, 1, 2], method="lantern", drafts="jacobi", temperature=0, progress_bar=False)
+    jacobi_lantern = pipe(class_labels=[0, 1, 2], method="lantern", drafts="jacobi", temperature=0, progress_bar=False,
+                          lantern_k=4)
     assert torch.equal(jacobi_lantern.tokens, tokens["ar"]) and jacobi_lantern.stats.drafter_forwards == 0
 
 
@@ -84,7 +89,7 @@ def test_numpy_output(pipe):
 @pytest.mark.parametrize("method", METHODS)
 def test_progress_advances_by_committed_tokens(pipe, method):
     counts = []
-    pipe.runner.run(MethodConfig(method=method), [0, 1], sampling=SamplingConfig(do_sample=True), generator=seeded(),
+    pipe.runner.run(MethodConfig(method=method, lantern_k=4), [0, 1], sampling=SamplingConfig(do_sample=True), generator=seeded(),
                     on_tokens=counts.append)
     assert sum(counts) == 32 and all(c >= 1 for c in counts)
     if method != "ar":
@@ -136,10 +141,11 @@ def test_gsd_group_options_come_from_the_card_unless_given(folder):
 
     pipe = SpeculativeImagePipeline.from_pretrained(folder)
     paper = {"gsd_window": GSD_WINDOW, "gsd_prob_threshold": GSD_PROB_THRESHOLD,
-             "gsd_distance_threshold": GSD_DISTANCE_THRESHOLD}
+             "gsd_distance_threshold": GSD_DISTANCE_THRESHOLD, "gsd_latents": "embeddings"}
     assert pipe.gsd_settings() == paper  # no card values: the authors' defaults
     pipe.card = {"gsd_defaults": {"gsd_window": 5, "gsd_prob_threshold": None, "gsd_distance_threshold": 1.5}}
-    assert pipe.gsd_settings() == {"gsd_window": 5, "gsd_prob_threshold": None, "gsd_distance_threshold": 1.5}
+    assert pipe.gsd_settings() == {"gsd_window": 5, "gsd_prob_threshold": None, "gsd_distance_threshold": 1.5,
+                                   "gsd_latents": "embeddings"}
     assert pipe.gsd_settings(gsd_window=3, gsd_prob_threshold=0.2)["gsd_window"] == 3
     assert pipe.gsd_settings(gsd_prob_threshold=None)["gsd_prob_threshold"] is None  # None = filter off, not "default"
     by_card = pipe(class_labels=1, method="gsd", generator=seeded(3), output_type="np", progress_bar=False)
