@@ -239,7 +239,8 @@ class JanusImagePipeline:
                                   on_tokens=bar.update)
         images = convert(self.target.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=[], method=method, model=self.model_name,
-                                     stats=out.stats, prompts=[prompts[i] for i in conditions])
+                                     stats=out.stats, prompts=[prompts[i] for i in conditions],
+                                     settings=config.settings(self.drafter is not None))
 
     def method_config(self, method: str, options: dict[str, Any]) -> MethodConfig:
         """Validate a method for Janus: `sd` and LANTERN on drafter drafts need a drafter."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -85,6 +85,17 @@ class MethodConfig:
             raise MMSpecError(f"lantern_delta is a total-variation budget in [0, 1], got {self.lantern_delta}")
         if self.lantern_lam is not None and not self.lantern_lam >= 1.0:
             raise MMSpecError(f"lantern_lam (LANTERN++'s lambda) must be >= 1, got {self.lantern_lam}")
+
+    def settings(self, has_drafter: bool) -> dict[str, Any]:
+        """The options this method reads, by name (what a run used; for outputs and the CLI's --json)."""
+        names = {"ar": (), "sd": ("num_draft_tokens",), "sjd": ("window", "init"),
+                 "gsd": ("window", "init", "gsd_window", "gsd_prob_threshold", "gsd_distance_threshold", "gsd_latents"),
+                 "lantern": ("lantern_delta", "lantern_k", "lantern_lam")}[self.method]
+        if self.method == "lantern":
+            drafter = self.uses_drafter(has_drafter)
+            names = ("drafts", *names, *(("num_draft_tokens",) if drafter else ("window", "init")))
+            return {name: getattr(self, name) for name in names} | {"drafts": "drafter" if drafter else "jacobi"}
+        return {name: getattr(self, name) for name in names}
 
     def uses_drafter(self, has_drafter: bool) -> bool:
         if self.method == "sd":

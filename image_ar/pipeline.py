@@ -64,7 +64,8 @@ class ImageGenerationOutput:
     """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made.
 
     class_labels: the class id of each image (empty for a text-to-image model); prompts: the text
-    prompt of each image (text-to-image models only).
+    prompt of each image (text-to-image models only); settings: the options the method ran with, as
+    resolved from the call, the model card and the defaults (`MethodConfig.settings()`).
     """
 
     images: list[Image.Image] | np.ndarray
@@ -74,6 +75,7 @@ class ImageGenerationOutput:
     model: str
     stats: SpecStats
     prompts: list[str] | None = None
+    settings: dict[str, Any] | None = None
 
 
 def load_model(cls: type, path: str, what: str, subfolder: str = "", **kwargs: Any):
@@ -335,4 +337,5 @@ class SpeculativeImagePipeline:
                                   on_tokens=bar.update)
         images = convert(self.vq.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=labels, method=method,
-                                     model=self.model_name, stats=out.stats)
+                                     model=self.model_name, stats=out.stats,
+                                     settings=config.settings(self.drafter is not None))

@@ -298,7 +298,8 @@ def cmd_generate_image(args: argparse.Namespace) -> int:
     s = out.stats
     if args.json:
         print(json.dumps({"method": out.method, "model": out.model, **described, "out": str(out_path),
-                          "stats": {**stats_json(s), "step_compression": s.step_compression}}, indent=2))
+                          "settings": out.settings, "stats": {**stats_json(s), "step_compression": s.step_compression}},
+                         indent=2))
     else:
         print(out_path)
         print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)

@@ -128,3 +128,85 @@ def test_bench_quality_from_a_judge(folder, tmp_path, monkeypatch):
     for row in report.rows:
         assert row["class_accuracy"] == 0.5 and row["fd_vs_ar"] == 1.25
     assert "class acc" in report.to_table()
+
+
+def last_error_line(err):
+    return err.strip().splitlines()[-1]  # after transformers' weight-loading bars
+
+
+def test_generate_image_lantern_options_from_the_card_and_the_command_line(folder, tmp_path, capsys):
+    """LANTERN's k and delta: the model card's lantern_defaults, else the authors' (k = 1000, checked against the
+    codebook: one clear error on this 12-code toy), overridden by --lantern-k / --lantern-delta."""
+    out = str(tmp_path / "x.png")
+    base = ["generate-image", "red circle", "--method", "lantern", "--out", out, "--json"]
+    assert main([*base, "--model", str(folder)]) == 2  # no card: the authors' 1000 neighbours
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and last_error_line(err) == (
+        "mmspec: error: LANTERN's neighbourhood lantern_k=1000 does not fit this 12-code codebook: it must be in [1, 11] "
+        "(the default 1000 is the authors' for a 16384-code codebook). Set lantern_k (CLI: --lantern-k), or give the "
+        "model card lantern_defaults")
+    assert main([*base, "--model", str(folder), "--lantern-k", "4", "--lantern-delta", "0.2"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings["lantern_k"] == 4 and settings["lantern_delta"] == 0.2 and settings["drafts"] == "drafter"
+    for flags, message in [(["--lantern-k", "12"], "lantern_k=12 does not fit this 12-code codebook"),
+                           (["--lantern-k", "4", "--lantern-delta", "1.5"], r"budget in \[0, 1\], got 1.5"),
+                           (["--lantern-k", "4", "--lantern-lam", "0.5"], "lantern_lam")]:
+        assert main([*base, "--model", str(folder), *flags]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and re.search(message, last_error_line(err)), flags
+
+    carded = build_tiny_folder(tmp_path / "carded", card={"lantern_defaults": {"lantern_k": 5, "lantern_delta": 0.3}})
+    assert main([*base, "--model", str(carded)]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["lantern_k"], settings["lantern_delta"]) == (5, 0.3)  # the card's
+    assert main([*base, "--model", str(carded), "--lantern-delta", "0.05"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["lantern_k"], settings["lantern_delta"]) == (5, 0.05)  # the flag wins, the card fills the rest
+    assert main([*base, "--model", str(carded), "--lantern-k", "40"]) == 2
+    assert "lantern_k=40 does not fit" in last_error_line(capsys.readouterr().err)
+
+
+def test_generate_image_gsd_options(folder, tmp_path, capsys):
+    out = str(tmp_path / "x.png")
+    base = ["generate-image", "red circle", "--model", str(folder), "--method", "gsd", "--out", out, "--json"]
+    assert main(base) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings == {"window": 16, "init": "left", "gsd_window": 7, "gsd_prob_threshold": 0.15,
+                        "gsd_distance_threshold": 0.5, "gsd_latents": "embeddings"}  # the authors'
+    assert main([*base, "--gsd-window", "3", "--gsd-prob-threshold", "none", "--gsd-latents", "codebook"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["gsd_window"], settings["gsd_prob_threshold"], settings["gsd_latents"]) == (3, None, "codebook")
+    with pytest.raises(SystemExit):
+        main([*base, "--gsd-latents", "pixels"])
+    capsys.readouterr()
+
+
+def test_bench_image_lantern_rows_report_the_output_law(tmp_path, capsys):
+    """Default LANTERN rows come from the card; each reports the TV between p and its exact output law."""
+    carded = build_tiny_folder(tmp_path / "carded", card={"lantern_defaults": {"lantern_k": 3, "lantern_delta": 0.2}})
+    code = main(["bench", "image", "--model", str(carded), "--n", "2", "--threads", "1", "--methods", "lantern", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = {r["method"]: r for r in json.loads(captured.out)["methods"]}
+    assert list(rows) == ["ar", "lantern d=0.2 k=3 drafter", "lantern d=0.2 k=3 jacobi"]
+    assert "output_tv_mean" not in rows["ar"]
+    for name in ("lantern d=0.2 k=3 drafter", "lantern d=0.2 k=3 jacobi"):
+        row = rows[name]
+        assert row["lantern_delta"] == 0.2 and row["lantern_k"] == 3 and row["output_tv_steps"] > 0
+        assert 0 <= row["output_tv_mean"] <= row["output_tv_max"] <= 1 and "exact" in row["output_tv_method"]
+    assert main(["bench", "image", "--model", str(carded), "--n", "1", "--threads", "1", "--methods", "lantern"]) == 0
+    table = capsys.readouterr().out
+    assert "TV out" in table and "not this" in table
+
+
+def test_bench_image_checks_settings_before_running(folder, capsys):
+    assert main(["bench", "image", "--model", str(folder), "--n", "1", "--lantern", "0.1,12"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "lantern_k=12 does not fit this 12-code codebook" in last_error_line(err)
+    assert main(["bench", "image", "--model", str(folder), "--n", "1", "--methods", "gsd", "--gsd", "7,0.3,1.0,codebook",
+                 "5,none,none", "--temperature", "0"]) == 0
+    table = capsys.readouterr().out
+    assert "gsd W=16 g=7 p=0.3 d=1.0 codebook" in table and "gsd W=16 g=5 p=None d=None" in table
+    assert "sjd W=16" not in table and "lantern" not in table  # --methods: ar and the GSD rows only
+    assert main(["bench", "image", "--model", str(folder), "--gsd", "7,0.3,1.0,pixels"]) == 2
+    assert "LATENTS" in capsys.readouterr().err

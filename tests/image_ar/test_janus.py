@@ -107,3 +107,29 @@ def test_bad_inputs(janus):
     target = JanusCFGTarget(janus)  # prompts may come later
     target.set_prompts(PROMPTS[1:])
     assert target.start([0]).shape == (1, 1, 12)
+
+
+def test_gsd_latents_are_what_the_language_model_reads_for_each_code(janus):
+    """Janus' input embedding of image code c is generation_aligner(generation_embeddings(c)): GSD's latent space."""
+    from functools import partial
+
+    from mmspec.image_ar import gsd_accept
+
+    target = JanusCFGTarget(janus, PROMPTS, 2.0)
+    table = target.token_embeddings()
+    hidden = janus.config.get_text_config().hidden_size
+    assert table.shape == (12, hidden)
+    for code in (0, 7, 11):
+        row = janus.prepare_embeddings_for_image_generation(torch.tensor([[code]]))[0, 0]
+        torch.testing.assert_close(table[code], row.float())
+    # janus_generate's GSD measures that table by default; the codebook on request
+    options = dict(gsd_window=4, gsd_prob_threshold=None, gsd_distance_threshold=1.0)
+    runs = {latents: janus_generate(janus, PROMPTS * 2, method="gsd", guidance_scale=2.0, gsd_latents=latents,
+                                    generator=torch.Generator().manual_seed(5), **options).tokens
+            for latents in ("embeddings", "codebook")}
+    for latents, vectors in (("embeddings", table), ("codebook", target.codebook_embeddings())):
+        rule = partial(gsd_accept, window=4, prob_threshold=None, embeddings=vectors, distance_threshold=1.0)
+        direct = jacobi_generate(JanusCFGTarget(janus, PROMPTS * 2, 2.0), [0, 1, 2, 3], rule=rule, init="left",
+                                 generator=torch.Generator().manual_seed(5))
+        assert torch.equal(runs[latents], direct.tokens), latents
+    assert not torch.equal(runs["embeddings"], runs["codebook"])
