@@ -1,37 +1,64 @@
-"""mmspec: speculative (draft-then-verify) decoding for multimodal and non-text models."""
+"""mmspec: speculative (draft-then-verify) decoding for multimodal and non-text models.
 
-from .decoding import SpeculativeDecoder, SpeculativeOutput, speculative_generate
-from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+Names are imported on first use (PEP 562), so `import mmspec` and `mmspec --help` do not pay for
+torch and transformers until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import MMSpecError
-from .policies import ConfidenceStopDraftLength, DraftLengthPolicy, FixedDraftLength, HeuristicDraftLength, make_policy
-from .rules import greedy_match, speculative_sampling
-from .sampling import SamplingConfig
-from .stats import SpecStats
-from .targets import Target, TargetStep
-from .types import Proposal, Verdict
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ConfidenceStopDraftLength",
-    "DraftLengthPolicy",
-    "Drafter",
-    "FixedDraftLength",
-    "HeuristicDraftLength",
-    "MMSpecError",
-    "ModelDrafter",
-    "NoDrafter",
-    "PromptLookupDrafter",
-    "Proposal",
-    "SamplingConfig",
-    "SpecStats",
-    "SpeculativeDecoder",
-    "SpeculativeOutput",
-    "Target",
-    "TargetStep",
-    "Verdict",
-    "greedy_match",
-    "make_policy",
-    "speculative_generate",
-    "speculative_sampling",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "SpeculativeDecoder": "mmspec.decoding",
+    "SpeculativeOutput": "mmspec.decoding",
+    "speculative_generate": "mmspec.decoding",
+    "Drafter": "mmspec.drafters",
+    "ModelDrafter": "mmspec.drafters",
+    "NoDrafter": "mmspec.drafters",
+    "PromptLookupDrafter": "mmspec.drafters",
+    "ConfidenceStopDraftLength": "mmspec.policies",
+    "DraftLengthPolicy": "mmspec.policies",
+    "FixedDraftLength": "mmspec.policies",
+    "HeuristicDraftLength": "mmspec.policies",
+    "make_policy": "mmspec.policies",
+    "greedy_match": "mmspec.rules",
+    "speculative_sampling": "mmspec.rules",
+    "SamplingConfig": "mmspec.sampling",
+    "SpecStats": "mmspec.stats",
+    "Target": "mmspec.targets",
+    "TargetStep": "mmspec.targets",
+    "Proposal": "mmspec.types",
+    "Verdict": "mmspec.types",
+}
+
+__all__ = ["MMSpecError", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mmspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
+    from .decoding import SpeculativeDecoder, SpeculativeOutput, speculative_generate
+    from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+    from .policies import ConfidenceStopDraftLength, DraftLengthPolicy, FixedDraftLength, HeuristicDraftLength, make_policy
+    from .rules import greedy_match, speculative_sampling
+    from .sampling import SamplingConfig
+    from .stats import SpecStats
+    from .targets import Target, TargetStep
+    from .types import Proposal, Verdict

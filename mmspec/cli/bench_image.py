@@ -1,0 +1,96 @@
+"""`mmspec bench image`: image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import MMSpecError
+from .common import IMAGE_SUFFIXES, SharedFlags, announce_zoo_default, emit, set_threads
+
+
+def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = benches.add_parser("image", parents=[flags.threads, flags.json],
+                                help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
+    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
+                        "(default: the toy shapes-image-ar)")
+    parser.add_argument("--n", type=int, default=16, help="images per method (conditions cycle through the classes or --prompts)")
+    parser.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
+                        help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
+    parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
+                        "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
+    parser.add_argument("--seed", type=int, default=0, help="image i of every method is seeded with seed + i")
+    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--window", type=int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
+    parser.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafter tokens per round")
+    parser.add_argument("--lantern", nargs="+", default=None, metavar="DELTA,K",
+                        help="LANTERN rows: budget delta (on the TV between p and each candidate's boosted p), codebook "
+                        "neighbours k (default: the model card's setting); rows report the measured TV of the output law")
+    parser.add_argument("--gsd", nargs="+", default=[], metavar="GROUP,PROB,DIST[,LATENTS]",
+                        help="extra GSD rows: rank window, probability and latent-distance thresholds (none = off), and "
+                        "optionally the latents (embeddings = the AR model's input embeddings, the default; codebook)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=["sd", "sjd", "gsd", "lantern"],
+                        help="run only these method families' rows (ar, the reference, always runs)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--grid-out", default=None, help="write a grid of samples per method to this image file")
+    parser.set_defaults(func=run)
+
+
+def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
+    """GROUP,PROB,DIST[,LATENTS] -> (int, float | None, float | None[, str]) for an extra GSD row."""
+    usage = (f"--gsd settings are GROUP,PROB,DIST[,LATENTS] such as 7,0.15,0.5 or 7,0.3,1.0,codebook "
+             f"(none = filter off; LATENTS: embeddings or codebook); got {given}")
+    parts = setting.split(",")
+    if len(parts) not in (3, 4) or parts[0] == "none":
+        raise MMSpecError(usage)
+    try:
+        values = (int(parts[0]), *(None if v == "none" else float(v) for v in parts[1:3]))
+    except ValueError:
+        raise MMSpecError(usage) from None
+    if len(parts) == 4:
+        if parts[3] not in ("embeddings", "codebook"):
+            raise MMSpecError(usage)
+        values += (parts[3],)
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..image_ar.bench import bench_image, default_methods
+    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+    from ..image_ar.rules import LANTERN_DELTA, LANTERN_K
+    from ..sampling import SamplingConfig
+
+    set_threads(args)
+    if args.n < 1:
+        raise MMSpecError(f"--n must be >= 1, got {args.n}")
+    if args.grid_out and Path(args.grid_out).suffix.lower() not in IMAGE_SUFFIXES:
+        raise MMSpecError(f"--grid-out needs an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))}), got {args.grid_out}")
+    lantern = None
+    if args.lantern is not None:
+        try:
+            lantern = [(float(d), int(k)) for d, k in (setting.split(",") for setting in args.lantern)]
+        except ValueError:
+            raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
+    gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
+    if args.model is None:
+        announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+    name = args.model or DEFAULT_IMAGE_MODEL
+    pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
+    if lantern is None:  # the model's LANTERN default (its card's, else the authors')
+        card = pipe.lantern_settings() if hasattr(pipe, "lantern_settings") else {}
+        lantern = [(card.get("lantern_delta", LANTERN_DELTA), card.get("lantern_k", LANTERN_K))]
+    gsd_defaults = pipe.gsd_settings() if hasattr(pipe, "gsd_settings") else None
+    methods = default_methods(pipe.drafter is not None, window=args.window, num_draft_tokens=args.num_draft_tokens,
+                              lantern_settings=lantern, gsd_defaults=gsd_defaults, gsd_settings=gsd)
+    if args.methods:
+        methods = {row: config for row, config in methods.items() if config.method in {"ar", *args.methods}}
+    labels = pipe.bench_conditions(args.n, args.prompts)  # class ids, or prompt indices for a text-to-image model
+    sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
+    report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
+                         repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.n} images")
+    if args.grid_out:
+        report.grid.save(args.grid_out)
+        report.settings["grid"] = args.grid_out
+    emit(report, args)
+    return 0

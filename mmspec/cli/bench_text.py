@@ -1,0 +1,51 @@
+"""`mmspec bench text`: plain greedy vs mmspec (each policy) vs transformers' assisted generation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import MMSpecError
+from .common import SharedFlags, emit, set_threads
+from .generate import add_pair_args
+
+
+def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = benches.add_parser("text", parents=[flags.seed, flags.repeats, flags.threads, flags.json],
+                                help="plain greedy vs mmspec (each policy) vs transformers assisted generation")
+    add_pair_args(parser)
+    parser.add_argument("--prompts", help="file with one prompt per line (default: held-out shapes-world caption prefixes)")
+    parser.add_argument("--num-prompts", type=int, default=50)
+    parser.set_defaults(func=run)
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise MMSpecError(f"prompts file not found: {path}")
+        prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        if not prompts:
+            raise MMSpecError(f"prompts file {path} has no non-empty line")
+        return prompts[: args.num_prompts]
+    from ..world import heldout_prompts
+
+    return heldout_prompts(args.num_prompts, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.text import bench_text
+    from ..zoo import load_causal_lm
+
+    set_threads(args)
+    target, tokenizer = load_causal_lm(args.model, "target")
+    drafter, _ = load_causal_lm(args.drafter, "drafter")
+    if tokenizer is None:
+        raise MMSpecError(f"{args.model!r} has no tokenizer; bench text needs one to encode prompts")
+    prompts = [tokenizer(p, return_tensors="pt").input_ids for p in read_prompts(args)]
+    report = bench_text(
+        target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
+        repeats=args.repeats, title=f"bench text: {args.model} + {args.drafter}", progress=not args.json,
+    )
+    emit(report, args)
+    return 0

@@ -1,0 +1,74 @@
+"""`mmspec bench vision`: caption methods side by side on held-out shapes videos."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import MMSpecError
+from .common import SharedFlags, set_threads
+
+
+def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = benches.add_parser("vision", parents=[flags.seed, flags.repeats, flags.threads, flags.json],
+                                help="caption methods side by side on held-out shapes videos")
+    parser.add_argument("--model", default="shapes-video-captioner")
+    parser.add_argument("--drafter", default=None, help="text-only drafter (default: the model's zoo pair)")
+    parser.add_argument("--num-videos", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+    parser.add_argument("--std", nargs="+", default=["32,5", "32,9", "72,5"], metavar="K,GAMMA",
+                        help="Sparse-to-Dense settings: visual KV entries kept, draft length")
+    parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
+                        help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
+                             "repeatable (the model folder's msd/ and flash/ drafters get rows by default)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..vision.bench import CaptionInput, bench_vision
+    from ..vision.feature_methods import load_checked, parse_drafter_spec
+    from ..vision.pipeline import CaptionPipeline
+    from ..world import examples, render_video
+
+    set_threads(args)
+    pipe = CaptionPipeline.from_pretrained(args.model, drafter=args.drafter)
+    feature = dict(pipe.feature_drafters)  # the model's own msd / flash drafters, when it has them
+    for spec in args.extra_drafter:
+        label, kind, path = parse_drafter_spec(spec)
+        if label in feature:
+            raise MMSpecError(f"--extra-drafter label {label!r} is used twice (msd / flash name the model's own drafters)")
+        feature[label] = load_checked(kind, path, pipe.model)
+    frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
+    items = []
+    # held-out videos like the ones the captioner was trained on (its card says how many shapes a scene has)
+    max_shapes = pipe.card.get("max_shapes", 3)
+    for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout", max_shapes=max_shapes):
+        inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
+        items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
+    std = tuple(tuple(int(x) for x in setting.split(",")) for setting in args.std)
+    report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
+                                  max_new_tokens=args.max_new_tokens,
+                                  num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats,
+                                  progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
+    if args.json:
+        print(json.dumps({**report.to_dict(), "extras": extras}, indent=2))
+        return 0
+    print(report.to_table())
+    print(f"visual tokens {extras['visual_tokens']} of {extras['prompt_tokens']} prompt tokens; one decode step: "
+          f"{extras['step_ms_full_cache']:.2f} ms over the full cache, {extras['step_ms_text_cache']:.2f} ms over text KV only "
+          f"(visual attention share {extras['visual_attention_share']:.0%}, measured)")
+    if extras.get("decode_phase"):
+        print("decode phase alone (median wall time minus prefill, all videos; prefill = vision tower + prompt, the same "
+              "work for every method):")
+        for name, row in extras["decode_phase"].items():
+            print(f"  {name:<26} prefill {row['prefill_s']:.3f} s  decode {row['decode_s']:.3f} s  "
+                  f"decode speed-up {row['decode_speed_up']:.2f}x vs greedy-loop")
+    print("modelled memory-bound speed-up (bytes of weights + KV read per committed token, plain / method; a GPU-like "
+          "regime, NOT measured here):")
+    for name, value in extras["modelled_memory_bound_speed_up"].items():
+        print(f"  {name:<26} {value:.2f}x")
+    for note in extras.get("notes", []):
+        print(f"note: {note}")
+    return 0
+

@@ -1,0 +1,57 @@
+"""`mmspec caption`: caption a video or an image, speculatively (lossless)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import IMAGE_SUFFIXES, LazyChoices, SharedFlags, announce_zoo_default, stats_json
+
+
+def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = commands.add_parser("caption", parents=[flags.seed, flags.json],
+                                 help="caption a video or an image, speculatively (lossless)")
+    parser.add_argument("path", help="video (any file PyAV decodes) or image file")
+    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id (default: the toy captioner)")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter of the chosen method: a text LM for text (default: the model's zoo pair), a trained "
+                             "drafter folder for msd / flash (default: the model folder's msd/ or flash/)")
+    parser.add_argument("--method", choices=LazyChoices("mmspec.vision.pipeline", "METHODS"), default=None, metavar="METHOD",
+                        help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense, msd / flash = trained "
+                             "feature drafters (default: fastest measured)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None,
+                        help="tokens drafted per round (default: the model card's best for the method, else 5; StD 9)")
+    parser.add_argument("--frames", type=int, default=8, help="frames sampled uniformly from the video")
+    parser.add_argument("--fps", type=float, default=None, help="sample frames at this rate instead (capped by --frames)")
+    parser.add_argument("--prompt", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
+
+    if args.model is None:
+        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of one moving shape")
+    # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
+    feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
+    pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
+                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens)
+    if args.method is None:
+        print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
+    media = {"image": args.path} if Path(args.path).suffix.lower() in IMAGE_SUFFIXES else {"video": args.path}
+    out = pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
+               fps=args.fps, do_sample=args.temperature is not None, temperature=args.temperature or 1.0,
+               generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)
+    if args.json:
+        print(json.dumps({"text": out.text, "method": out.method, "model": out.model, "stats": stats_json(out.stats)},
+                         indent=2))
+    else:
+        print(out.text)
+        print(out.stats.summary(), file=sys.stderr)
+    return 0

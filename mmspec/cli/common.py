@@ -1,0 +1,93 @@
+"""What every verb shares: the common flags (one definition each), thread setting, the zoo-default
+notice, and the one JSON shape of the stats."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable, Iterator
+
+from ..errors import MMSpecError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("mmspec")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class SharedFlags:
+    """Parent parsers for the flags many verbs take (pass them as `parents=[...]`)."""
+
+    def __init__(self) -> None:
+        self.json = self._parser(lambda p: p.add_argument("--json", action="store_true", help="print one JSON object"))
+        self.seed = self._parser(lambda p: p.add_argument("--seed", type=int, default=0, help="random seed"))
+        self.threads = self._parser(lambda p: p.add_argument(
+            "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"))
+        self.repeats = self._parser(lambda p: p.add_argument("--repeats", type=int, default=3,
+                                                             help="interleaved repetitions; medians are reported"))
+
+    @staticmethod
+    def _parser(add: Callable[[argparse.ArgumentParser], Any]) -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(add_help=False)
+        add(parser)
+        return parser
+
+
+class LazyChoices:
+    """argparse `choices` read from a pipeline module, imported only when a verb's arguments are checked."""
+
+    def __init__(self, module: str, attribute: str) -> None:
+        self.module, self.attribute = module, attribute
+
+    def _values(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.attribute))
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values())
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    import torch
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+
+
+def emit(report: Any, args: argparse.Namespace) -> None:
+    print(report.to_json() if args.json else report.to_table())
+
+
+def announce_zoo_default(name: str, what: str, trained_on: str) -> None:
+    """With no --model: use the zoo's toy model and say so, or fail clearly if this install lacks it."""
+    from ..zoo import entries
+
+    if name not in {e.name for e in entries()}:
+        raise MMSpecError(f"the toy {what} {name!r} is not in this install's zoo; pass --model ID|PATH")
+    print(f"mmspec: using the embedded toy {what} {name!r} (trained on {trained_on}; pass --model for a real checkpoint)",
+          file=sys.stderr)
+
+
+def stats_json(stats: Any, **extra: Any) -> dict[str, Any]:
+    """The stats of every `--json` output, one shape for every verb.
+
+    Keys: new_tokens, rounds, drafted, accepted, target_forwards, drafter_forwards,
+    mean_accepted_length (tau), acceptance_rate (alpha), prefill_time_s, draft_time_s,
+    verify_time_s, wall_time_s, tokens_per_s, per_position_acceptance; then the verb's own (`extra`).
+    """
+    return {
+        "new_tokens": stats.new_tokens, "rounds": stats.rounds, "drafted": stats.drafted, "accepted": stats.accepted,
+        "target_forwards": stats.target_forwards, "drafter_forwards": stats.drafter_forwards,
+        "mean_accepted_length": stats.tau, "acceptance_rate": stats.alpha, "prefill_time_s": stats.prefill_time,
+        "draft_time_s": stats.draft_time, "verify_time_s": stats.verify_time, "wall_time_s": stats.total_time,
+        "tokens_per_s": stats.tokens_per_second, "per_position_acceptance": stats.per_position_acceptance, **extra,
+    }

@@ -1,0 +1,60 @@
+"""`mmspec generate`: speculative text generation with a target and a drafter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import MMSpecError
+from .common import SharedFlags, stats_json
+
+
+def add_pair_args(parser: argparse.ArgumentParser) -> None:
+    """Target, drafter and lengths, shared with `bench text`."""
+    parser.add_argument("--model", default="shapes-caption-lm", help="zoo name, local folder or Hub id of the target")
+    parser.add_argument("--drafter", default="shapes-caption-drafter", help="zoo name, local folder or Hub id of the drafter")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+
+
+def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = commands.add_parser("generate", parents=[flags.seed, flags.json],
+                                 help="speculative text generation with a target and a drafter; prints stats")
+    add_pair_args(parser)
+    parser.add_argument("prompt", help="text to continue")
+    parser.add_argument("--policy", default="fixed", choices=["fixed", "heuristic", "adaptive"])
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (lossless)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..decoding import speculative_generate
+    from ..drafters import PromptLookupDrafter
+    from ..policies import make_policy
+    from ..zoo import load_causal_lm
+
+    if not args.prompt.strip():
+        raise MMSpecError("the prompt is empty")
+    target, tokenizer = load_causal_lm(args.model, "target")
+    if tokenizer is None:
+        raise MMSpecError(f"{args.model!r} has no tokenizer; `mmspec generate` needs one to read the prompt")
+    drafter = PromptLookupDrafter() if args.drafter == "prompt-lookup" else load_causal_lm(args.drafter, "drafter")[0]
+    input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    out = speculative_generate(
+        target, drafter, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
+        policy=make_policy(args.policy, args.num_draft_tokens),
+    )
+    text = tokenizer.decode(out.sequences[0], skip_special_tokens=True)
+    if args.json:
+        print(json.dumps({"text": text, "tokens": out.sequences[0].tolist(), "stats": stats_json(out.stats)}, indent=2))
+    else:
+        print(text)
+        print(out.stats.summary(), file=sys.stderr)
+    return 0

@@ -1,0 +1,101 @@
+"""`mmspec generate-image`: an image of a class (or from text, with Janus) from an AR image model, speculatively."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import MMSpecError
+from .common import IMAGE_SUFFIXES, LazyChoices, SharedFlags, announce_zoo_default, stats_json
+
+
+def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = commands.add_parser("generate-image", parents=[flags.seed, flags.json],
+                                 help="generate an image of a class (or from text, with Janus) with an AR image model, "
+                                      "speculatively")
+    parser.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
+                        "free text for a text-to-image model (Janus)")
+    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
+                        "(default: the toy shapes-image-ar)")
+    parser.add_argument("--method", choices=LazyChoices("mmspec.image_ar.methods", "METHODS"), default=None, metavar="METHOD",
+                        help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
+    parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
+                        "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
+    parser.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the model card's)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
+    # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
+    suppress = argparse.SUPPRESS
+    parser.add_argument("--lantern-delta", dest="lantern_delta", type=float, default=suppress, metavar="DELTA",
+                        help="LANTERN: budget in [0, 1] on the total variation between p and each candidate's boosted p "
+                        "(not a bound on the output law; default: the model card's)")
+    parser.add_argument("--lantern-k", dest="lantern_k", type=int, default=suppress, metavar="K",
+                        help="LANTERN: nearest codebook neighbours, 1 <= K < codebook size (default: the model card's, "
+                        "else the authors' 1000 for a 16384-code codebook)")
+    parser.add_argument("--lantern-lam", dest="lantern_lam", type=float, default=suppress, metavar="LAMBDA",
+                        help="LANTERN++: bound p~(x) <= LAMBDA p(x) instead of the delta budget")
+    parser.add_argument("--gsd-window", dest="gsd_window", type=int, default=suppress, metavar="W",
+                        help="GSD: rank window (W less probable tokens, W - 1 more probable; default: the model card's)")
+    parser.add_argument("--gsd-prob-threshold", dest="gsd_prob_threshold", type=optional_float, default=suppress,
+                        metavar="P", help="GSD: probability gap (none = off)")
+    parser.add_argument("--gsd-distance-threshold", dest="gsd_distance_threshold", type=optional_float,
+                        default=suppress, metavar="D", help="GSD: squared latent distance (none = off)")
+    parser.add_argument("--gsd-latents", dest="gsd_latents", choices=["embeddings", "codebook"], default=suppress,
+                        help="GSD: distances between the AR model's input token embeddings (the authors') or VQ codes")
+    parser.set_defaults(func=run)
+
+
+IMAGE_METHOD_OPTIONS = ("lantern_delta", "lantern_k", "lantern_lam", "gsd_window", "gsd_prob_threshold",
+                        "gsd_distance_threshold", "gsd_latents")
+
+
+def optional_float(value: str) -> float | None:
+    """A float, or None for "none" / "off" (a GSD filter turned off)."""
+    if value.lower() in ("none", "off"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or none, got {value!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+
+    if args.out and (Path(args.out).suffix.lower() not in IMAGE_SUFFIXES or not Path(args.out).parent.is_dir()):
+        raise MMSpecError(f"cannot write {args.out}: use an existing folder and an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    if args.model is None:
+        announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+    pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL, drafter=args.drafter)
+    if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
+        condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
+        stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"
+    else:
+        by_id = args.prompt.strip().isdigit()
+        label = int(args.prompt) if by_id else pipe.class_id(args.prompt)
+        name = pipe.class_names[label] if pipe.class_names and label < len(pipe.class_names) else None
+        condition, described = {"class_labels": label}, {"class": name, "class_id": label}
+        stem = (name or f"class-{label}").replace(" ", "_")
+    out_path = Path(args.out or f"{stem}.png")
+    if args.method is None:
+        print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
+    # Only the method options given on the command line; the rest come from the model card (else the authors').
+    options = {name: getattr(args, name) for name in IMAGE_METHOD_OPTIONS if hasattr(args, name)}
+    out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
+               top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json,
+               **options)
+    out.images[0].save(out_path)
+    s = out.stats
+    if args.json:
+        print(json.dumps({"method": out.method, "model": out.model, **described, "out": str(out_path),
+                          "settings": out.settings, "stats": stats_json(s, step_compression=s.step_compression)},
+                         indent=2))
+    else:
+        print(out_path)
+        print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
+    return 0

@@ -1,0 +1,46 @@
+"""`mmspec train-drafter`: a feature drafter (MSD, FLASH) for a vision-language model, on its traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .common import SharedFlags, set_threads
+
+
+def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = commands.add_parser("train-drafter", parents=[flags.seed, flags.threads],
+                                 help="train a feature drafter (MSD, FLASH) for a vision-language model on its "
+                                      "self-distillation traces (vision.distill_data)")
+    parser.add_argument("--target", required=True, help="local folder or Hub id of the vision-language target")
+    parser.add_argument("--kind", default="msd", help="drafter kind: msd or flash")
+    parser.add_argument("--data", required=True, help="folder written by generate_distill_data (metadata.json + shards)")
+    parser.add_argument("--out", required=True, help="folder to save_pretrained into (checkpoints go to OUT/checkpoints)")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 5%% of --steps)")
+    parser.add_argument("--noise-std", type=float, default=0.2, help="uniform noise on input features (EAGLE: 0.2)")
+    parser.add_argument("--curriculum", choices=["two-stage", "none"], default="two-stage",
+                        help="two-stage = MSD's text-only stage, then a rising share of multimodal traces")
+    parser.add_argument("--text-fraction", type=float, default=0.5, help="share of steps in the text-only stage")
+    parser.add_argument("--checkpoint-every", type=int, default=500)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..vision.drafter_training import train_drafter
+
+    set_threads(args)
+    train_drafter(args.target, args.kind, args.data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                  warmup=args.warmup, noise_std=args.noise_std, curriculum=args.curriculum, text_fraction=args.text_fraction,
+                  checkpoint_every=args.checkpoint_every, resume=args.resume, seed=args.seed)
+    report = json.loads((Path(args.out) / "training.json").read_text())
+    final = report["final"]
+    loss = f"loss {report['first_loss']:.3f} -> {final['loss']:.3f}, " if final["loss"] is not None else ""
+    accuracy = f"token accuracy {final['token_accuracy']:.3f}, " if final["token_accuracy"] is not None else ""
+    print(f"saved the {args.kind} drafter to {args.out} ({report['data']['num_traces']} traces, {report['steps']} steps, "
+          f"{loss}{accuracy}{report['wall_time_s']:.0f} s)")
+    return 0

@@ -1,0 +1,34 @@
+"""`mmspec zoo list`: the embedded toy models, with size, training data, quality and rebuild command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import SharedFlags
+
+
+def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    zoo = commands.add_parser("zoo", help="the embedded toy model zoo").add_subparsers(dest="zoo_command", required=True)
+    parser = zoo.add_parser("list", parents=[flags.json],
+                            help="list zoo models with size, training data, quality and rebuild command")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..zoo import entries
+
+    found = [e.to_dict() for e in entries()]
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        print("the zoo is empty")
+    for e in found:
+        quality = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in e.get("quality", {}).items())
+        print(f"{e['name']}: {e.get('architecture', '?')} ({e.get('role', '?')}), {e.get('params', 0) / 1e6:.1f}M params, "
+              f"{e['file_size_bytes'] / 1e6:.1f} MB")
+        print(f"    trained on: {e.get('trained_on', '?')} in {e.get('train_wall_time_s', 0) / 60:.1f} min")
+        print(f"    quality: {quality}")
+        print(f"    rebuild: {e.get('rebuild_command', '?')}")
+    return 0
