@@ -7,9 +7,7 @@ records how much attention its text query tokens pay to each visual key, then de
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -69,12 +67,3 @@ def scoring_attention(module, query, key, value, attention_mask, **kwargs):
 
 AttentionInterface.register(SCORING_ATTENTION, scoring_attention)
 AttentionMaskInterface.register(SCORING_ATTENTION, sdpa_mask)
-
-
-@contextmanager
-def capturing(capture: ImportanceCapture) -> Iterator[ImportanceCapture]:
-    token = _active_capture.set(capture)
-    try:
-        yield capture
-    finally:
-        _active_capture.reset(token)

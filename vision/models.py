@@ -128,11 +128,6 @@ def inputs_on_model(model: PreTrainedModel, inputs: Mapping[str, Any]) -> dict[s
     return moved
 
 
-def is_supported(model: PreTrainedModel) -> bool:
-    """True for the four vision-language classes mmspec is tested with."""
-    return type(model).__name__ in SUPPORTED_ARCHITECTURES
-
-
 def load_vision_model(
     name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device | None = None, **kwargs: Any
 ) -> PreTrainedModel:
