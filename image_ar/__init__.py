@@ -9,7 +9,8 @@ from .janus import JanusCFGTarget, janus_generate
 from .janus_pipeline import JanusImagePipeline
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
 from .methods import METHODS, MethodConfig, MethodRunner
-from .pipeline import ImageGenerationOutput, SpeculativeImagePipeline
+from .pipeline import SpeculativeImagePipeline
+from .pipeline_common import ImageGenerationOutput
 from .rules import (
     Decision,
     gsd_accept,

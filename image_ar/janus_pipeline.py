@@ -36,7 +36,7 @@ from mmspec.sampling import SamplingConfig, seeded_generator
 from .imaging import OUTPUT_TYPES, convert
 from .janus import JanusCFGTarget
 from .methods import MethodConfig, MethodRunner
-from .pipeline import ImageGenerationOutput, check_guidance_scale, load_model, local_folder
+from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder
 
 JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")  # + "sd" with a drafter
 DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5

@@ -20,32 +20,26 @@ Folder layout read by `from_pretrained` (the `shapes-image-ar` zoo model follows
 
 from __future__ import annotations
 
-import json
-import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 import torch
-from PIL import Image
 from tqdm.auto import tqdm
 
 from mmspec.errors import MMSpecError
 from mmspec.sampling import SamplingConfig, seeded_generator
-from mmspec.stats import SpecStats
 from mmspec.zoo import resolve
 
 from .imaging import OUTPUT_TYPES, convert
+from .janus_pipeline import JanusImagePipeline, is_janus_folder
+from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder, read_json
 from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
 from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
 from .target import CFGTarget
 from .vq import VQModel
 
-if TYPE_CHECKING:
-    from .janus_pipeline import JanusImagePipeline
 
 DEFAULT_IMAGE_MODEL = "shapes-image-ar"
 class _ModelDefault:
@@ -57,63 +51,6 @@ class _ModelDefault:
 
 MODEL_DEFAULT: Any = _ModelDefault()
 DEFAULT_GUIDANCE_SCALE = 4.0  # LlamaGen's class-conditional default (used when the card states none)
-
-
-@dataclass
-class ImageGenerationOutput:
-    """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made.
-
-    class_labels: the class id of each image (empty for a text-to-image model); prompts: the text
-    prompt of each image (text-to-image models only); settings: the options the method ran with, as
-    resolved from the call, the model card and the defaults (`MethodConfig.settings()`).
-    """
-
-    images: list[Image.Image] | np.ndarray
-    tokens: torch.LongTensor
-    class_labels: list[int]
-    method: str
-    model: str
-    stats: SpecStats
-    prompts: list[str] | None = None
-    settings: dict[str, Any] | None = None
-
-
-def load_model(cls: type, path: str, what: str, subfolder: str = "", **kwargs: Any):
-    try:
-        return cls.from_pretrained(path, subfolder=subfolder, dtype=torch.float32, **kwargs).eval()
-    except (OSError, ValueError, KeyError) as error:
-        where = f"{path}/{subfolder}" if subfolder else path
-        raise MMSpecError(f"cannot load the {what} from {where!r}: {str(error).splitlines()[0]}") from None
-
-
-def check_guidance_scale(scale: float) -> float:
-    """Classifier-free guidance scale: a finite number >= 1 (1 = no guidance, as in transformers)."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 1:
-        raise MMSpecError(f"guidance_scale must be a finite number >= 1 (1 = no guidance), got {scale!r}")
-    return float(scale)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise MMSpecError(f"cannot read {path}: {error}") from None
-
-
-def local_folder(name: str) -> Path:
-    """A zoo name, a local folder, or a Hub repo id (downloaded, or from the cache when offline) -> a folder."""
-    folder = Path(resolve(name))
-    if not folder.is_dir() and name.count("/") == 1 and not name.startswith((".", "/")):
-        try:
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(name))
-        except Exception:  # noqa: BLE001 - offline, unknown repo, no access: all mean "not available"
-            pass
-    if not (folder / "config.json").is_file():
-        raise MMSpecError(f"{name!r} is not a zoo model, a folder with a config.json (a LlamaGen or Janus checkpoint), "
-                          "or a Hub id available here")
-    return folder
 
 
 class SpeculativeImagePipeline:
@@ -170,7 +107,6 @@ class SpeculativeImagePipeline:
         """
         name = str(model_id_or_path)
         folder = local_folder(name)
-        from .janus_pipeline import JanusImagePipeline, is_janus_folder  # imports this module: load late
 
         if is_janus_folder(folder):
             return JanusImagePipeline.from_pretrained(name, drafter=drafter, device=device)

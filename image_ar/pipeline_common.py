@@ -1,0 +1,78 @@
+"""What both image pipelines share: their output, checkpoint loading and folder resolution.
+
+Kept apart from the pipelines so that the class-conditional pipeline (which hands Janus folders to
+the Janus pipeline) and the Janus pipeline both import it, and not each other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mmspec.errors import MMSpecError
+from mmspec.stats import SpecStats
+from mmspec.zoo import resolve
+
+
+@dataclass
+class ImageGenerationOutput:
+    """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made.
+
+    class_labels: the class id of each image (empty for a text-to-image model); prompts: the text
+    prompt of each image (text-to-image models only); settings: the options the method ran with, as
+    resolved from the call, the model card and the defaults (`MethodConfig.settings()`).
+    """
+
+    images: list[Image.Image] | np.ndarray
+    tokens: torch.LongTensor
+    class_labels: list[int]
+    method: str
+    model: str
+    stats: SpecStats
+    prompts: list[str] | None = None
+    settings: dict[str, Any] | None = None
+
+
+def load_model(cls: type, path: str, what: str, subfolder: str = "", **kwargs: Any):
+    try:
+        return cls.from_pretrained(path, subfolder=subfolder, dtype=torch.float32, **kwargs).eval()
+    except (OSError, ValueError, KeyError) as error:
+        where = f"{path}/{subfolder}" if subfolder else path
+        raise MMSpecError(f"cannot load the {what} from {where!r}: {str(error).splitlines()[0]}") from None
+
+
+def check_guidance_scale(scale: float) -> float:
+    """Classifier-free guidance scale: a finite number >= 1 (1 = no guidance, as in transformers)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 1:
+        raise MMSpecError(f"guidance_scale must be a finite number >= 1 (1 = no guidance), got {scale!r}")
+    return float(scale)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise MMSpecError(f"cannot read {path}: {error}") from None
+
+
+def local_folder(name: str) -> Path:
+    """A zoo name, a local folder, or a Hub repo id (downloaded, or from the cache when offline) -> a folder."""
+    folder = Path(resolve(name))
+    if not folder.is_dir() and name.count("/") == 1 and not name.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(name))
+        except Exception:  # noqa: BLE001 - offline, unknown repo, no access: all mean "not available"
+            pass
+    if not (folder / "config.json").is_file():
+        raise MMSpecError(f"{name!r} is not a zoo model, a folder with a config.json (a LlamaGen or Janus checkpoint), "
+                          "or a Hub id available here")
+    return folder
