@@ -65,7 +65,8 @@ class ImageBenchReport:
     def to_table(self) -> str:
         quality = any("class_accuracy" in r for r in self.rows)
         tv = any("output_tv_mean" in r for r in self.rows)
-        header = f"{'method':<30} {'steps x':>7} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'speed-up':>8}"
+        width = max([30, *(len(r["method"]) for r in self.rows)])
+        header = f"{'method':<{width}} {'steps x':>7} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'speed-up':>8}"
         if quality:
             header += f" {'class acc':>9} {'FD vs AR':>9}"
         if tv:
@@ -73,7 +74,7 @@ class ImageBenchReport:
         lines = [self.title, header, "-" * len(header)]
         for r in self.rows:
             alpha = f"{r['alpha']:.2f}" if r["drafted"] else "-"
-            line = (f"{r['method']:<30} {r['step_compression']:>7.2f} {alpha:>6} {r['target_forwards']:>8} "
+            line = (f"{r['method']:<{width}} {r['step_compression']:>7.2f} {alpha:>6} {r['target_forwards']:>8} "
                     f"{r['drafter_forwards']:>8} {r['wall_time_median_s']:>8.3f} {r['speed_up']:>7.2f}x")
             if quality:
                 acc, fd = r.get("class_accuracy"), r.get("fd_vs_ar")

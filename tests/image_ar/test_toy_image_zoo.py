@@ -46,3 +46,25 @@ def test_generate_image_cli_writes_a_red_picture(tmp_path, capsys):
         reddish = (pixels[:, 0] > 150) & (pixels[:, 1] < 90) & (pixels[:, 2] < 90)
         red_pictures += int(reddish.sum() > 20)
     assert red_pictures >= 3
+
+
+def test_generate_image_lantern_takes_its_neighbourhood_from_the_card(tmp_path, capsys):
+    """The toy's 512-code codebook: LANTERN uses the card's k = 16 (not the authors' 1000, meant for 16384 codes)."""
+    out = str(tmp_path / "x.png")
+    assert main(["generate-image", "red circle", "--method", "lantern", "--out", out, "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["lantern_k"], settings["lantern_delta"]) == (16, 0.1)
+    assert main(["generate-image", "red circle", "--method", "lantern", "--lantern-k", "64", "--lantern-delta", "0.25",
+                 "--out", out, "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["lantern_k"], settings["lantern_delta"]) == (64, 0.25)
+    assert main(["generate-image", "red circle", "--method", "lantern", "--lantern-k", "1000", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "lantern_k=1000 does not fit this 512-code codebook" in err.strip().splitlines()[-1]
+
+
+def test_gsd_card_settings_use_the_input_token_embeddings(pipe):
+    settings = pipe.gsd_settings()
+    assert settings["gsd_latents"] == "embeddings" and settings["gsd_window"] == 7
+    out = pipe(class_labels=3, method="gsd", output_type="np", progress_bar=False)
+    assert out.settings["gsd_distance_threshold"] == settings["gsd_distance_threshold"]
