@@ -12,7 +12,7 @@ from mmspec.errors import MMSpecError
 from mmspec.image_ar import tiny_vq
 from mmspec.world import BACKGROUNDS, COLOURS, KINDS
 from mmspec.world.scenes import RGB
-from mmspec.zoo.training import image_ar_data as data
+from mmspec.image_ar.recipes import image_ar_data as data
 
 
 def test_classes_are_every_kind_times_every_colour_in_id_order():

@@ -65,7 +65,7 @@ def test_default_zoo_model_without_weights_says_how_to_rebuild(tmp_path, capsys,
 
     entry = tmp_path / "shapes-image-ar"
     entry.mkdir()
-    (entry / "zoo_card.json").write_text(json.dumps({"rebuild_command": "python -m mmspec.zoo.training.train_image_ar"}))
+    (entry / "zoo_card.json").write_text(json.dumps({"rebuild_command": "python -m mmspec.image_ar.recipes.train_image_ar"}))
     monkeypatch.setattr(mmspec.zoo, "MODELS_DIR", tmp_path)
     code = main(["generate-image", "red circle"])
     err = capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Train the AR target of the zoo model ``shapes-image-ar`` (the top of its folder).
 
-    python -m mmspec.zoo.training.train_shapes_image_ar                  # full run, ~20 min of training
-    python -m mmspec.zoo.training.train_shapes_image_ar --steps 3 --train-n 256 --heldout-n 48 \\
+    python -m mmspec.image_ar.recipes.train_shapes_image_ar                  # full run, ~20 min of training
+    python -m mmspec.image_ar.recipes.train_shapes_image_ar --steps 3 --train-n 256 --heldout-n 48 \\
         --sample-n 24 --out /tmp/x                                       # smoke (needs OUT/vq)
 
 Model: :class:`mmspec.image_ar.LlamaGenForClassConditional` (LlamaGen's class-conditional GPT,
@@ -126,7 +126,7 @@ def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     vq_dir = Path(args.vq) if args.vq else out / "vq"
     if not (vq_dir / "model.safetensors").is_file():
-        raise SystemExit(f"no VQ in {vq_dir}: run python -m mmspec.zoo.training.train_shapes_vq first")
+        raise SystemExit(f"no VQ in {vq_dir}: run python -m mmspec.image_ar.recipes.train_shapes_vq first")
     vq = VQModel.from_pretrained(vq_dir, dtype=torch.float32).eval()
     t0 = time.time()
     codes, labels = data.cached_codes(vq_dir, args.train_n, args.seed, "train", Path(args.cache_dir))
@@ -199,7 +199,7 @@ def train(args: argparse.Namespace) -> dict:
                                                f"seed {args.seed}), fp16 weights upcast to fp32; samples: plain AR, "
                                                "temperature 1, judged by judge/")},
         "target_rebuild_command": (
-            f"python -m mmspec.zoo.training.train_shapes_image_ar --steps {loop.done} --max-minutes 120"
+            f"python -m mmspec.image_ar.recipes.train_shapes_image_ar --steps {loop.done} --max-minutes 120"
             + (f" --init-from FOLDER_OF_THE_{args.prior_steps}_STEP_RUN --prior-steps {args.prior_steps} --lr {args.lr} "
                f"--warmup {args.warmup}" if args.init_from else "")),
     }

@@ -1,8 +1,8 @@
 """Train the drafter of the zoo model ``shapes-image-ar`` (its ``drafter/`` folder): a tiny AR model
 with the target's vocabulary, for plain speculative decoding and LANTERN's relaxed acceptance.
 
-    python -m mmspec.zoo.training.train_shapes_drafter                   # full run, ~5 min of training
-    python -m mmspec.zoo.training.train_shapes_drafter --steps 3 --train-n 256 --heldout-n 48 --out /tmp/x   # smoke
+    python -m mmspec.image_ar.recipes.train_shapes_drafter                   # full run, ~5 min of training
+    python -m mmspec.image_ar.recipes.train_shapes_drafter --steps 3 --train-n 256 --heldout-n 48 --out /tmp/x   # smoke
 
 Model: a 1-layer :class:`mmspec.image_ar.LlamaGenForClassConditional` (dim 256, 8 heads), the
 same 512-code vocabulary, 24 classes + the null class (so it can be guided like the target). It
@@ -78,7 +78,7 @@ def train(args: argparse.Namespace) -> dict:
     target_dir = Path(args.target) if args.target else out
     vq_dir = Path(args.vq) if args.vq else out / "vq"
     if not (target_dir / "model.safetensors").is_file():
-        raise SystemExit(f"no target in {target_dir}: run python -m mmspec.zoo.training.train_shapes_image_ar first")
+        raise SystemExit(f"no target in {target_dir}: run python -m mmspec.image_ar.recipes.train_shapes_image_ar first")
     target = LlamaGenForClassConditional.from_pretrained(target_dir, dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
@@ -149,7 +149,7 @@ def train(args: argparse.Namespace) -> dict:
         "quality": {**quality, "measured_on": (f"held-out sequences (loss: {args.heldout_n}, agreement: "
                                                f"{int(agree_codes.shape[0])}) teacher-forced through drafter and target, fp16 weights upcast to fp32; acceptance_rate_t1 = mean sum_x "
                                                "min(p, q)")},
-        "rebuild_command": f"python -m mmspec.zoo.training.train_shapes_drafter --steps {loop.done} --max-minutes 60",
+        "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_drafter --steps {loop.done} --max-minutes 60",
     }
     data.update_card(out, "drafter", info)
     print(f"saved {folder} ({info['file_size_bytes'] / 1e6:.2f} MB) after {wall:.0f}s of training", flush=True)

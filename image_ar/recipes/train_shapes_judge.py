@@ -1,7 +1,7 @@
 """Train the quality judge of the zoo model ``shapes-image-ar`` (its ``judge/`` folder).
 
-    python -m mmspec.zoo.training.train_shapes_judge                    # full run, ~3 min of training
-    python -m mmspec.zoo.training.train_shapes_judge --steps 3 --eval-n 48 --recon-pool 32 --out /tmp/x   # smoke
+    python -m mmspec.image_ar.recipes.train_shapes_judge                    # full run, ~3 min of training
+    python -m mmspec.image_ar.recipes.train_shapes_judge --steps 3 --eval-n 48 --recon-pool 32 --out /tmp/x   # smoke
 
 Model: timm's ResNet-10-T layout (``timm.create_model("resnet10t", pretrained=False, num_classes=24,
 channels=(16, 32, 64, 128))``: a deep tiered stem and one basic block per stage; a ResNet-18 of the
@@ -142,7 +142,7 @@ def train(args: argparse.Namespace) -> dict:
         **data.timing_facts(loop, wall, args.threads),
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), "
                                               "fd_* between the first and the second half"},
-        "rebuild_command": f"python -m mmspec.zoo.training.train_shapes_judge --steps {loop.done} --max-minutes 60",
+        "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_judge --steps {loop.done} --max-minutes 60",
     }
     data.update_card(out, "judge", info)
     print(f"saved {folder} ({info['file_size_bytes'] / 1e6:.2f} MB) after {wall:.0f}s of training", flush=True)

@@ -1,7 +1,7 @@
 """Train the VQ image tokenizer of the zoo model ``shapes-image-ar`` (its ``vq/`` folder).
 
-    python -m mmspec.zoo.training.train_shapes_vq                       # full run, ~8 min of training
-    python -m mmspec.zoo.training.train_shapes_vq --steps 3 --eval-n 32 --out /tmp/x   # smoke
+    python -m mmspec.image_ar.recipes.train_shapes_vq                       # full run, ~8 min of training
+    python -m mmspec.image_ar.recipes.train_shapes_vq --steps 3 --eval-n 32 --out /tmp/x   # smoke
 
 Model: :class:`mmspec.image_ar.VQModel` in LlamaGen's VQ layout, scaled down: three levels (channel
 multipliers 1, 2, 2 of 32 channels) give a downsample factor of 4, so a 64 x 64 image is a 16 x 16
@@ -198,7 +198,7 @@ def train(args: argparse.Namespace) -> dict:
         "optimiser": f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, bf16 autocast {data.autocast_state(args.bf16)}",
         **data.timing_facts(loop, wall, args.threads),
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), fp16 weights"},
-        "rebuild_command": f"python -m mmspec.zoo.training.train_shapes_vq --steps {loop.done} --max-minutes 60",
+        "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_vq --steps {loop.done} --max-minutes 60",
     }
     data.update_card(out, "vq", info)
     print(f"saved {folder} ({info['file_size_bytes'] / 1e6:.2f} MB) after {wall:.0f}s of training", flush=True)

@@ -45,16 +45,16 @@ from tqdm import tqdm
 from mmspec.errors import MMSpecError
 from mmspec.world import BACKGROUNDS, COLOURS, KINDS, SIZES, Scene, Shape, example_seed, render_image
 from mmspec.world.captions import KIND_WORDS
+from mmspec.zoo import MODELS_DIR
 
 IMAGE_SIZE = 64
 DOWNSAMPLE = 4
 GRID = IMAGE_SIZE // DOWNSAMPLE  # 16 x 16 = 256 image tokens
 NAME = "shapes-image-ar"
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 ZOO_DIR = MODELS_DIR / NAME
 CACHE_DIR = Path.home() / ".cache" / "mmspec" / NAME
 SUBFOLDERS = ("vq", "drafter", "judge")
-REBUILD_COMMAND = "python -m mmspec.zoo.training.build_shapes_image_ar"
+REBUILD_COMMAND = "python -m mmspec.image_ar.recipes.build_shapes_image_ar"
 
 _KIND_LIST = list(KINDS)
 _COLOUR_LIST = list(COLOURS)
@@ -348,7 +348,7 @@ def base_card() -> dict[str, Any]:
         "grid": GRID,
         "num_classes": NUM_CLASSES,
         "classes": label_names(),
-        "class_text": "mmspec.zoo.training.image_ar_data.class_from_text ('red circle', 'a big red ball', ...)",
+        "class_text": "mmspec.image_ar.recipes.image_ar_data.class_from_text ('red circle', 'a big red ball', ...)",
         "layout": {
             ".": "the AR target: config.json + model.safetensors (fp16; load with dtype=torch.float32)",
             "vq": "mmspec.image_ar.VQModel (LlamaGen VQ layout), downsample 4: 64x64 image <-> 16x16 codes",
@@ -358,7 +358,7 @@ def base_card() -> dict[str, Any]:
         },
         "trained_on": (
             "class-conditional 64x64 renders of the shapes world: one still shape per image, class = kind x colour "
-            "(mmspec.zoo.training.image_ar_data.example(i, seed, split)), size / background / position from the "
+            "(mmspec.image_ar.recipes.image_ar_data.example(i, seed, split)), size / background / position from the "
             "world's distributions"
         ),
         "rebuild_command": REBUILD_COMMAND,

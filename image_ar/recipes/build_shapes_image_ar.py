@@ -1,9 +1,9 @@
 """Build the whole zoo model ``shapes-image-ar`` in one command: VQ, judge, AR target, drafter.
 
-    python -m mmspec.zoo.training.build_shapes_image_ar                         # ~36 min of training
-    python -m mmspec.zoo.training.build_shapes_image_ar --max-minutes-total 60   # longer, same split
-    python -m mmspec.zoo.training.build_shapes_image_ar --redo target           # redo target + drafter
-    python -m mmspec.zoo.training.build_shapes_image_ar --smoke --out /tmp/x    # seconds, tiny settings
+    python -m mmspec.image_ar.recipes.build_shapes_image_ar                         # ~36 min of training
+    python -m mmspec.image_ar.recipes.build_shapes_image_ar --max-minutes-total 60   # longer, same split
+    python -m mmspec.image_ar.recipes.build_shapes_image_ar --redo target           # redo target + drafter
+    python -m mmspec.image_ar.recipes.build_shapes_image_ar --smoke --out /tmp/x    # seconds, tiny settings
 
 Steps, in dependency order (each one a script of its own, see its docstring):
 

@@ -1,1 +1,0 @@
-"""Reproducible training scripts for the embedded toy model zoo (``mmspec/zoo/models``)."""
