@@ -1,6 +1,6 @@
 """The zoo image model (shapes-image-ar) generates offline through the pipeline and the CLI.
 
-Skips when the zoo folder has no weights (rebuild: python -m mmspec.zoo.training.build_shapes_image_ar).
+Skips when the zoo folder has no weights (rebuild: python -m mmspec.image_ar.recipes.build_shapes_image_ar).
 """
 
 import json
