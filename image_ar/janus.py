@@ -31,6 +31,8 @@ from .methods import MethodConfig, MethodRunner
 from .target import CFGTarget, ImageTokensOutput
 
 
+JANUS_GUIDANCE_SCALE = 5.0  # Janus' default when the generation config sets none
+
 class JanusCFGTarget(CFGTarget):
     """A `JanusForConditionalGeneration` plus a KV cache, seen through classifier-free guidance.
 
@@ -39,7 +41,8 @@ class JanusCFGTarget(CFGTarget):
         prompts: token ids of each text prompt (1-D each), already formatted for image generation
             (the processor's `generation_mode="image"` template, ending with the BOI token); may be
             left empty and given later with `set_prompts`.
-        guidance_scale: CFG scale (Janus' default 5).
+        guidance_scale: CFG scale (None: the model's generation config, as Janus' own `generate` reads
+            it, else Janus' default 5).
         bos_token_id, boi_token_id, pad_token_id: default to the model's generation config, as
             transformers' image `generate` reads them (`generation_kwargs["boi_token_id"]`).
     """
@@ -48,7 +51,7 @@ class JanusCFGTarget(CFGTarget):
         self,
         model: PreTrainedModel,
         prompts: Sequence[torch.Tensor | Sequence[int]] = (),
-        guidance_scale: float = 5.0,
+        guidance_scale: float | None = None,
         *,
         bos_token_id: int | None = None,
         boi_token_id: int | None = None,
@@ -56,6 +59,9 @@ class JanusCFGTarget(CFGTarget):
     ) -> None:
         if not all(hasattr(getattr(model, "model", None), name) for name in ("generation_head", "vqmodel", "language_model")):
             raise MMSpecError(f"{type(model).__name__} is not a Janus image generator (JanusForConditionalGeneration)")
+        if guidance_scale is None:
+            shipped = getattr(getattr(model, "generation_config", None), "guidance_scale", None)
+            guidance_scale = JANUS_GUIDANCE_SCALE if shipped is None else float(shipped)
         super().__init__(model, guidance_scale)
         self.prompts: list[torch.LongTensor] = []
         if len(prompts):
@@ -189,12 +195,14 @@ def janus_generate(
     prompts: Sequence[torch.Tensor | Sequence[int]],
     *,
     method: str = "sjd",
-    guidance_scale: float = 5.0,
+    guidance_scale: float | None = None,
     sampling: SamplingConfig = SamplingConfig(do_sample=True),
     generator: torch.Generator | None = None,
     **options: Any,
 ) -> ImageTokensOutput:
     """One image per prompt with a training-free method (ar, sjd, gsd, lantern on Jacobi drafts).
+
+    `guidance_scale` None: the model's generation config, else 5 (as Janus' own `generate`).
 
     `options` are `MethodConfig` fields (window, init, lantern_delta, gsd_window, ...). Decode the
     returned grids with `JanusCFGTarget(model, prompts).decode(out.tokens)`.

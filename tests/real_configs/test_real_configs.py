@@ -308,9 +308,6 @@ def test_janus_greedy_image_tokens_equal_generate(index):
     assert torch.equal(sjd.tokens.flatten(1), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="JanusCFGTarget(model, prompts) and janus_generate(model, prompts) default to "
-                   "guidance_scale=5.0 and never read model.generation_config.guidance_scale, which Janus' own "
-                   "generate(generation_mode='image') uses (JanusImagePipeline does read it)")
 def test_janus_target_uses_the_shipped_guidance_scale(tmp_path):
     shipped = shipped_json(JANUS, "generation_config.json")
     (tmp_path / "generation_config.json").write_text(json.dumps(dict(shipped, guidance_scale=2.0)))
