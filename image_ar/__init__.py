@@ -17,6 +17,7 @@ from .rules import (
     gsd_group_mask,
     lantern_accept,
     lantern_neighbours,
+    lantern_output_law,
     sjd_accept,
 )
 from .target import CFGTarget, ImageTokensOutput, ar_generate
@@ -56,6 +57,7 @@ __all__ = [
     "janus_generate",
     "lantern_accept",
     "lantern_neighbours",
+    "lantern_output_law",
     "lantern_rule",
     "sjd_accept",
     "tiny_llamagen",

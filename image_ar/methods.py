@@ -26,7 +26,7 @@ from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
 from .jacobi import INIT_STRATEGIES, jacobi_generate
 from .llamagen import LlamaGenForClassConditional
 from .rules import (GSD_DISTANCE_THRESHOLD, GSD_LATENTS, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K, gsd_accept,
-                    lantern_accept, lantern_neighbours, resolve_draft_probs)
+                    gsd_rank_window, lantern_accept, lantern_neighbours, resolve_draft_probs)
 from .target import CFGTarget, ImageTokensOutput, ar_generate
 
 METHODS = ("ar", "sd", "sjd", "gsd", "lantern")
@@ -63,7 +63,7 @@ class MethodConfig:
     lantern_delta: float = LANTERN_DELTA
     lantern_k: int = LANTERN_K
     lantern_lam: float | None = None
-    gsd_window: int = GSD_WINDOW
+    gsd_window: int | tuple[int, int] = GSD_WINDOW
     gsd_prob_threshold: float | None = GSD_PROB_THRESHOLD
     gsd_distance_threshold: float | None = GSD_DISTANCE_THRESHOLD
     gsd_latents: str = "embeddings"
@@ -75,8 +75,9 @@ class MethodConfig:
             raise MMSpecError(f"drafts must be one of {', '.join(DRAFT_SOURCES)}, got {self.drafts!r}")
         if self.init not in INIT_STRATEGIES:
             raise MMSpecError(f"unknown init strategy {self.init!r}; choose from {', '.join(INIT_STRATEGIES)}")
-        if self.window < 0 or self.num_draft_tokens < 1 or self.gsd_window < 0:
-            raise MMSpecError("window and gsd_window must be >= 0; num_draft_tokens >= 1")
+        if self.window < 0 or self.num_draft_tokens < 1:
+            raise MMSpecError("window must be >= 0 and num_draft_tokens >= 1")
+        gsd_rank_window(self.gsd_window)  # an int >= 0, or a (below, above) pair
         if self.gsd_latents not in GSD_LATENTS:
             raise MMSpecError(f"gsd_latents must be one of {', '.join(GSD_LATENTS)}, got {self.gsd_latents!r}")
         if isinstance(self.lantern_k, bool) or not isinstance(self.lantern_k, int) or self.lantern_k < 1:

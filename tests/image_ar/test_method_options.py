@@ -72,3 +72,15 @@ def test_lantern_k_is_checked_against_the_codebook(parts):
                          (dict(lantern_delta=-0.1), r"budget in \[0, 1\]"), (dict(lantern_lam=0.5), "lantern_lam")]:
         with pytest.raises(MMSpecError, match=message):
             MethodConfig(method="lantern", **bad)
+
+
+def test_gsd_window_options(parts):
+    """An int W is the authors' window (W below, W - 1 above); a (below, above) pair is taken as given."""
+    model, codebook = parts
+    runner = MethodRunner(CFGTarget(model, 1.0), codebook=codebook)
+    out = runner.run(MethodConfig(method="gsd", window=6, gsd_window=(7, 7), gsd_distance_threshold=None), [0],
+                     sampling=SAMPLE, generator=torch.Generator().manual_seed(1))
+    assert out.tokens.shape == (1, 4, 4)
+    for bad in (-1, (-1, 3)):
+        with pytest.raises(MMSpecError, match="rank window"):
+            MethodConfig(method="gsd", gsd_window=bad)
