@@ -256,7 +256,7 @@ def lantern_merged(
     """(p~(x_i) [B, W], number m_i of merged neighbours [B, W], neighbour ids [B, W, k]).
 
     With n_1..n_k = neighbours[x] (proximity order) and c_j = sum_{l<=j} p(n_l):
-      m = the number of leading j with c_j <= budget,  budget = delta (TV bound)
+      m = the number of leading j with c_j <= budget,  budget = delta (per-candidate TV bound)
                                                        or (lam - 1) * p(x) (lambda variant),
       p~(x) = p(x) + c_m   (c_0 = 0).
     The candidate's boosted distribution p~_x (p with the mass of n_1..n_m moved onto x) is at total
