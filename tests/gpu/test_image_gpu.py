@@ -11,8 +11,8 @@ import torch
 from mmspec.image_ar import CFGTarget, MethodRunner, SpeculativeImagePipeline, tiny_llamagen, tiny_vq
 from mmspec.sampling import SamplingConfig, seeded_generator
 
-from .test_devices_and_randomness import CONFIGS
-from .tiny_image_folder import build_tiny_folder
+from ..image_ar.test_devices_and_randomness import CONFIGS
+from ..image_ar.tiny_image_folder import build_tiny_folder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
