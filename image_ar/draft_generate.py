@@ -108,14 +108,8 @@ class GuidedImageDrafter(Drafter):
         self.cfg.cache = None
         self._cached = torch.empty(0, dtype=torch.long, device=sequence.device)
 
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         logits = self._catch_up(sequence[0])

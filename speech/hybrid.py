@@ -177,14 +177,8 @@ class HybridDrafter(Drafter):
         self.hypothesis = [int(t) for t in tokens]
         self.stats = HybridStats(hypothesis_length=len(self.hypothesis))
 
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         empty = Proposal.empty(sequence)
         self._last = None
         if max_tokens <= 0 or not self.hypothesis:

@@ -287,14 +287,8 @@ class MSDDrafter(Drafter):
             visual = torch.isin(sequence[:, 1:], self.visual_ids.to(sequence.device))
             self._feed(sequence[:, 1:], visual, embeds[:, 1:])
 
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         # The target has features for every committed token but the newest: feed those slots first.

@@ -125,14 +125,8 @@ class SparseToDenseDrafter(Drafter):
         self._prompt_length = self._synced
         self._rope_deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
 
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         token = sequence[:, -1]

@@ -66,14 +66,8 @@ class TextOnlyDrafter(ModelDrafter):
         # Pixels, grids and per-token modality ids belong to the target; the drafter gets none of them.
         super().prefill(self.text_only(sequence), {})
 
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         text = self.text_only(sequence)
         if text.shape[1] == 0:
             # A prompt of nothing but visual tokens gives a text model no context: skip drafting.

@@ -15,12 +15,6 @@ from .base import Drafter
 
 
 class NoDrafter(Drafter):
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         return Proposal.empty(sequence)

@@ -39,14 +39,8 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
+    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         follow = find_continuation(sequence[0], self.max_ngram, self.min_ngram, max_tokens)

@@ -6,8 +6,8 @@ every draw through `mmspec.sampling` (`rand`, `randint`, `sample`, `seeded_gener
 on the generator's device and move the result (as diffusers' `randn_tensor` does), and gives every
 tensor factory a device. Without a GPU, four checks hold that in place:
 
-- a source scan: every torch factory in `image_ar/` passes `device=` (the core's scanner,
-  tests/test_device_discipline.py; reviewed exceptions listed with their reason);
+- a source scan: every torch factory in `image_ar/` passes `device=` (the shared scanner,
+  tests/device_checks.py; reviewed exceptions listed with their reason);
 - a randomness scan: no torch random function is called directly in `image_ar/` (only through
   `mmspec.sampling`), with a planted-violation control;
 - a run with the default device moved to "meta" (except inside the models' own forwards): a tensor
@@ -20,22 +20,16 @@ tensor factory a device. Without a GPU, four checks hold that in place:
 from __future__ import annotations
 
 import ast
-import functools
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-from torch import nn
 
 from mmspec.image_ar import CFGTarget, MethodConfig, MethodRunner, tiny_llamagen, tiny_vq
 from mmspec.image_ar import jacobi as jacobi_module
 from mmspec.sampling import SamplingConfig, seeded_generator
 
-from ..test_device_discipline import violations
+from ..device_checks import ROOT, decoding_modules, default_device_elsewhere, stale_exceptions, unreviewed
 
-ROOT = Path(__file__).resolve().parents[2]
 
 # (module, function) -> why a device-less torch factory is right there.
 REVIEWED = {
@@ -48,25 +42,14 @@ RANDOM = {"rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "n
           "randn_like", "randint_like", "Generator"}
 
 
-def image_ar_modules() -> list[str]:
-    paths = (ROOT / "image_ar").rglob("*.py")  # the toy-model recipes are CPU training scripts: not scanned
-    return sorted(str(p.relative_to(ROOT)) for p in paths if "recipes" not in p.relative_to(ROOT).parts)
-
-
-def unreviewed(module: str) -> list[str]:
-    found = violations((ROOT / module).read_text(), module)
-    return [v for v in found if (module, v.split()[1].rstrip(":")) not in REVIEWED]
-
-
-@pytest.mark.parametrize("module", image_ar_modules())
+@pytest.mark.parametrize("module", decoding_modules("image_ar"))
 def test_image_ar_code_creates_tensors_on_a_device(module):
-    assert unreviewed(module) == []
+    assert unreviewed(module, REVIEWED) == []
 
 
 def test_reviewed_exceptions_are_still_needed():
-    for module, function in REVIEWED:
-        found = violations((ROOT / module).read_text(), module)
-        assert any(v.split()[1].rstrip(":") == function for v in found), f"stale exception: {module} {function}"
+    """An exception whose function no longer makes a device-less tensor is stale: remove it."""
+    assert stale_exceptions(REVIEWED) == []
 
 
 def direct_random_calls(source: str, module: str) -> list[str]:
@@ -81,7 +64,7 @@ def direct_random_calls(source: str, module: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("module", image_ar_modules())
+@pytest.mark.parametrize("module", decoding_modules("image_ar"))
 def test_randomness_goes_through_mmspec_sampling(module):
     """Draws and generators come from mmspec.sampling (rand, randint, sample, seeded_generator): device-correct."""
     assert direct_random_calls((ROOT / module).read_text(), module) == []
@@ -97,30 +80,6 @@ def test_randomness_scan_flags_planted_calls():
 # ---- default device elsewhere ----------------------------------------------------------------
 
 
-@contextmanager
-def default_device_elsewhere(*models: nn.Module) -> Iterator[None]:
-    """Make "meta" the default device, except inside the given models' own forwards.
-
-    A tensor mmspec makes without a device lands on "meta" and fails when it meets the models' CPU
-    tensors; a draw made on the default device with a CPU generator fails as it does on a GPU.
-    """
-    for model in models:
-        model.forward = _on_own_device(model.forward, model.device)
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        for model in models:
-            del model.forward
-
-
-def _on_own_device(forward, device):
-    @functools.wraps(forward)
-    def shielded(*args, **kwargs):
-        with torch.device(device):
-            return forward(*args, **kwargs)
-
-    return shielded
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ device" (Sparse-to-Dense on LLaVA-style models: "mat2 is on cpu", from position 
 the CPU). Three checks catch such bugs here:
 
 - a source scan: every torch factory call in `vision/` passes `device=` (reviewed exceptions
-  listed with their reason), with the core's scanner (tests/test_device_discipline.py);
+  listed with their reason), with the shared scanner (tests/device_checks.py);
 - a run with the default device moved elsewhere: while mmspec's code runs, a tensor made
   without a device lands on "meta" and fails as soon as it meets the model's CPU tensors (or is
   copied to them); the models' own forwards run with their own device as the default, so only
@@ -19,11 +19,7 @@ the CPU). Three checks catch such bugs here:
 from __future__ import annotations
 
 import copy
-import functools
-from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 import torch
@@ -35,13 +31,12 @@ from mmspec.vision.models import inputs_on_model
 from mmspec.vision.pipeline import CaptionPipeline
 from mmspec.vision.sparse_to_dense import SparseToDenseDrafter
 
-from ..test_device_discipline import violations
+from ..device_checks import decoding_modules, default_device_elsewhere, stale_exceptions, unreviewed
 from .methods import METHODS, method_drafter
 from .test_feature_methods import drafters  # noqa: F401 (fixture)
 from .test_pipeline import frames, tiny_captioner_folder  # noqa: F401 (fixtures)
 from .tiny_vlms import BUILDERS, Case
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = sorted(BUILDERS)
 MAX_NEW = 10
 
@@ -57,65 +52,25 @@ REVIEWED = {
 }
 
 
-def vision_modules() -> list[str]:
-    """Every vision module but the toy-model recipes (training scripts that run on the CPU)."""
-    paths = (ROOT / "vision").rglob("*.py")
-    return sorted(str(p.relative_to(ROOT)) for p in paths if "recipes" not in p.relative_to(ROOT).parts)
-
-
-def unreviewed(module: str) -> list[str]:
-    found = violations((ROOT / module).read_text(), module)
-    return [v for v in found if (module, v.split()[1].rstrip(":")) not in REVIEWED]
-
-
-@pytest.mark.parametrize("module", vision_modules())
+@pytest.mark.parametrize("module", decoding_modules("vision"))
 def test_vision_code_creates_tensors_on_a_device(module):
-    assert unreviewed(module) == []
+    assert unreviewed(module, REVIEWED) == []
 
 
 def test_reviewed_exceptions_are_still_needed():
     """An exception whose function no longer makes a device-less tensor is stale: remove it."""
-    for module, function in REVIEWED:
-        found = violations((ROOT / module).read_text(), module)
-        assert any(v.split()[1].rstrip(":") == function for v in found), f"stale exception: {module} {function}"
+    assert stale_exceptions(REVIEWED) == []
 
 
 def test_the_scan_covers_the_decoding_modules():
     wanted = {"sparse_to_dense", "attention_scoring", "models", "target", "msd", "flash", "flash_model",
               "feature_drafter", "feature_methods", "inputs", "pipeline", "text_drafter", "bench", "hf_assisted"}
-    assert {f"vision/{name}.py" for name in wanted} <= set(vision_modules())
+    assert {f"vision/{name}.py" for name in wanted} <= set(decoding_modules("vision"))
 
 
 # ---- default device elsewhere ----------------------------------------------------------------
 
 
-@contextmanager
-def default_device_elsewhere(*models: nn.Module) -> Iterator[None]:
-    """Make "meta" the default device, except inside the given models' own forwards.
-
-    A tensor mmspec makes without a device then lands on "meta": it fails when it meets one of the
-    model's CPU tensors ("Tensor on device meta is not on the expected device cpu") or is copied to
-    the CPU ("Cannot copy out of meta tensor"), exactly where a CPU tensor would fail on a GPU.
-    transformers' own model code creates some tensors on the default device and moves them; it is
-    not ours to check, so each model's forward runs with its own device as the default.
-    """
-    for model in models:
-        model.forward = _on_own_device(model.forward, model.device)
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        for model in models:
-            del model.forward  # back to the class's forward
-
-
-def _on_own_device(forward, device):
-    @functools.wraps(forward)  # keeps the signature (mmspec inspects it for `logits_to_keep`)
-    def shielded(*args, **kwargs):
-        with torch.device(device):
-            return forward(*args, **kwargs)
-
-    return shielded
 
 
 _expected: dict[str, torch.Tensor] = {}
