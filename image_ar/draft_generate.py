@@ -23,8 +23,7 @@ from typing import Any, Callable
 import torch
 
 from mmspec.decoding import SpeculativeDecoder
-from mmspec.drafters import Drafter
-from mmspec.drafters.model_drafter import choose_draft_token, common_prefix_length
+from mmspec.drafters.autoregressive import AutoregressiveDrafter, common_prefix_length
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
 from mmspec.rules import AcceptanceRule, greedy_match, speculative_sampling
@@ -79,7 +78,7 @@ class GuidedImageTarget(Target):
         self.cfg.truncate(length - 1)
 
 
-class GuidedImageDrafter(Drafter):
+class GuidedImageDrafter(AutoregressiveDrafter):
     """A small class-conditional AR model as drafter, with its own cache and the target's guidance.
 
     Like `ModelDrafter`, its cache is synchronised lazily: cropped to the prefix it shares with
@@ -89,7 +88,7 @@ class GuidedImageDrafter(Drafter):
     def __init__(self, model: LlamaGenForClassConditional | CFGTarget, guidance_scale: float = 1.0) -> None:
         self.cfg = as_cfg_target(model, guidance_scale)
         self.vocab_size = self.cfg.vocab_size
-        self._cached = torch.empty(0, dtype=torch.long, device=self.cfg.model.device)
+        self.cached_tokens = torch.empty(0, dtype=torch.long, device=self.cfg.model.device)
 
     @property
     def forwards(self) -> int:  # type: ignore[override]
@@ -106,34 +105,19 @@ class GuidedImageDrafter(Drafter):
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.cfg.cache = None
-        self._cached = torch.empty(0, dtype=torch.long, device=sequence.device)
+        self.cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        if max_tokens <= 0:
-            return Proposal.empty(sequence)
-        logits = self._catch_up(sequence[0])
-        tokens, dists = [], []
-        for step in range(max_tokens):
-            token, dist, confidence = choose_draft_token(logits, sampling, generator, policy.needs_confidence)
-            tokens.append(token)
-            if dist is not None:
-                dists.append(dist)
-            if step + 1 == max_tokens or (confidence is not None and not policy.keep_drafting(confidence)):
-                break
-            logits = self.cfg.extend(token[:, None])[:, -1]
-        drafted = torch.stack(tokens, dim=1)
-        self._cached = torch.cat([sequence[0], drafted[0, :-1]])  # every draft but the last was fed
-        return Proposal(tokens=drafted, probs=torch.stack(dists, dim=1) if dists else None)
-
-    def _catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
+    def catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
         """Align the cache with `sequence` = [condition, tokens...]; guided next-token logits [1, V]."""
-        keep = min(common_prefix_length(self._cached, sequence), sequence.shape[0] - 1)
+        keep = min(common_prefix_length(self.cached_tokens, sequence), sequence.shape[0] - 1)
         if self.cfg.cache is None or keep == 0:
             tokens = sequence[None, 1:] if sequence.shape[0] > 1 else None
             return self.cfg.start(sequence[:1], tokens)[:, -1]
         self.cfg.truncate(keep - 1)
         return self.cfg.extend(sequence[None, keep:])[:, -1]
+
+    def feed(self, token: torch.Tensor) -> torch.Tensor:
+        return self.cfg.extend(token[:, None])[:, -1]
 
 
 def lantern_rule(neighbours: torch.LongTensor, delta: float = 0.0, lam: float | None = None,

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from mmspec.drafters.base import Drafter
-from mmspec.drafters.model_drafter import choose_draft_token
+from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig

@@ -27,7 +27,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from mmspec.drafters.base import Drafter
-from mmspec.drafters.model_drafter import choose_draft_token
+from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig

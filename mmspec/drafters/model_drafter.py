@@ -9,37 +9,10 @@ from transformers import PreTrainedModel
 
 from ..cached_model import CachedModel
 from ..errors import MMSpecError
-from ..policies import DraftLengthPolicy
-from ..sampling import SamplingConfig, probabilities, sample
-from ..types import Proposal
-from .base import Drafter
+from .autoregressive import AutoregressiveDrafter, common_prefix_length
 
 
-def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the common prefix of two 1-D token tensors."""
-    n = min(a.shape[0], b.shape[0])
-    mismatch = (a[:n] != b[:n]).nonzero()
-    return int(mismatch[0, 0]) if mismatch.numel() else n
-
-
-def choose_draft_token(
-    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None, want_confidence: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
-    """Pick a draft token from logits [B, V]: (token [B], q [B, V] when sampling else None, confidence).
-
-    The confidence (the drafter's probability of its own pick) feeds adaptive draft-length policies.
-    """
-    if sampling.do_sample:
-        q = probabilities(logits, sampling)
-        token = sample(q, generator)
-        confidence = float(q[0, token[0]]) if want_confidence else None
-        return token, q, confidence
-    token = logits.argmax(dim=-1)
-    confidence = float(logits[0].float().softmax(-1)[token[0]]) if want_confidence else None
-    return token, None, confidence
-
-
-class ModelDrafter(Drafter):
+class ModelDrafter(AutoregressiveDrafter):
     """Drafts autoregressively with its own KV cache.
 
     The cache is kept in step lazily: before proposing, it is cropped to the longest prefix it
@@ -54,8 +27,8 @@ class ModelDrafter(Drafter):
         self.vocab_size = self.lm.vocab_size
         # Drafting past an end token is wasted work: the target stops there too.
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        self._stop_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
-        self._cached_tokens = torch.empty(0, dtype=torch.long)
+        self.stop_ids = frozenset() if eos is None else frozenset([eos] if isinstance(eos, int) else eos)
+        self.cached_tokens = torch.empty(0, dtype=torch.long)
         self._encoder_inputs: dict[str, Any] = {}
 
     @property
@@ -84,45 +57,11 @@ class ModelDrafter(Drafter):
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.lm.cache = None
-        self._cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
+        self.cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        if max_tokens <= 0:
-            return Proposal.empty(sequence)
-        logits = self._catch_up(sequence[0])
-        tokens, dists = [], []
-        for step in range(max_tokens):
-            if self.logits_processor:
-                prefix = torch.cat([sequence, torch.stack(tokens, dim=1)], dim=1) if tokens else sequence
-                logits = self.logits_processor(prefix, logits.float())
-            token, dist, confidence = self.choose(logits, sampling, generator, policy.needs_confidence)
-            tokens.append(token)
-            if dist is not None:
-                dists.append(dist)
-            if step + 1 == max_tokens or (confidence is not None and not policy.keep_drafting(confidence)):
-                break
-            if int(token[0]) in self._stop_ids:
-                break
-            logits = self.lm.extend(token[:, None], logits_to_keep=1).logits[:, -1, :]
-        drafted = torch.stack(tokens, dim=1)
-        # Every draft but the last was fed to the cache.
-        self._cached_tokens = torch.cat([sequence[0], drafted[0, :-1]])
-        probs = torch.stack(dists, dim=1) if dists else None
-        return Proposal(tokens=drafted, probs=probs)
-
-    def choose(
-        self,
-        logits: torch.Tensor,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        want_confidence: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
-        return choose_draft_token(logits, sampling, generator, want_confidence)
-
-    def _catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
+    def catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
         """Bring the cache in line with `sequence` and return the next-token logits [B, V]."""
-        keep = common_prefix_length(self._cached_tokens, sequence)
+        keep = common_prefix_length(self.cached_tokens, sequence)
         keep = min(keep, sequence.shape[0] - 1)  # feed at least one token to get next-token logits
         if self.lm.cache is None or keep == 0:
             out = self.lm.prefill(sequence[None], logits_to_keep=1, **self._encoder_inputs)
@@ -130,3 +69,6 @@ class ModelDrafter(Drafter):
             self.lm.truncate(keep)
             out = self.lm.extend(sequence[None, keep:], logits_to_keep=1)
         return out.logits[:, -1, :]
+
+    def feed(self, token: torch.Tensor) -> torch.Tensor:
+        return self.lm.extend(token[:, None], logits_to_keep=1).logits[:, -1, :]

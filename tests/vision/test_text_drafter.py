@@ -46,8 +46,8 @@ def test_cache_follows_the_filtered_sequence(vlm_cases, text_lm):
     drafter = TextOnlyDrafter(text_lm, case.model)
     speculative_generate(VisionTarget(case.model), drafter, case.input_ids, max_new_tokens=10, num_draft_tokens=4, **case.inputs)
     # After a round the cache holds a prefix of the text-only sequence (lazy catch-up, as ModelDrafter).
-    assert not set(drafter._cached_tokens.tolist()) & VISUAL
-    assert drafter.lm.length <= drafter._cached_tokens.shape[0]
+    assert not set(drafter.cached_tokens.tolist()) & VISUAL
+    assert drafter.lm.length <= drafter.cached_tokens.shape[0]
 
 
 def test_never_drafts_a_visual_token(text_lm, vlm_cases):
