@@ -35,6 +35,18 @@ _EXPORTS = {
     "TargetStep": "mmspec.targets",
     "Proposal": "mmspec.types",
     "Verdict": "mmspec.types",
+    # The pipelines: diffusers is imported with the first of these names, not with `import mmspec`.
+    "ImagePipelineOutput": "mmspec.pipelines",
+    "RoundInfo": "mmspec.pipelines",
+    "SpeculativePipeline": "mmspec.pipelines",
+    "SpeculativePipelineOutput": "mmspec.pipelines",
+    "TextPipelineOutput": "mmspec.pipelines",
+    # Adapters' pipelines, named here (as strings, imported on first use) so that
+    # `from mmspec import CaptionPipeline` works; the core's own code never imports an adapter.
+    "CaptionOutput": "mmspec.vision.pipeline",
+    "CaptionPipeline": "mmspec.vision.pipeline",
+    "TranscriptionOutput": "mmspec.speech.pipeline",
+    "TranscriptionPipeline": "mmspec.speech.pipeline",
 }
 
 __all__ = ["MMSpecError", *sorted(_EXPORTS)]
@@ -56,6 +68,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
     from .decoding import SpeculativeDecoder, SpeculativeOutput, speculative_generate
     from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+    from .pipelines import ImagePipelineOutput, RoundInfo, SpeculativePipeline, SpeculativePipelineOutput, TextPipelineOutput
     from .policies import ConfidenceStopDraftLength, DraftLengthPolicy, FixedDraftLength, HeuristicDraftLength, make_policy
     from .rules import greedy_match, speculative_sampling
     from .sampling import SamplingConfig

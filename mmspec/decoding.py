@@ -87,6 +87,7 @@ class SpeculativeDecoder:
         generator: torch.Generator | None = None,
         eos_token_id: int | Iterable[int] | None = None,
         on_tokens: Callable[[int], None] | None = None,
+        on_round: Callable[[torch.LongTensor, int, int], None] | None = None,
         **kwargs: Any,
     ) -> SpeculativeOutput:
         """Decode up to `max_new_tokens` as the target's `generate` would, with speculation.
@@ -96,7 +97,9 @@ class SpeculativeDecoder:
         `generation_config=`, `logits_processor=`, `streamer=`; unset ones come from the target's
         `generation_config`) and model inputs (`pixel_values`, `attention_mask`, `input_features`,
         ...). Anything else is refused. An explicit `sampling` replaces do_sample / temperature /
-        top-k / top-p. `on_tokens(n)` is called with the count committed each round.
+        top-k / top-p. `on_tokens(n)` is called with the count committed each round;
+        `on_round(tokens, drafted, accepted)` with the tokens themselves (1-D, on the model's device)
+        and the round's draft count and accepted count (the prefill's first token: 0, 0).
         """
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -115,6 +118,7 @@ class SpeculativeDecoder:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
             generator = seeded_generator(self.target.model.device)
         self.on_tokens = on_tokens
+        self.on_round = on_round
         self.streamer = settings.streamer
         rule = self.rule or default_rule(sampling)
         policy = self.policy.fresh()
@@ -177,10 +181,12 @@ class SpeculativeDecoder:
         stats.drafter_forwards = self.drafter.forwards - forwards_before
         return SpeculativeOutput(sequences=sequence, stats=stats)
 
-    def _announce(self, new_tokens: torch.LongTensor) -> None:
-        """Tell the progress callback and the streamer about tokens just committed (1-D)."""
+    def _announce(self, new_tokens: torch.LongTensor, drafted: int = 0, accepted: int = 0) -> None:
+        """Tell the progress callbacks and the streamer about tokens just committed (1-D)."""
         if self.on_tokens is not None:
             self.on_tokens(new_tokens.shape[0])
+        if self.on_round is not None:
+            self.on_round(new_tokens, drafted, accepted)
         if self.streamer is not None:
             self.streamer.put(new_tokens[None].cpu())
 
@@ -191,7 +197,7 @@ class SpeculativeDecoder:
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, done = self._truncate_at_stop(new_tokens, stops)
         sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-        self._announce(new_tokens)
+        self._announce(new_tokens, proposal.length, accepted)
         # The cache now holds every committed token but the newest; drop the rejected drafts.
         self.target.truncate(self.target.length - (proposal.length - accepted))
         self.drafter.observe(sequence, verdict, step)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import MMSpecError
 
 DEFAULT_SAMPLING_RATE = 16_000
-AudioSource = str | Path | np.ndarray
+AudioSource = str | Path | np.ndarray | Any  # also a torch tensor, or {"array": ..., "sampling_rate": ...}
 
 
 def load_audio(
@@ -31,25 +31,56 @@ def load_audio(
     """Decode `source` into a 1-D float32 array of mono samples in [-1, 1] at `sampling_rate` Hz.
 
     Args:
-        source: a path to any audio (or video) file PyAV reads, or a numpy array of samples:
-            1-D mono, or 2-D [channels, samples] / [samples, channels] (the shorter axis is taken
-            as the channels). Integer arrays are scaled from their full range; float arrays are
-            taken as already in [-1, 1].
+        source: a path to any audio (or video) file PyAV reads; a numpy array (or torch tensor) of
+            samples: 1-D mono, or 2-D [channels, samples] / [samples, channels] (the shorter axis is
+            taken as the channels); integer arrays are scaled from their full range, float arrays
+            are taken as already in [-1, 1]; or a dict as `datasets`' Audio feature gives it,
+            `{"array": samples, "sampling_rate": rate}` (transformers' `"raw"` for `"array"` too;
+            a dict with only a `"path"` reads that file).
         sampling_rate: the rate to return (the model's rate: 16 kHz for Whisper).
-        source_sampling_rate: the rate of an array `source` (required for arrays).
+        source_sampling_rate: the rate of an array `source` (required for arrays; a dict carries its own).
 
     Raises:
         MMSpecError: missing, empty, corrupt or non-audio file; an array without its rate; no samples.
     """
     if not isinstance(sampling_rate, int) or sampling_rate <= 0:
         raise MMSpecError(f"sampling_rate must be a positive integer, got {sampling_rate!r}")
+    if isinstance(source, dict):
+        source, source_sampling_rate = _from_dict(source, source_sampling_rate)
+    if _is_tensor(source):
+        source = source.detach().cpu().float().numpy() if source.is_floating_point() else source.detach().cpu().numpy()
     if isinstance(source, np.ndarray):
         if source_sampling_rate is None:
             raise MMSpecError("an audio array needs its rate: pass source_sampling_rate=... (samples per second)")
         return _resample_array(_mono_float(source), int(source_sampling_rate), sampling_rate)
     if isinstance(source, (str, Path)):
         return _decode_file(_existing_file(source), sampling_rate)
-    raise MMSpecError(f"audio must be a file path or a numpy array of samples, got {type(source).__name__}")
+    raise MMSpecError("audio must be a file path, an array of samples (with its sampling rate) or a dict "
+                      f'{{"array": ..., "sampling_rate": ...}}, got {type(source).__name__}')
+
+
+def _from_dict(source: dict[str, Any], rate: int | None) -> tuple[Any, int | None]:
+    """(samples or path, rate) from `{"array" | "raw": samples, "sampling_rate": rate}` or `{"path": file}`."""
+    samples = source.get("array", source.get("raw"))
+    if samples is None:
+        if source.get("path"):
+            return source["path"], rate
+        raise MMSpecError(f'an audio dict needs "array" (the samples) and "sampling_rate", got keys {sorted(source)}')
+    given = source.get("sampling_rate")
+    if given is None:
+        if rate is None:
+            raise MMSpecError('an audio dict needs "sampling_rate" (samples per second) beside "array"')
+        given = rate
+    if rate is not None and int(rate) != int(given):
+        raise MMSpecError(f"the audio dict says {given} Hz but sampling_rate={rate} was passed: pass one")
+    if isinstance(samples, (list, tuple)):
+        samples = np.asarray(samples, dtype=np.float32)
+    return samples, int(given)
+
+
+def _is_tensor(source: Any) -> bool:
+    """A torch tensor, without importing torch here (the speech adapter has it loaded already when one is passed)."""
+    return type(source).__module__.startswith("torch") and hasattr(source, "detach")
 
 
 def is_silent(audio: np.ndarray, threshold: float = 1e-3) -> bool:

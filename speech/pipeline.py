@@ -1,8 +1,12 @@
 """A diffusers-style transcription pipeline: Whisper verifies, a fast decoder drafts (Hybrid Decoding).
 
-    pipe = TranscriptionPipeline.from_pretrained("path/to/whisper-folder")   # or a zoo name / Hub id
+    pipe = TranscriptionPipeline.from_pretrained("path/to/whisper-folder")   # or a zoo name / Hub id / saved pipeline
     out = pipe(audio="clip.wav", method="hybrid", mode="strict")
-    out.text, out.decoder_passes, out.stats.tau
+    out.text, out.decoder_passes, out.stats.tau                            # also out["text"], out[0]
+    pipe.save_pretrained("my-asr")                                         # model_index.json + components
+
+A `SpeculativePipeline` (mmspec.pipelines, on diffusers' `DiffusionPipeline`): the Whisper model,
+its processor and the fast decoder (either kind) are components.
 
 Methods:
   hybrid  Hybrid Decoding (Lim et al., "Hybrid Decoding: Rapid Pass and Selective Detailed
@@ -31,7 +35,8 @@ Conventions and decisions:
     (1e-3 = -60 dBFS) transcribes to nothing without running the decoder (Whisper tends to
     hallucinate text on silence); a wholly silent clip gives `text == ""` and a `note`.
     `silence_threshold=None` transcribes every chunk. Empty, corrupt or unsupported audio raises
-    `MMSpecError` (from `load_audio`).
+    `MMSpecError` (from `load_audio`, which takes a path, an array with its `sampling_rate`, or a
+    `{"array", "sampling_rate"}` dict).
   - `decoder_passes` counts forward passes of the big decoder, Whisper's one-step language
     detection included; fast-decoder passes are `stats.drafter_forwards`.
 """
@@ -46,13 +51,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForConditionalGeneration
 
 from ..cached_model import model_vocab_size
 from ..decoding import SpeculativeDecoder
-from ..drafters import Drafter, NoDrafter
+from ..drafters import NoDrafter
 from ..errors import MMSpecError
+from ..pipelines import (
+    DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
+)
 from ..stats import SpecStats
 from ..zoo import entries, folder_card, resolve
 from .audio import AudioSource, is_silent, load_audio, split_chunks
@@ -84,21 +91,19 @@ class ChunkTranscript:
 
 
 @dataclass
-class TranscriptionOutput:
-    """What a transcription call produced, and how (stats summed over chunks)."""
+class TranscriptionOutput(TextPipelineOutput):
+    """What a transcription call produced, and how (stats summed over chunks): `text`, `method`, `model`,
+    `stats`, then `mode`, `decoder_passes`, `chunks`, `total_time_s` (the whole call: audio decoding,
+    features, encoder and decoding) and `note` (e.g. why the text is empty)."""
 
-    text: str
-    method: str
     mode: str
-    model: str
-    stats: SpecStats
     decoder_passes: int
     chunks: list[ChunkTranscript] = field(default_factory=list)
-    total_time_s: float = 0.0  # the whole call: audio decoding, features, encoder and decoding
+    total_time_s: float = 0.0
     note: str | None = None
 
 
-class TranscriptionPipeline:
+class TranscriptionPipeline(SpeculativePipeline):
     """Transcribe audio with a Whisper model, by hybrid decoding (fast draft + verification) or plainly.
 
     Args:
@@ -109,7 +114,13 @@ class TranscriptionPipeline:
         model_name: shown in outputs.
         num_draft_tokens: the longest draft verified in one decoder pass.
         relaxed_top_r, relaxed_margin: the `relaxed` acceptance rule (`relaxed_top_r_rule`).
+
+    Components (saved by `save_pretrained`): `model`, `processor`, `fast_decoder`; settings in
+    `model_index.json`: `num_draft_tokens`, `relaxed_top_r`, `relaxed_margin`.
     """
+
+    _optional_components = ["fast_decoder"]
+    preferred_methods = ("hybrid", "ar")
 
     def __init__(
         self,
@@ -122,18 +133,23 @@ class TranscriptionPipeline:
         relaxed_top_r: int = 3,
         relaxed_margin: float = 2.0,
     ) -> None:
-        self.model = model.eval()
-        self.processor = processor
-        self.feature_extractor = getattr(processor, "feature_extractor", None)
-        self.tokenizer = getattr(processor, "tokenizer", None)
-        if self.feature_extractor is None or self.tokenizer is None:
+        super().__init__()
+        feature_extractor = getattr(processor, "feature_extractor", None)
+        tokenizer = getattr(processor, "tokenizer", None)
+        if feature_extractor is None or tokenizer is None:
             raise MMSpecError(f"the processor must hold a feature extractor and a tokenizer (a WhisperProcessor), "
                               f"got {type(processor).__name__}")
-        self.fast_decoder = fast_decoder.eval() if fast_decoder is not None else None
-        if isinstance(self.fast_decoder, ARFastDecoder):
-            check_ar_fast_decoder(self.fast_decoder, model)
-        elif self.fast_decoder is not None:
-            check_fast_decoder(self.fast_decoder, model)
+        if isinstance(fast_decoder, ARFastDecoder):
+            check_ar_fast_decoder(fast_decoder, model)
+        elif fast_decoder is not None:
+            check_fast_decoder(fast_decoder, model)
+        self.check_draft_tokens(num_draft_tokens)
+        self.register_modules(model=model.eval(), processor=processor,
+                              fast_decoder=fast_decoder.eval() if fast_decoder is not None else None)
+        self.register_to_config(num_draft_tokens=num_draft_tokens, relaxed_top_r=relaxed_top_r,
+                                relaxed_margin=relaxed_margin)
+        self.feature_extractor = feature_extractor
+        self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.num_draft_tokens = num_draft_tokens
         self.relaxed_top_r = relaxed_top_r
@@ -146,17 +162,31 @@ class TranscriptionPipeline:
         cls,
         model_id_or_path: str | os.PathLike = DEFAULT_ASR_MODEL,
         fast_decoder: str | os.PathLike | FastDecoder | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str | None = None,
         device: str | torch.device = "cpu",
+        *,
+        torch_dtype: torch.dtype | str | None = None,
         **kwargs: Any,
     ) -> "TranscriptionPipeline":
-        """Load a Whisper model + processor (zoo name, local folder, or Hub id available offline) and a fast decoder.
+        """Load a Whisper model + processor (zoo name, local folder, saved pipeline or Hub id available offline)
+        and a fast decoder.
 
         `fast_decoder`: "ctc" / "ar" (the model folder's `fast_decoder/` / `ar_fast_decoder/`), a
-        folder, a loaded fast decoder, or None (the kind the folder's zoo card measured fastest,
-        `default_fast_decoder`, else `fast_decoder/` if present, else `ar_fast_decoder/`).
+        folder, a loaded fast decoder, or None (a saved pipeline: the one it was saved with; else the
+        kind the folder's zoo card measured fastest, `default_fast_decoder`, else `fast_decoder/` if
+        present, else `ar_fast_decoder/`). `dtype` (or `torch_dtype`, the same) defaults to float32.
+        Other keyword arguments go to the constructor (`num_draft_tokens`, ...).
         """
+        dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
+        saved = saved_pipeline_folder(name)
+        if saved is not None:
+            if fast_decoder is not None:
+                if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
+                    raise MMSpecError(f"{name!r} is a saved pipeline: its fast decoder is the one saved with it; pass a "
+                                      "fast decoder folder or model to replace it")
+                kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=dtype)
+            return cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
         path = resolve(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
@@ -166,17 +196,19 @@ class TranscriptionPipeline:
                                   f"train one with `mmspec train-fast-decoder --kind {kind}`")
         if fast_decoder is None:
             fast_decoder = default_fast_decoder_folder(Path(path))
-        if fast_decoder is not None and not isinstance(fast_decoder, (CTCFastDecoder, ARFastDecoder)):
-            fast_decoder = load_fast_decoder(fast_decoder)
         if fast_decoder is not None:
-            fast_decoder = fast_decoder.to(device=device, dtype=dtype)
+            fast_decoder = _loaded_fast_decoder(fast_decoder).to(device=device, dtype=dtype)
         return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
 
     # --- configuration ------------------------------------------------------------------------
 
-    @property
-    def available_methods(self) -> list[str]:
-        return [m for m in METHODS if m != "hybrid" or self.fast_decoder is not None]
+    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
+        fast = self.fast_decoder
+        return {"hybrid": (lambda: hybrid_drafter_for(fast)) if fast is not None else None, "ar": NoDrafter}
+
+    def unavailable_reason(self, method: str) -> str:
+        return ("the hybrid method needs a fast decoder: pass fast_decoder=PATH (or put one in the model folder's "
+                f"{FAST_DECODER_FOLDER}/ or {AR_FAST_DECODER_FOLDER}/ subfolder), or use method='ar'")
 
     @property
     def fast_decoder_kind(self) -> str | None:
@@ -184,11 +216,6 @@ class TranscriptionPipeline:
         if self.fast_decoder is None:
             return None
         return "ar" if isinstance(self.fast_decoder, ARFastDecoder) else "ctc"
-
-    @property
-    def default_method(self) -> str:
-        """`hybrid` when a fast decoder is loaded, else `ar`."""
-        return "hybrid" if self.fast_decoder is not None else "ar"
 
     def _chunk_seconds(self) -> float:
         """The window the feature extractor pads to, checked against what the encoder reads."""
@@ -206,18 +233,6 @@ class TranscriptionPipeline:
         if mel_bins is not None and mel_bins != getattr(self.model.config, "num_mel_bins", mel_bins):
             raise MMSpecError(f"the feature extractor makes {mel_bins} mel bins but the model reads {self.model.config.num_mel_bins}")
         return float(n_samples) / self.sampling_rate
-
-    def make_drafter(self, method: str) -> Drafter:
-        if method not in METHODS:
-            raise MMSpecError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        if method == "ar":
-            return NoDrafter()
-        if self.fast_decoder is None:
-            raise MMSpecError(
-                "the hybrid method needs a fast decoder: pass fast_decoder=PATH (or put one in the model folder's "
-                f"{FAST_DECODER_FOLDER}/ or {AR_FAST_DECODER_FOLDER}/ subfolder), or use method='ar'"
-            )
-        return hybrid_drafter_for(self.fast_decoder)
 
     # --- transcription ------------------------------------------------------------------------
 
@@ -239,8 +254,10 @@ class TranscriptionPipeline:
         max_new_tokens: int | None = None,
         silence_threshold: float | None = SILENCE_THRESHOLD,
         progress_bar: bool = True,
+        callback_on_round: RoundCallback | None = None,
     ) -> TranscriptionOutput:
-        """Transcribe `audio` (a file path, or an array of samples with its `sampling_rate`).
+        """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
+        `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio).
 
         Args:
             method: `hybrid` or `ar` (default: `hybrid` if a fast decoder is loaded).
@@ -248,29 +265,34 @@ class TranscriptionPipeline:
             language, task: as in Whisper's `generate` (None: the generation config's, or detected).
             max_new_tokens: per chunk (default: as many as the decoder's positions allow).
             silence_threshold: RMS below which a chunk is skipped as silent (None: never skip).
+            progress_bar: show a progress bar over chunks (see also `set_progress_bar_config`).
+            callback_on_round: `fn(round_index, info)` after every decoder pass that commits tokens;
+                `info` is a `RoundInfo` (token ids committed, drafted, accepted, tokens so far, `chunk`).
         """
         started = time.perf_counter()
-        method = method or self.default_method
         if mode not in MODES:
             raise MMSpecError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        method = self.check_method(method)  # fail on an unavailable method before decoding any audio
         if method == "ar" and mode != "strict":
             raise MMSpecError("mode 'relaxed' applies to hybrid decoding only; method 'ar' is plain greedy decoding")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.make_drafter(method)  # fail on an unavailable method before decoding any audio
+        reporter = self.round_reporter(callback_on_round)
         samples = load_audio(audio, self.sampling_rate, source_sampling_rate=sampling_rate)
         pieces = split_chunks(samples, self.chunk_seconds, self.sampling_rate)
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         stats = SpecStats(method=label)
         chunks: list[ChunkTranscript] = []
         start_s = 0.0
-        with tqdm(total=len(pieces), desc=f"transcribe ({label})", unit="chunk", disable=not progress_bar, leave=False) as bar:
-            for piece in pieces:
+        with self.progress_bar(total=len(pieces), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
+            for index, piece in enumerate(pieces):
                 end_s = start_s + piece.shape[0] / self.sampling_rate
                 if silence_threshold is not None and is_silent(piece, silence_threshold):
                     chunks.append(ChunkTranscript(start_s, end_s, "", [], SpecStats(method=label), 0, silent=True))
                 else:
-                    chunks.append(self._transcribe_chunk(piece, start_s, end_s, method, mode, label, language, task, max_new_tokens))
+                    reporter.chunk = index
+                    chunks.append(self._transcribe_chunk(piece, start_s, end_s, method, mode, label, language, task,
+                                                         max_new_tokens, reporter))
                 stats = stats + chunks[-1].stats
                 start_s = end_s
                 bar.update(1)
@@ -286,11 +308,11 @@ class TranscriptionPipeline:
 
     def _transcribe_chunk(
         self, piece: np.ndarray, start_s: float, end_s: float, method: str, mode: str, label: str,
-        language: str | None, task: str | None, max_new_tokens: int | None,
+        language: str | None, task: str | None, max_new_tokens: int | None, reporter: RoundReporter | None = None,
     ) -> ChunkTranscript:
         target = WhisperTarget(self.model, language=language, task=task)
         decoder = SpeculativeDecoder(
-            target, self.make_drafter(method), policy=hybrid_policy(self.num_draft_tokens),
+            target, self.make_drafter(method), policy=hybrid_policy(self.draft_length(method)),
             rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label,
         )
         passes = 0
@@ -305,7 +327,7 @@ class TranscriptionPipeline:
             prompt = target.prompt_ids(inputs)  # may detect the language (one decoder pass, counted)
             wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
             limit = target.max_new_tokens_for(prompt.shape[1], wanted)
-            out = decoder.generate(None, max_new_tokens=limit, decoder_input_ids=prompt, **inputs)
+            out = decoder.generate(None, max_new_tokens=limit, decoder_input_ids=prompt, on_round=reporter, **inputs)
         finally:
             hook.remove()
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
@@ -349,6 +371,10 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
     except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
         raise MMSpecError(f"could not load the processor of {name!r} (feature extractor + tokenizer): {_first_line(error)}") from None
     return model, processor
+
+
+def _loaded_fast_decoder(fast_decoder: str | os.PathLike | FastDecoder) -> FastDecoder:
+    return fast_decoder if isinstance(fast_decoder, (CTCFastDecoder, ARFastDecoder)) else load_fast_decoder(fast_decoder)
 
 
 def load_fast_decoder(path: str | os.PathLike) -> FastDecoder:

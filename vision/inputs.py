@@ -1,4 +1,8 @@
-"""Reading images and videos into arrays, with one clear `MMSpecError` for any bad file.
+"""Reading images and videos into arrays, with one clear `MMSpecError` for any bad file or array.
+
+An image is a file path, a PIL image, or an HxWx3 uint8 array / tensor. A video is a file path,
+frames [T, H, W, 3] uint8 as an array or tensor (a tensor may also be [T, 3, H, W], torchvision's
+order), or a list of frames (PIL images or HxWx3 uint8 arrays / tensors) of one size.
 
 Videos are decoded with PyAV. Frames are chosen in two passes: a cheap demux pass counts the
 frames (no decoding), then one decoding pass converts only the chosen frames to RGB.
@@ -7,7 +11,7 @@ frames (no decoding), then one decoding pass converts only the chosen frames to 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import av
 import numpy as np
@@ -17,10 +21,11 @@ from PIL import Image, UnidentifiedImageError
 from ..errors import MMSpecError
 
 ImageSource = str | Path | Image.Image | np.ndarray | torch.Tensor
+VideoSource = str | Path | np.ndarray | torch.Tensor | Sequence[Image.Image | np.ndarray | torch.Tensor]
 
 
 def load_image(source: ImageSource) -> Image.Image:
-    """An RGB PIL image from a file path, a PIL image, or an HxWx3 uint8 array / tensor."""
+    """An RGB PIL image from a file path, a PIL image, or an HxWx3 uint8 array / tensor (a tensor may be 3xHxW)."""
     if isinstance(source, Image.Image):
         return source.convert("RGB")
     if isinstance(source, (np.ndarray, torch.Tensor)):
@@ -37,6 +42,8 @@ def load_image(source: ImageSource) -> Image.Image:
 
 def _image_from_array(array: np.ndarray | torch.Tensor) -> Image.Image:
     if isinstance(array, torch.Tensor):
+        if array.dim() == 3 and array.shape[0] == 3 and array.shape[-1] != 3:
+            array = array.permute(1, 2, 0)  # [3, H, W] (torchvision's order) -> [H, W, 3]
         array = array.detach().cpu().numpy()
     if array.ndim != 3 or array.shape[2] != 3:
         raise MMSpecError(f"an image array must be HxWx3 (channels last), got shape {tuple(array.shape)}")
@@ -45,6 +52,51 @@ def _image_from_array(array: np.ndarray | torch.Tensor) -> Image.Image:
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise MMSpecError(f"an image array must not be empty, got shape {tuple(array.shape)}")
     return Image.fromarray(np.ascontiguousarray(array))
+
+
+def load_frames(source: VideoSource, num_frames: int | None = 8, fps: float | None = None) -> np.ndarray:
+    """Video frames [T, H, W, 3] uint8 from any video form (see the module docstring).
+
+    A file is decoded with `load_video(path, num_frames, fps)`; frames given in memory are checked and
+    used as they are (an array already in that form is returned unchanged).
+    """
+    if isinstance(source, (str, Path)):
+        return load_video(source, num_frames=num_frames, fps=fps)
+    if isinstance(source, (np.ndarray, torch.Tensor)):
+        return _frames_from_array(source)
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise MMSpecError("the list of video frames is empty")
+        frames = [np.asarray(_frame(item, i)) for i, item in enumerate(source)]
+        sizes = sorted({frame.shape for frame in frames})
+        if len(sizes) > 1:
+            raise MMSpecError(f"video frames must all have one size, got {', '.join(str(s) for s in sizes)}")
+        return np.stack(frames)
+    raise MMSpecError("a video must be a file path, a [T, H, W, 3] uint8 array or tensor, or a list of frames "
+                      f"(PIL images or HxWx3 arrays), got {type(source).__name__}")
+
+
+def _frame(item: Any, index: int) -> Image.Image:
+    if not isinstance(item, (Image.Image, np.ndarray, torch.Tensor)):
+        raise MMSpecError(f"video frame {index} must be a PIL image or an HxWx3 uint8 array, got {type(item).__name__}")
+    try:
+        return load_image(item)
+    except MMSpecError as error:
+        raise MMSpecError(f"video frame {index}: {error}") from None
+
+
+def _frames_from_array(array: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(array, torch.Tensor):
+        if array.dim() == 4 and array.shape[1] == 3 and array.shape[-1] != 3:
+            array = array.permute(0, 2, 3, 1)  # [T, 3, H, W] -> [T, H, W, 3]
+        array = array.detach().cpu().numpy()
+    if array.ndim != 4 or array.shape[-1] != 3:
+        raise MMSpecError(f"video frames must be [T, H, W, 3] (channels last), got shape {tuple(array.shape)}")
+    if array.dtype != np.uint8:
+        raise MMSpecError(f"video frames must be uint8 (0-255), got {array.dtype}")
+    if 0 in array.shape:
+        raise MMSpecError(f"video frames must not be empty, got shape {tuple(array.shape)}")
+    return array
 
 
 def load_video(path: str | Path, num_frames: int | None = 8, fps: float | None = None) -> np.ndarray:

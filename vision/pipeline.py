@@ -1,8 +1,13 @@
 """A diffusers-style caption pipeline over the vision targets and their drafters.
 
-    pipe = CaptionPipeline.from_pretrained("shapes-video-captioner")      # or a Hub id / folder
+    pipe = CaptionPipeline.from_pretrained("shapes-video-captioner")      # or a Hub id / folder / saved pipeline
     out = pipe(video="clip.mp4", prompt="describe the video .", max_new_tokens=48)
-    out.text, out.method, out.stats.tau
+    out.text, out.method, out.stats.tau                                  # also out["text"], out[0]
+    pipe.save_pretrained("my-captioner")                                 # model_index.json + components
+
+A `SpeculativePipeline` (mmspec.pipelines, on diffusers' `DiffusionPipeline`): the model, its
+processor and the text drafter are components; MSD / FLASH drafters are extra modules saved in
+`<folder>/msd/`, `<folder>/flash/` (where the loader looks for them in any model folder).
 
 Methods (all lossless, greedy output identical to the model's own `generate`):
   ar    plain autoregressive decoding through the same loop (the baseline)
@@ -24,23 +29,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoProcessor, PreTrainedModel
 
 from ..decoding import SpeculativeDecoder
-from ..drafters import Drafter, NoDrafter
+from ..drafters import NoDrafter
 from ..errors import MMSpecError
+from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
-from ..stats import SpecStats
 from ..zoo import entries, folder_card, load_causal_lm, resolve
 from .feature_drafter import FeatureDrafterModel
 from .feature_methods import BUILD_COMMAND, FEATURE_KINDS, load_checked, runtime_drafter, zoo_drafter_folder
-from .inputs import load_image, load_video
+from .inputs import ImageSource, VideoSource, load_frames, load_image
 from .models import image_token_ids, inputs_on_model, load_vision_model, video_token_ids
 from .sparse_to_dense import SparseToDenseDrafter
 from .target import VisionTarget
@@ -54,13 +57,10 @@ DEFAULT_DRAFT_TOKENS = {"text": 5, "std": 9, "msd": 5, "flash": 5}
 
 
 @dataclass
-class CaptionOutput:
-    """What a caption call produced, and how."""
+class CaptionOutput(TextPipelineOutput):
+    """What a caption call produced, and how: `text`, `method`, `model`, `stats`, and `sequences`
+    (prompt + new token ids, as `generate` returns them)."""
 
-    text: str
-    method: str
-    model: str
-    stats: SpecStats
     sequences: torch.LongTensor
 
 
@@ -73,7 +73,18 @@ def zoo_card(name_or_path: str) -> dict[str, Any]:
     return folder_card(resolve(name_or_path))
 
 
-class CaptionPipeline:
+def feature_drafter_folders(folder: str | os.PathLike | None,
+                            given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The feature drafters to load: those `given`, plus each kind found in `folder/<kind>/`."""
+    chosen = dict(given or {})
+    for kind in FEATURE_KINDS:
+        found = zoo_drafter_folder(folder, kind) if folder else None
+        if kind not in chosen and found is not None:
+            chosen[kind] = found
+    return chosen
+
+
+class CaptionPipeline(SpeculativePipeline):
     """Caption a video or an image with a vision-language model, speculatively.
 
     Args:
@@ -82,11 +93,19 @@ class CaptionPipeline:
         drafter: a small text LM for the `text` method (None: the method is unavailable).
         model_name: shown in outputs.
         card: zoo card of the model, if it came from the zoo (prompt format, measured best method).
+        std_kv_budget: Sparse-to-Dense's visual KV entries kept per layer and KV-head group.
+        num_draft_tokens: tokens drafted per round for every method (None: per method, see `draft_length`).
         feature_drafters: trained feature drafters by method, e.g. {"msd": MSDDrafterModel, "flash": "folder"};
             each is checked against the model (hidden size, vocabulary).
-        num_draft_tokens: tokens drafted per round for every method (None: per method, see `draft_length`).
         model_folder: the model's local folder, named in the error when a method's drafter is missing.
+
+    Components (saved by `save_pretrained`): `model`, `processor`, `drafter`; settings in
+    `model_index.json`: `card`, `std_kv_budget`, `num_draft_tokens`.
     """
+
+    _optional_components = ["drafter"]
+    preferred_methods = ("text", "std")
+    default_draft_tokens = DEFAULT_DRAFT_TOKENS
 
     def __init__(
         self,
@@ -97,19 +116,20 @@ class CaptionPipeline:
         card: dict[str, Any] | None = None,
         std_kv_budget: int = 1024,
         num_draft_tokens: int | None = None,
-        feature_drafters: Mapping[str, FeatureDrafterModel | str | os.PathLike] | None = None,
+        # typing.Union inside the dict: diffusers' loader checks the values against it (it cannot read `|` there)
+        feature_drafters: dict[str, Union[FeatureDrafterModel, str, os.PathLike]] | None = None,  # noqa: UP007
         model_folder: str | os.PathLike | None = None,
     ) -> None:
-        self.model = model.eval()
-        self.processor = processor
+        super().__init__()
+        self.check_draft_tokens(num_draft_tokens)
         # The text drafter reads the committed tokens, which live on the model's device.
-        self.drafter_model = drafter.to(model.device) if drafter is not None else None
-        self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
-        self.card = card or {}
+        self.register_modules(model=model.eval(), processor=processor,
+                              drafter=drafter.to(model.device) if drafter is not None else None)
+        self.card = dict(card or {})
         self.std_kv_budget = std_kv_budget
-        if num_draft_tokens is not None and num_draft_tokens < 1:
-            raise MMSpecError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         self.num_draft_tokens = num_draft_tokens
+        self.register_to_config(card=self.card, std_kv_budget=std_kv_budget, num_draft_tokens=num_draft_tokens)
+        self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
         self.target = VisionTarget(model)
         self.feature_drafters: dict[str, FeatureDrafterModel] = {
             kind: load_checked(kind, drafter_or_folder, model) for kind, drafter_or_folder in (feature_drafters or {}).items()
@@ -122,17 +142,29 @@ class CaptionPipeline:
         model_id_or_path: str | os.PathLike = DEFAULT_CAPTIONER,
         drafter: str | os.PathLike | PreTrainedModel | None = None,
         feature_drafters: Mapping[str, str | os.PathLike | FeatureDrafterModel] | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str | None = None,
         device: str | torch.device = "cpu",
+        *,
+        torch_dtype: torch.dtype | str | None = None,
         **kwargs: Any,
     ) -> "CaptionPipeline":
-        """Load a model (zoo name, local folder or Hub id available offline) and, optionally, a drafter.
+        """Load a model (zoo name, local folder, saved pipeline or Hub id available offline) and, optionally, a drafter.
 
-        With no `drafter`, a zoo model gets the text drafter it was paired with.
-        `feature_drafters` maps a method ("msd", "flash") to a drafter folder (or model); a method not
-        given is loaded from the model folder's `<method>/` subfolder when there is one.
+        With no `drafter`, a zoo model gets the text drafter it was paired with (a saved pipeline: the
+        one it was saved with). `feature_drafters` maps a method ("msd", "flash") to a drafter folder
+        (or model); a method not given is loaded from the folder's `<method>/` subfolder when there is
+        one. `dtype` (or `torch_dtype`, the same) defaults to float32. Other keyword arguments go to
+        the constructor (`num_draft_tokens`, `std_kv_budget`, ...).
         """
+        dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
+        saved = saved_pipeline_folder(name)
+        if saved is not None:
+            if drafter is not None:
+                kwargs["drafter"] = cls._load_text_drafter(drafter, dtype)
+            return cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name,
+                                   feature_drafters=feature_drafter_folders(saved, feature_drafters),
+                                   model_folder=saved, **kwargs)
         path = resolve(name)
         card = zoo_card(name)
         model = load_vision_model(path, dtype=dtype, device=device)
@@ -142,87 +174,71 @@ class CaptionPipeline:
             raise MMSpecError(f"could not load the processor of {name!r}: {str(error).splitlines()[0]}") from None
         if drafter is None and card.get("pairs_with"):
             drafter = card["pairs_with"]
-        if drafter is not None and not isinstance(drafter, PreTrainedModel):
-            drafter = load_causal_lm(drafter, "drafter")[0].to(device=device, dtype=dtype)
-        chosen = dict(feature_drafters or {})
+        if drafter is not None:
+            drafter = cls._load_text_drafter(drafter, dtype).to(device=device)
         folder = path if Path(path).is_dir() else None
+        return cls(model, processor, drafter=drafter, model_name=name, card=card,
+                   feature_drafters=feature_drafter_folders(folder, feature_drafters), model_folder=folder, **kwargs)
+
+    @staticmethod
+    def _load_text_drafter(drafter: str | os.PathLike | PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+        if isinstance(drafter, PreTrainedModel):
+            return drafter
+        return load_causal_lm(drafter, "drafter")[0].to(dtype=dtype)
+
+    # --- components and methods ----------------------------------------------------------------
+
+    @property
+    def drafter_model(self) -> PreTrainedModel | None:
+        """The text drafter (the `drafter` component)."""
+        return self.drafter
+
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        return dict(self.feature_drafters)
+
+    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
+        factories: dict[str, DrafterFactory | None] = {
+            "ar": NoDrafter,
+            "text": (lambda: TextOnlyDrafter(self.drafter, self.model)) if self.drafter is not None else None,
+            "std": lambda: SparseToDenseDrafter(self.model, kv_budget=self.std_kv_budget),
+        }
         for kind in FEATURE_KINDS:
-            found = zoo_drafter_folder(folder, kind) if folder else None
-            if kind not in chosen and found is not None:
-                chosen[kind] = found
-        return cls(model, processor, drafter=drafter, model_name=name, card=card, feature_drafters=chosen,
-                   model_folder=folder, **kwargs)
+            network = self.feature_drafters.get(kind)
+            factories[kind] = (lambda network=network: runtime_drafter(network)) if network is not None else None
+        return factories
 
-    def to(self, device: str | torch.device) -> "CaptionPipeline":
-        """Move the model and every drafter to `device` (as diffusers' `pipe.to("cuda")`)."""
-        self.model.to(device)
-        for module in (self.drafter_model, *self.feature_drafters.values()):
-            if module is not None:
-                module.to(device)
-        return self
-
-    @property
-    def available_methods(self) -> list[str]:
-        def loaded(method: str) -> bool:
-            if method == "text":
-                return self.drafter_model is not None
-            return method not in FEATURE_KINDS or method in self.feature_drafters
-
-        return [m for m in METHODS if loaded(m)]
-
-    @property
-    def default_method(self) -> str:
-        """The fastest lossless method measured for this model (zoo card), else text if a drafter is loaded, else StD."""
-        measured = self.card.get("fastest_lossless_method")
-        if measured in self.available_methods:
-            return measured
-        return "text" if self.drafter_model is not None else "std"
-
-    def draft_length(self, method: str) -> int:
-        """Tokens drafted per round: the pipeline's `num_draft_tokens` if set, else the model card's
-        measured best for the method (`draft_tokens`), else `DEFAULT_DRAFT_TOKENS`."""
-        if self.num_draft_tokens is not None:
-            return self.num_draft_tokens
-        return int(self.card.get("draft_tokens", {}).get(method, DEFAULT_DRAFT_TOKENS.get(method, 5)))
-
-    def make_drafter(self, method: str) -> Drafter:
-        if method not in METHODS:
-            raise MMSpecError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        if method == "ar":
-            return NoDrafter()
-        if method == "std":
-            return SparseToDenseDrafter(self.model, kv_budget=self.std_kv_budget)
-        if method in FEATURE_KINDS:
-            if method not in self.feature_drafters:
-                raise MMSpecError(self._missing_drafter(method))
-            return runtime_drafter(self.feature_drafters[method])
-        if self.drafter_model is None:
-            raise MMSpecError("the `text` method needs a drafter: pass drafter=... (a small LM with the model's tokenizer)")
-        return TextOnlyDrafter(self.drafter_model, self.model)
-
-    def _missing_drafter(self, method: str) -> str:
+    def unavailable_reason(self, method: str) -> str:
+        if method == "text":
+            return "the `text` method needs a drafter: pass drafter=... (a small LM with the model's tokenizer)"
         name = FEATURE_KINDS[method][0]
         looked = f" (none in {Path(self.model_folder) / method})" if self.model_folder else ""
         return (f"the `{method}` method needs a trained {name} drafter for {self.model_name}{looked}: pass "
                 f"feature_drafters={{{method!r}: FOLDER}} (CLI: --method {method} --drafter FOLDER), or train one "
                 f"({BUILD_COMMAND} for the toy captioner; `mmspec train-drafter --kind {method}` for any model)")
 
+    # --- inputs --------------------------------------------------------------------------------
+
     def prepare_inputs(
         self,
-        video: str | os.PathLike | np.ndarray | None = None,
-        image: Any = None,
+        video: VideoSource | None = None,
+        image: ImageSource | None = None,
         prompt: str | None = None,
         num_frames: int = 8,
         fps: float | None = None,
     ) -> dict[str, Any]:
-        """Model inputs (input_ids, pixel tensors, ...) for one video or one image and a prompt, on the model's device."""
+        """Model inputs (input_ids, pixel tensors, ...) for one video or one image and a prompt, on the model's device.
+
+        `video`: a file path, frames as an array / tensor [T, H, W, 3] uint8 (or [T, 3, H, W]), or a list
+        of frames (PIL images or HxWx3 arrays). `image`: a file path, a PIL image, or an HxWx3 uint8
+        array / tensor. Frames given in memory are used as they are (`num_frames` and `fps` pick frames
+        from a file).
+        """
         if (video is None) == (image is None):
             raise MMSpecError("pass exactly one of video=... or image=...")
         if video is not None:
             if not video_token_ids(self.model):
                 raise MMSpecError(f"{self.model_name} reads images, not videos: pass an image (or one frame of the video)")
-            frames = video if isinstance(video, np.ndarray) else load_video(video, num_frames=num_frames, fps=fps)
-            media, kind = {"videos": [frames]}, "video"
+            media, kind = {"videos": [load_frames(video, num_frames=num_frames, fps=fps)]}, "video"
         else:
             if not image_token_ids(self.model):
                 raise MMSpecError(f"{self.model_name} reads videos, not images")
@@ -249,11 +265,13 @@ class CaptionPipeline:
             return self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
         return f"{placeholder}\n{prompt}"
 
+    # --- the call ------------------------------------------------------------------------------
+
     @torch.inference_mode()
     def __call__(
         self,
-        video: str | os.PathLike | np.ndarray | None = None,
-        image: Any = None,
+        video: VideoSource | None = None,
+        image: ImageSource | None = None,
         prompt: str | None = None,
         *,
         max_new_tokens: int = 64,
@@ -264,20 +282,39 @@ class CaptionPipeline:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        seed: int | None = None,
         policy: DraftLengthPolicy | None = None,
         progress_bar: bool = True,
+        callback_on_round: RoundCallback | None = None,
     ) -> CaptionOutput:
-        method = method or self.default_method
+        """Caption one video or one image.
+
+        Args:
+            video, image: exactly one (see `prepare_inputs` for the forms each takes).
+            prompt: the question or instruction (default: the model card's, else "Describe this video.").
+            max_new_tokens: the longest caption, in tokens.
+            method: one of `available_methods` (default: `default_method`).
+            num_frames, fps: how frames are picked from a video file.
+            do_sample, temperature, top_k, top_p: sampling (lossless speculative sampling); greedy by default.
+            generator: the source of all randomness: a `torch.Generator` on any device (or a list of one).
+            seed: instead of `generator`, an int for a CPU generator.
+            policy: a draft-length policy (default: fixed at `draft_length(method)`).
+            progress_bar: show a progress bar (see also `set_progress_bar_config`).
+            callback_on_round: `fn(round_index, info)` after every target forward; `info` is a
+                `RoundInfo` (the token ids committed that round, drafted, accepted, tokens so far).
+        """
+        method = self.check_method(method)
         drafter = self.make_drafter(method)
         inputs = self.prepare_inputs(video=video, image=image, prompt=prompt, num_frames=num_frames, fps=fps)
         input_ids = inputs.pop("input_ids")
         decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.draft_length(method)),
                                      method=method)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        with tqdm(total=max_new_tokens, desc=f"caption ({method})", disable=not progress_bar, leave=False) as bar:
+        generator = self.generator_for(generator, seed, needed=do_sample)
+        with self.progress_bar(total=max_new_tokens, desc=f"caption ({method})", enabled=progress_bar) as bar:
             out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                                   on_tokens=bar.update, **inputs)
+                                   on_round=self.round_reporter(callback_on_round, bar), **inputs)
         new_tokens = out.sequences[0, input_ids.shape[1]:]
         text = self.processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
         return CaptionOutput(text=text, method=method, model=self.model_name, stats=out.stats, sequences=out.sequences)
