@@ -310,3 +310,15 @@ def test_resolve_dtype_and_base_errors(tmp_path):
         resolve_dtype("fp17")
     with pytest.raises(MMSpecError, match="not a saved pipeline folder"):
         SpeculativePipeline.from_pretrained(tmp_path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_cuda_moves_every_drafter(asr_folder, clip_samples):
+    """`.to("cuda")` moves the components and the drafters; the transcript is the CPU one."""
+    cpu = TranscriptionPipeline.from_pretrained(asr_folder)
+    want = cpu(clip_samples, sampling_rate=RATE, max_new_tokens=8, progress_bar=False)
+    pipe = TranscriptionPipeline.from_pretrained(asr_folder).to("cuda")
+    assert pipe.device.type == "cuda" and pipe.fast_decoder.device.type == "cuda"
+    got = pipe(clip_samples, sampling_rate=RATE, max_new_tokens=8, progress_bar=False)
+    assert [c.tokens for c in got.chunks] == [c.tokens for c in want.chunks]
+    assert pipe.to("cpu").device.type == "cpu"
