@@ -1,7 +1,7 @@
 """The quality judge of generated images: a small timm classifier and two numbers from it.
 
 The zoo's judge (`shapes-image-ar/judge/`) is a timm ResNet trained here to tell the 24 classes of
-the shapes world (shape kind x colour) apart. It measures what issue #7 asks of relaxed methods
+the shapes world (shape kind x colour) apart. It measures what the project asks of relaxed methods
 (LANTERN, GSD): quality against plain AR sampling, with
 
 - **class accuracy**: the share of generated images the judge assigns to the class they were

@@ -1,1 +1,2 @@
-"""Placeholder package; see the issues for what lands here."""
+"""Fast paths (``mmspec.kernels``), each beside a readable torch reference that tests compare
+against; none yet."""

@@ -6,8 +6,8 @@ with the target's vocabulary, for plain speculative decoding and LANTERN's relax
 
 Model: a 1-layer :class:`mmspec.image_ar.LlamaGenForClassConditional` (dim 256, 8 heads), the
 same 512-code vocabulary, 24 classes + the null class (so it can be guided like the target). It
-drafts the next tokens the way LANTERN's drafters do (Jang et al. 2024 use EAGLE heads; issue #7
-allows a tiny AR model instead); a drafter is worth what it agrees with the target, so it is
+drafts the next tokens the way LANTERN's drafters do (Jang et al. 2024 use EAGLE heads; here a
+tiny AR model stands in); a drafter is worth what it agrees with the target, so it is
 distilled: loss = 0.5 cross-entropy on the real codes + 0.5 KL(target || drafter) on the target's
 logits for the same (teacher-forced) sequences and the same (possibly dropped) labels.
 

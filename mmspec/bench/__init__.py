@@ -1,1 +1,1 @@
-"""Placeholder package; see the issues for what lands here."""
+"""`mmspec bench`: the side-by-side benchmark harness and the text benchmarks (BENCHMARKS.md)."""

@@ -1,4 +1,4 @@
-"""Fixtures for the speech adapter: tiny random Whisper models built once per session (the root
+"""Fixtures for the speech adapter: tiny random Whisper models built once per test run (the root
 conftest already sets offline mode and one torch thread)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Fixtures for the vision adapter: tiny random VLMs built once per session (the root conftest
+"""Fixtures for the vision adapter: tiny random VLMs built once per test run (the root conftest
 already sets offline mode and one torch thread)."""
 
 import pytest
