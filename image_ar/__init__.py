@@ -9,7 +9,7 @@ from .janus import JanusCFGTarget, janus_generate
 from .janus_pipeline import JanusImagePipeline
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
 from .methods import METHODS, MethodConfig, MethodRunner
-from .pipeline import SpeculativeImagePipeline
+from .pipeline import ImagePipeline, SpeculativeImagePipeline
 from .pipeline_common import ImageGenerationOutput
 from .rules import (
     Decision,
@@ -36,6 +36,7 @@ __all__ = [
     "GuidedImageDrafter",
     "GuidedImageTarget",
     "ImageGenerationOutput",
+    "ImagePipeline",
     "ImageTokensOutput",
     "JanusCFGTarget",
     "JanusImagePipeline",

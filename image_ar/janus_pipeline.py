@@ -17,6 +17,10 @@ appends the begin-of-image token. Methods: ar, sjd (lossless), gsd and lantern (
 Jacobi drafts). With a drafter (`drafter=`: a smaller Janus sharing the codebook and tokenizer,
 e.g. Janus-Pro-1B for Janus-Pro-7B), also `sd` (lossless speculative sampling, both models guided
 with the same scale) and LANTERN on the drafter's drafts.
+
+A `SpeculativePipeline` (mmspec.pipelines): `model`, `processor` and the optional `drafter` are
+components (`.to()`, `.device`, `.dtype`, `save_pretrained`); `torch_dtype=` (or `dtype=`) picks the
+dtype the checkpoints load in (float32 by default).
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoProcessor, AutoTokenizer, JanusForConditionalGeneration
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, seeded_generator
+from mmspec.pipelines import DrafterFactory, SpeculativePipeline, resolve_dtype, saved_pipeline_folder
+from mmspec.sampling import SamplingConfig
 
 from .imaging import OUTPUT_TYPES, convert
 from .janus import JanusCFGTarget
@@ -61,7 +65,7 @@ def load_prompt_processor(path: str) -> Any:
     return None
 
 
-class JanusImagePipeline:
+class JanusImagePipeline(SpeculativePipeline):
     """Text-to-image generation with a Janus model, its VQ decoder and training-free speculative methods.
 
     Args:
@@ -73,16 +77,16 @@ class JanusImagePipeline:
     """
 
     conditioning = "text"  # the CLI passes the prompt through as free text
+    _optional_components = ["drafter"]
 
     def __init__(self, model: JanusForConditionalGeneration, processor: Any, model_name: str = "",
                  drafter: JanusForConditionalGeneration | None = None) -> None:
         if processor is None:
             raise MMSpecError("Janus needs its processor or tokenizer to read text prompts")
-        self.model = model.eval()
-        self.processor = processor
+        super().__init__()
+        self.register_modules(model=model.eval(), processor=processor, drafter=None if drafter is None else drafter.eval())
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.folder = None  # set by from_pretrained (the benchmark looks for judge/ there)
-        self.drafter = None if drafter is None else drafter.eval()
         self.runner = self._runner()
 
     def _runner(self) -> MethodRunner:
@@ -99,30 +103,50 @@ class JanusImagePipeline:
         model_id_or_path: str | os.PathLike,
         drafter: Any = None,
         device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        *,
+        torch_dtype: torch.dtype | str | None = None,
     ) -> "JanusImagePipeline":
-        """Load a Janus folder or Hub id (float32) and its processor, and optionally a drafter: a
-        smaller Janus (folder, Hub id or loaded model) sharing its codebook and tokenizer."""
+        """Load a Janus folder, a saved Janus pipeline (`save_pretrained`) or a Hub id and its processor,
+        and optionally a drafter: a smaller Janus (folder, Hub id or loaded model) sharing its codebook
+        and tokenizer. `dtype` (or `torch_dtype`, the same) defaults to float32."""
+        dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
+        saved = saved_pipeline_folder(name)
+        if saved is not None:
+            kwargs: dict[str, Any] = {}
+            if drafter is False:
+                kwargs["drafter"] = None
+            elif drafter is not None:
+                kwargs["drafter"] = cls._load_drafter(drafter, dtype)
+            pipe = cls._from_saved(saved, name=name, dtype=dtype, model_name=name, **kwargs)
+            pipe.folder = saved
+            return pipe.to(device)
         folder = local_folder(name)
         if not is_janus_folder(folder):
             raise MMSpecError(f"{name!r} is not a Janus checkpoint (config.json model_type is not 'janus')")
-        model = load_model(JanusForConditionalGeneration, str(folder), "Janus model")
+        model = load_model(JanusForConditionalGeneration, str(folder), "Janus model", dtype=dtype)
         processor = load_prompt_processor(str(folder))
         if processor is None:
             raise MMSpecError(f"{name!r} has no processor or tokenizer files: Janus cannot read a text prompt without them")
-        if drafter not in (None, False) and not isinstance(drafter, JanusForConditionalGeneration):
-            drafter_folder = local_folder(str(drafter))
-            if not is_janus_folder(drafter_folder):
-                raise MMSpecError(f"the drafter {str(drafter)!r} is not a Janus checkpoint (config.json model_type is not 'janus')")
-            drafter = load_model(JanusForConditionalGeneration, str(drafter_folder), "Janus drafter")
+        if drafter not in (None, False):
+            drafter = cls._load_drafter(drafter, dtype)
         pipe = cls(model, processor, model_name=name, drafter=drafter or None)
         pipe.folder = folder
         return pipe.to(device)
 
-    def to(self, device: str | torch.device) -> "JanusImagePipeline":
-        self.model.to(device)
-        if self.drafter is not None:
-            self.drafter.to(device)
+    @staticmethod
+    def _load_drafter(drafter: Any, dtype: torch.dtype) -> JanusForConditionalGeneration:
+        if isinstance(drafter, JanusForConditionalGeneration):
+            return drafter
+        drafter_folder = local_folder(str(drafter))
+        if not is_janus_folder(drafter_folder):
+            raise MMSpecError(f"the drafter {str(drafter)!r} is not a Janus checkpoint (config.json model_type is not 'janus')")
+        return load_model(JanusForConditionalGeneration, str(drafter_folder), "Janus drafter", dtype=dtype)
+
+    def to(self, *args: Any, **kwargs: Any) -> "JanusImagePipeline":
+        """Move the model and drafter (a device and/or a dtype, as diffusers' `pipe.to`)."""
+        super().to(*args, **kwargs)
         self.runner = self._runner()  # codebook on the new device
         return self
 
@@ -142,9 +166,15 @@ class JanusImagePipeline:
         scale = getattr(self.model.generation_config, "guidance_scale", None)
         return float(scale) if scale else DEFAULT_JANUS_GUIDANCE_SCALE
 
-    @property
-    def available_methods(self) -> list[str]:
-        return list(JANUS_METHODS) + (["sd"] if self.drafter is not None else [])
+    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
+        """`JANUS_METHODS`, then `sd` (None without a drafter); a factory gives the pipeline's `MethodRunner`."""
+        factories: dict[str, DrafterFactory | None] = {method: (lambda: self.runner) for method in JANUS_METHODS}
+        factories["sd"] = (lambda: self.runner) if self.drafter is not None else None
+        return factories
+
+    def unavailable_reason(self, method: str) -> str:
+        return ("method 'sd' needs a drafter: a smaller Janus sharing the codebook and tokenizer "
+                "(drafter=PATH; CLI --drafter PATH); without one use ar, sjd, gsd or lantern (Jacobi drafts)")
 
     @property
     def default_method(self) -> str:
@@ -204,6 +234,7 @@ class JanusImagePipeline:
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         num_images: int = 1,
         output_type: str = "pil",
         progress_bar: bool = True,
@@ -230,11 +261,10 @@ class JanusImagePipeline:
         prompts = self.set_prompts(prompt)
         conditions = [i for i in range(len(prompts)) for _ in range(num_images)]
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
-        if sampling.do_sample and generator is None:
-            # A private generator seeded from torch's global seed: torch.manual_seed still makes runs repeat.
-            generator = seeded_generator(self.model.device)
+        # None and sampling: a private generator seeded from torch's global seed (torch.manual_seed repeats runs).
+        generator = self.generator_for(generator, seed, needed=sampling.do_sample)
         total = len(conditions) * self.target.num_tokens
-        with tqdm(total=total, desc=f"image ({method})", unit="tok", disable=not progress_bar, leave=False) as bar:
+        with self.progress_bar(total=total, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
             out = self.runner.run(config, conditions, sampling=sampling, generator=generator, guidance_scale=scale,
                                   on_tokens=bar.update)
         images = convert(self.target.decode(out.tokens), output_type)  # stats time token generation only
@@ -245,8 +275,7 @@ class JanusImagePipeline:
     def method_config(self, method: str, options: dict[str, Any]) -> MethodConfig:
         """Validate a method for Janus: `sd` and LANTERN on drafter drafts need a drafter."""
         if method == "sd" and self.drafter is None:
-            raise MMSpecError("method 'sd' needs a drafter: a smaller Janus sharing the codebook and tokenizer "
-                              "(drafter=PATH; CLI --drafter PATH); without one use ar, sjd, gsd or lantern (Jacobi drafts)")
+            raise MMSpecError(self.unavailable_reason(method))
         if method not in self.available_methods:
             raise MMSpecError(f"unknown method {method!r} for Janus; choose from {', '.join(self.available_methods)}")
         if self.drafter is None:

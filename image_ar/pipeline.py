@@ -9,6 +9,13 @@ text-to-image, same call and output.
 
 Methods (see `image_ar.methods`): ar, sd (drafter, lossless), sjd (lossless), gsd and lantern (relaxed).
 
+A `SpeculativePipeline` (mmspec.pipelines, on diffusers' `DiffusionPipeline`): the target `model`,
+its `vq` tokenizer and the optional `drafter` are components (`.to()`, `.device`, `.dtype`,
+`pipe.components`); `class_names` and `card` are settings in `model_index.json`.
+
+    pipe.save_pretrained("my-image-model")                 # model_index.json + model/, vq/, drafter/
+    pipe = SpeculativeImagePipeline.from_pretrained("my-image-model", torch_dtype=torch.float32)
+
 Folder layout read by `from_pretrained` (the `shapes-image-ar` zoo model follows it):
     config.json + *.safetensors   the target `LlamaGenForClassConditional` (loaded as float32)
     vq/                           its `VQModel` tokenizer (required: tokens -> pixels, LANTERN/GSD latents)
@@ -25,10 +32,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, seeded_generator
+from mmspec.pipelines import DrafterFactory, SpeculativePipeline, _saved_class_name, resolve_dtype, saved_pipeline_folder
+from mmspec.sampling import SamplingConfig
 from mmspec.zoo import resolve
 
 from .imaging import OUTPUT_TYPES, convert
@@ -53,7 +60,7 @@ MODEL_DEFAULT: Any = _ModelDefault()
 DEFAULT_GUIDANCE_SCALE = 4.0  # LlamaGen's class-conditional default (used when the card states none)
 
 
-class SpeculativeImagePipeline:
+class SpeculativeImagePipeline(SpeculativePipeline):
     """Class-conditional image generation with an AR transformer, a VQ decoder and speculative methods.
 
     Use `from_pretrained` for both this and Janus folders (it returns a `JanusImagePipeline` for those).
@@ -65,9 +72,13 @@ class SpeculativeImagePipeline:
         class_names: optional class names in id order (for `prompt=`).
         model_name: shown in outputs.
         card: zoo card (default_method, guidance_scale, gsd_defaults, lantern_defaults), if any.
+
+    Components (saved by `save_pretrained`): `model`, `vq`, `drafter`; settings in `model_index.json`:
+    `class_names`, `card`.
     """
 
     conditioning = "class"  # the CLI reads its prompt as a class name or id (Janus: "text")
+    _optional_components = ["drafter"]
 
     def __init__(
         self,
@@ -84,12 +95,12 @@ class SpeculativeImagePipeline:
             raise MMSpecError(f"drafter has {drafter.config.num_classes} classes, the model {model.config.num_classes}")
         if class_names is not None and len(class_names) != model.config.num_classes:
             raise MMSpecError(f"classes.json lists {len(class_names)} names for a model with {model.config.num_classes} classes")
-        self.model = model.eval()
-        self.vq = vq.eval()
-        self.drafter = drafter
+        super().__init__()
+        self.register_modules(model=model.eval(), vq=vq.eval(), drafter=drafter)
         self.class_names = list(class_names) if class_names is not None else None
+        self.card = dict(card or {})
+        self.register_to_config(class_names=self.class_names, card=self.card)
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
-        self.card = card or {}
         self.folder: Path | None = None  # set by from_pretrained (the benchmark looks for judge/ there)
         self.runner = MethodRunner(CFGTarget(model, self.default_guidance_scale), drafter, vq.codebook_embeddings())
 
@@ -99,40 +110,71 @@ class SpeculativeImagePipeline:
         model_id_or_path: str | os.PathLike = DEFAULT_IMAGE_MODEL,
         drafter: str | os.PathLike | LlamaGenForClassConditional | bool | None = None,
         device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        *,
+        torch_dtype: torch.dtype | str | None = None,
     ) -> "SpeculativeImagePipeline | JanusImagePipeline":
-        """Load from a zoo name, a local folder or a Hub id (layout in the module docstring).
+        """Load from a zoo name, a local folder, a saved pipeline (`save_pretrained`) or a Hub id
+        (layout in the module docstring).
 
         `drafter`: None = the folder's `drafter/` if present; False = none; a folder or a model.
+        `dtype` (or `torch_dtype`, the same) defaults to float32.
         A Janus checkpoint gives a `JanusImagePipeline` (text prompts; `drafter` = a smaller Janus or None).
         """
+        dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
+        saved = saved_pipeline_folder(name)
+        if saved is not None:
+            if _saved_class_name(saved) == JanusImagePipeline.__name__:
+                return JanusImagePipeline.from_pretrained(name, drafter=drafter, device=device, dtype=dtype)
+            return cls._load_saved(saved, name, drafter, device, dtype)
         folder = local_folder(name)
 
         if is_janus_folder(folder):
-            return JanusImagePipeline.from_pretrained(name, drafter=drafter, device=device)
+            return JanusImagePipeline.from_pretrained(name, drafter=drafter, device=device, dtype=dtype)
         path = str(folder)
-        model = load_model(LlamaGenForClassConditional, path, "image model")
+        model = load_model(LlamaGenForClassConditional, path, "image model", dtype=dtype)
         if not isinstance(model, LlamaGenForClassConditional):
             raise MMSpecError(f"{name!r} holds a {type(model).__name__}, not a class-conditional LlamaGen model")
         if not (folder / "vq" / "config.json").is_file():
             raise MMSpecError(f"{name!r} has no vq/ folder: the VQ tokenizer is needed to turn tokens into pixels")
-        vq = load_model(VQModel, path, "VQ tokenizer", subfolder="vq")
-        if drafter is None and (folder / "drafter" / "config.json").is_file():
-            drafter = load_model(LlamaGenForClassConditional, path, "drafter", subfolder="drafter")
-        elif drafter is False:
-            drafter = None
-        elif drafter is not None and not isinstance(drafter, LlamaGenForClassConditional):
-            drafter = load_model(LlamaGenForClassConditional, resolve(str(drafter)), "drafter")
+        vq = load_model(VQModel, path, "VQ tokenizer", subfolder="vq", dtype=dtype)
+        drafter = cls._load_drafter(drafter, folder, dtype)
         class_names = read_json(folder / "classes.json") if (folder / "classes.json").is_file() else None
         card = read_json(folder / "zoo_card.json") if (folder / "zoo_card.json").is_file() else {}
         pipe = cls(model, vq, drafter=drafter, class_names=class_names, model_name=name, card=card)
         pipe.folder = folder
         return pipe.to(device)
 
-    def to(self, device: str | torch.device) -> "SpeculativeImagePipeline":
-        for module in (self.model, self.vq, self.drafter):
-            if module is not None:
-                module.to(device)
+    @staticmethod
+    def _load_drafter(drafter: Any, folder: Path, dtype: torch.dtype) -> LlamaGenForClassConditional | None:
+        """None: the folder's `drafter/` if present; False: none; a folder, zoo name or model: that one."""
+        if drafter is None and (folder / "drafter" / "config.json").is_file():
+            return load_model(LlamaGenForClassConditional, str(folder), "drafter", subfolder="drafter", dtype=dtype)
+        if drafter is None or drafter is False:
+            return None
+        if not isinstance(drafter, LlamaGenForClassConditional):
+            return load_model(LlamaGenForClassConditional, resolve(str(drafter)), "drafter", dtype=dtype)
+        return drafter
+
+    @classmethod
+    def _load_saved(cls, folder: Path, name: str, drafter: Any, device: str | torch.device,
+                    dtype: torch.dtype) -> "SpeculativeImagePipeline":
+        """A folder written by `save_pretrained`. The mmspec models are read from their subfolders here
+        and handed to diffusers' loader (which reads `model_index.json`: class names, card)."""
+        saved = _saved_class_name(folder)
+        if saved != cls.__name__:
+            raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
+        model = load_model(LlamaGenForClassConditional, str(folder), "image model", subfolder="model", dtype=dtype)
+        vq = load_model(VQModel, str(folder), "VQ tokenizer", subfolder="vq", dtype=dtype)
+        pipe = cls._from_saved(folder, name=name, dtype=dtype, model=model, vq=vq,
+                               drafter=cls._load_drafter(drafter, folder, dtype), model_name=name)
+        pipe.folder = folder
+        return pipe.to(device)
+
+    def to(self, *args: Any, **kwargs: Any) -> "SpeculativeImagePipeline":
+        """Move the model, VQ and drafter (a device and/or a dtype, as diffusers' `pipe.to`)."""
+        super().to(*args, **kwargs)
         # Codebook (and LANTERN neighbour tables) on the new device.
         self.runner = MethodRunner(self.runner.target, self.drafter, self.vq.codebook_embeddings())
         return self
@@ -143,9 +185,15 @@ class SpeculativeImagePipeline:
             return float(self.card["guidance_scale"])
         return DEFAULT_GUIDANCE_SCALE if self.model.config.class_dropout_prob > 0 else 1.0
 
-    @property
-    def available_methods(self) -> list[str]:
-        return [m for m in METHODS if m != "sd" or self.drafter is not None]
+    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
+        """Every method (`METHODS`) -> None while it cannot run (`sd` without a drafter). Image methods
+        run through the pipeline's `MethodRunner` (which holds the drafter), so a factory gives that."""
+        return {method: (lambda: self.runner) if method != "sd" or self.drafter is not None else None
+                for method in METHODS}
+
+    def unavailable_reason(self, method: str) -> str:
+        return (f"method {method!r} needs a drafter: a small LlamaGen with the model's codebook and classes "
+                "(a drafter/ folder, or drafter=...; CLI --drafter PATH)")
 
     def gsd_settings(self, **given: Any) -> dict[str, Any]:
         """GSD's group options: those given, else the zoo card's `gsd_defaults`, else the paper's.
@@ -229,6 +277,7 @@ class SpeculativeImagePipeline:
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         num_images: int = 1,
         output_type: str = "pil",
         window: int = 16,
@@ -249,12 +298,13 @@ class SpeculativeImagePipeline:
         temperature 0 means greedy decoding (every method then equals greedy AR exactly, relaxed ones
         included, since the greedy target distribution is one-hot). Method options: see `MethodConfig`;
         GSD's and LANTERN's options default to the model card's values (`gsd_settings`,
-        `lantern_settings`), else the authors'.
+        `lantern_settings`), else the authors'. `generator`: a `torch.Generator` (a CPU one works with a
+        model on any device); `seed`: instead, an int for a CPU generator.
         """
         if output_type not in OUTPUT_TYPES:
             raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
         labels = self.resolve_labels(class_labels, prompt, num_images)
-        method = method or self.default_method
+        method = self.check_method(method)
         config = MethodConfig(method=method, window=window, init=init, num_draft_tokens=num_draft_tokens, drafts=drafts,
                               **self.lantern_settings(lantern_delta=lantern_delta, lantern_k=lantern_k, lantern_lam=lantern_lam),
                               **self.gsd_settings(gsd_window=gsd_window, gsd_prob_threshold=gsd_prob_threshold,
@@ -263,15 +313,17 @@ class SpeculativeImagePipeline:
         if temperature < 0:
             raise MMSpecError(f"temperature must be >= 0, got {temperature}")
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
-        if sampling.do_sample and generator is None:
-            # A private generator seeded from torch's global seed: torch.manual_seed still makes runs repeat.
-            generator = seeded_generator(self.model.device)
+        # None and sampling: a private generator seeded from torch's global seed (torch.manual_seed repeats runs).
+        generator = self.generator_for(generator, seed, needed=sampling.do_sample)
         scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
         total = len(labels) * self.runner.target.num_tokens
-        with tqdm(total=total, desc=f"image ({method})", unit="tok", disable=not progress_bar, leave=False) as bar:
+        with self.progress_bar(total=total, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
             out = self.runner.run(config, labels, sampling=sampling, generator=generator, guidance_scale=scale,
                                   on_tokens=bar.update)
         images = convert(self.vq.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=labels, method=method,
                                      model=self.model_name, stats=out.stats,
                                      settings=config.settings(self.drafter is not None))
+
+
+ImagePipeline = SpeculativeImagePipeline  # `from mmspec import ImagePipeline`

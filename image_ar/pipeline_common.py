@@ -12,37 +12,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
 
 from mmspec.errors import MMSpecError
-from mmspec.stats import SpecStats
+from mmspec.pipelines import ImagePipelineOutput
 from mmspec.zoo import resolve
 
 
 @dataclass
-class ImageGenerationOutput:
+class ImageGenerationOutput(ImagePipelineOutput):
     """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made.
 
-    class_labels: the class id of each image (empty for a text-to-image model); prompts: the text
-    prompt of each image (text-to-image models only); settings: the options the method ran with, as
-    resolved from the call, the model card and the defaults (`MethodConfig.settings()`).
+    A diffusers `BaseOutput` (mmspec's `ImagePipelineOutput`): `out.images`, `out["images"]` and
+    `out[0]` are the images. images, method, model, stats: see `ImagePipelineOutput`; tokens: the
+    token grids [N, H, W]; class_labels: the class id of each image (empty for a text-to-image model);
+    prompts: the text prompt of each image (text-to-image models only); settings: the options the
+    method ran with, as resolved from the call, the model card and the defaults (`MethodConfig.settings()`).
     """
 
-    images: list[Image.Image] | np.ndarray
     tokens: torch.LongTensor
     class_labels: list[int]
-    method: str
-    model: str
-    stats: SpecStats
     prompts: list[str] | None = None
     settings: dict[str, Any] | None = None
 
 
-def load_model(cls: type, path: str, what: str, subfolder: str = "", **kwargs: Any):
+def load_model(cls: type, path: str, what: str, subfolder: str = "", dtype: torch.dtype = torch.float32, **kwargs: Any):
     try:
-        return cls.from_pretrained(path, subfolder=subfolder, dtype=torch.float32, **kwargs).eval()
+        return cls.from_pretrained(path, subfolder=subfolder, dtype=dtype, **kwargs).eval()
     except (OSError, ValueError, KeyError) as error:
         where = f"{path}/{subfolder}" if subfolder else path
         raise MMSpecError(f"cannot load the {what} from {where!r}: {str(error).splitlines()[0]}") from None

@@ -45,6 +45,7 @@ _EXPORTS = {
     # `from mmspec import CaptionPipeline` works; the core's own code never imports an adapter.
     "CaptionOutput": "mmspec.vision.pipeline",
     "CaptionPipeline": "mmspec.vision.pipeline",
+    "ImagePipeline": "mmspec.image_ar.pipeline",
     "TranscriptionOutput": "mmspec.speech.pipeline",
     "TranscriptionPipeline": "mmspec.speech.pipeline",
 }
