@@ -46,6 +46,9 @@ _EXPORTS = {
     "CaptionOutput": "mmspec.vision.pipeline",
     "CaptionPipeline": "mmspec.vision.pipeline",
     "ImagePipeline": "mmspec.image_ar.pipeline",
+    # Under their class names too: diffusers' generic loader looks a saved pipeline's class up here.
+    "SpeculativeImagePipeline": "mmspec.image_ar.pipeline",
+    "JanusImagePipeline": "mmspec.image_ar.janus_pipeline",
     "TranscriptionOutput": "mmspec.speech.pipeline",
     "TranscriptionPipeline": "mmspec.speech.pipeline",
 }

@@ -113,3 +113,13 @@ def test_janus_on_the_base(tmp_path):
     assert out[0] is out.images and out.prompts == ["a red circle"] and out.class_labels == []
     with pytest.raises(MMSpecError, match="needs a drafter"):
         pipe(prompt="a red circle", method="sd", progress_bar=False)
+
+
+def test_the_generic_loader_finds_the_saved_class(pipe, tmp_path):
+    """diffusers' own loader (SpeculativePipeline.from_pretrained) looks the saved class up on `mmspec`."""
+    pipe.save_pretrained(tmp_path / "saved")
+    again = SpeculativePipeline.from_pretrained(str(tmp_path / "saved"))
+    assert type(again) is SpeculativeImagePipeline
+    a = pipe(class_labels=0, method="sjd", generator=torch.Generator().manual_seed(0), progress_bar=False)
+    b = again(class_labels=0, method="sjd", generator=torch.Generator().manual_seed(0), progress_bar=False)
+    assert torch.equal(a.tokens, b.tokens)
