@@ -3,12 +3,15 @@
     from mmspec.speech import WhisperTarget, CTCFastDecoder, hybrid_generate
     out = hybrid_generate(whisper, fast_decoder, input_features, mode="strict")
 
+CTranslate2 (faster-whisper) Whisper folders load without CTranslate2: `load_ct2_whisper(folder)`.
+
 Fast decoders: `CTCFastDecoder` (non-autoregressive) or `ARFastDecoder` (a one-layer
 `WhisperForCausalLM`, drafted through `ARHybridDrafter`); `train_from_folder` trains either.
 """
 
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, ARHybridDrafter
 from .audio import DEFAULT_SAMPLING_RATE, is_silent, load_audio, split_chunks
+from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper, read_ct2_checkpoint
 from .fast_decoder import CTCFastDecoder, CTCFastDecoderConfig, ctc_greedy_decode, train_fast_decoder
 from .hybrid import HybridDrafter, align_hypothesis, hybrid_drafter_for, hybrid_generate, hybrid_rule, relaxed_top_r_rule
 from .target import WhisperTarget, whisper_logits_processors, whisper_prompt_ids
@@ -28,9 +31,12 @@ __all__ = [
     "hybrid_drafter_for",
     "hybrid_generate",
     "hybrid_rule",
+    "is_ct2_whisper_folder",
     "is_silent",
     "load_audio",
+    "load_ct2_whisper",
     "read_clip_folder",
+    "read_ct2_checkpoint",
     "relaxed_top_r_rule",
     "split_chunks",
     "train_ar_fast_decoder",
