@@ -254,8 +254,9 @@ class TransformerBlock(nn.Module):
 
 @dataclass
 class LlamaGenOutput(ModelOutput):
+    # `cache`, not `past_key_values`: transformers 5.24 renames that keyword on every ModelOutput.
     logits: torch.Tensor | None = None
-    past_key_values: LlamaGenCache | None = None
+    cache: LlamaGenCache | None = None
     loss: torch.Tensor | None = None
 
 
@@ -343,7 +344,7 @@ class LlamaGenForClassConditional(PreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, -labels.shape[1] :].reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        return LlamaGenOutput(logits=logits, past_key_values=cache, loss=loss)
+        return LlamaGenOutput(logits=logits, cache=cache, loss=loss)
 
     @classmethod
     def from_llamagen_checkpoint(cls, path: str, config: LlamaGenConfig) -> "LlamaGenForClassConditional":

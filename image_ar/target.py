@@ -93,7 +93,7 @@ class CFGTarget:
             use_cache=True,
         )
         self.forwards += 1
-        self.cache = out.past_key_values
+        self.cache = out.cache
         return self._guide(out.logits)
 
     @torch.no_grad()
