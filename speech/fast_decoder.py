@@ -16,7 +16,7 @@ the target's own vocabulary, so no mapping between tokenizers is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -25,7 +25,6 @@ from transformers.modeling_outputs import ModelOutput
 
 from ..cached_model import model_vocab_size
 from ..errors import MMSpecError
-from .fitting import fit
 
 MODEL_TYPE = "mmspec_ctc_fast_decoder"
 
@@ -226,67 +225,3 @@ def distillation_labels(target_model: PreTrainedModel, input_features: torch.Ten
     while tokens and tokens[-1] in stops:
         tokens.pop()
     return tokens
-
-
-def train_fast_decoder(
-    target_model: PreTrainedModel,
-    dataset: Iterable[tuple[torch.Tensor, Sequence[int]]],
-    steps: int,
-    fast_decoder: CTCFastDecoder | None = None,
-    *,
-    batch_size: int = 8,
-    learning_rate: float = 1e-3,
-    warmup_steps: int = 0,
-    seed: int = 0,
-    progress_bar: bool = True,
-    cache_encoder_states: bool = True,
-    **config_kwargs: Any,
-) -> tuple[CTCFastDecoder, list[float]]:
-    """Train a CTC fast decoder on the frozen target's encoder; returns (fast decoder, loss per step).
-
-    Args:
-        target_model: the ASR model (never modified: its encoder runs without gradients).
-        dataset: (input_features [mel bins, frames], token ids) pairs; the ids are the transcript in
-            the target's vocabulary WITHOUT the forced prompt (start/language/task/no-timestamps)
-            and without end-of-text: the target's own greedy transcripts (distillation, best for
-            acceptance) or the ground truth.
-        steps: optimiser steps (batches drawn with replacement from a seeded shuffle).
-        fast_decoder: continue training this one; default a fresh `CTCFastDecoder.for_target`.
-        cache_encoder_states: run the encoder once per example up front (fast for small sets).
-    """
-    if steps < 1:
-        raise MMSpecError(f"steps must be >= 1, got {steps}")
-    examples = [(torch.as_tensor(f), [int(t) for t in ids]) for f, ids in dataset]
-    if not examples:
-        raise MMSpecError("the training set is empty")
-    vocab = model_vocab_size(target_model)
-    for _, ids in examples:
-        if any(not 0 <= t < vocab for t in ids):
-            raise MMSpecError(f"a label holds token ids outside the target's vocabulary (0..{vocab - 1})")
-    fast_decoder = fast_decoder or CTCFastDecoder.for_target(target_model, **config_kwargs)
-    if fast_decoder.config.vocab_size != vocab:
-        raise MMSpecError(f"the fast decoder predicts {fast_decoder.config.vocab_size} tokens, the target has {vocab}")
-    target_model.eval()
-    states: list[torch.Tensor] | None = None
-    if cache_encoder_states:
-        states = [target_encoder_states(target_model, f[None])[0] for f, _ in examples]
-
-    def batch_loss(batch: list[int]) -> torch.Tensor:
-        if states is not None:
-            hidden = torch.stack([states[i] for i in batch])
-        else:
-            hidden = target_encoder_states(target_model, torch.stack([examples[i][0] for i in batch]))
-        return fast_decoder(hidden.clone(), labels=_pad_labels([examples[i][1] for i in batch])).loss
-
-    losses = fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
-                 warmup_steps=warmup_steps, seed=seed, progress_bar=progress_bar, desc="train fast decoder")
-    return fast_decoder, losses
-
-
-def _pad_labels(labels: list[list[int]]) -> torch.LongTensor:
-    width = max(1, max(len(ids) for ids in labels))
-    out = torch.full((len(labels), width), -100, dtype=torch.long)
-    for row, ids in enumerate(labels):
-        if ids:
-            out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return out

@@ -34,10 +34,10 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..cached_model import model_vocab_size
 from ..errors import MMSpecError
+from ..training import fit
 from .ar_fast_decoder import ARFastDecoder
 from .audio import load_audio
 from .fast_decoder import CTCFastDecoder, ctc_loss
-from .fitting import fit
 from .target import whisper_prompt_ids
 
 METADATA_FILE = "metadata.jsonl"
@@ -333,7 +333,7 @@ def train_from_folder(
     `init_from`: a saved fast decoder of the same kind to continue training (e.g. on more clips)
     instead of a fresh one initialised from the target.
     """
-    from ..zoo import resolve
+    from .models import speech_model_path
     from .ar_fast_decoder import check_ar_fast_decoder
     from .pipeline import check_fast_decoder, load_fast_decoder, load_whisper
 
@@ -346,7 +346,7 @@ def train_from_folder(
     out_path = check_output_folder(out)
     clips = read_clip_folder(data)
     started = time.perf_counter()
-    model, processor = load_whisper(target, resolve(target))
+    model, processor = load_whisper(target, speech_model_path(target))
     for p in model.parameters():
         p.requires_grad_(False)  # the big model is frozen: only the fast decoder trains
     # Per kind: the class a saved decoder must be, its fit-to-this-model check, its trainer.

@@ -25,8 +25,6 @@ DECODING_MODULES = [
 REVIEWED = {
     ("mmspec/sampling.py", "seeded_generator"): "draws a seed from torch's global CPU RNG, a Python int",
     ("mmspec/drafters/model_drafter.py", "__init__"): "placeholder, replaced on the sequence's device at prefill",
-    ("speech/fast_decoder.py", "_pad_labels"): "training labels, built on the CPU and moved with the batch",
-    ("speech/fast_decoder.py", "train_fast_decoder"): "training data, moved with each batch",
 }
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import time
 from collections import deque
 from pathlib import Path
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from mmspec.errors import MMSpecError
+from mmspec.training import Checkpoints, adamw, warmup_cosine
 
 from .distill_data import MULTIMODAL, TEXT, DistillDataset, collate
 from .feature_drafter import FeatureDrafterModel
@@ -70,14 +70,6 @@ def multimodal_share(step: int, steps: int, text_fraction: float = 0.5, start: f
     return start + (end - start) * (step - text_steps) / (rising - 1)
 
 
-def warmup_cosine(step: int, warmup: int, steps: int) -> float:
-    """Learning-rate factor: linear warmup over `warmup` steps, then cosine decay to 0 at `steps`."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 class CurriculumSampler:
     """Draws the trace indices of each step's batch, from its own seeded generator."""
 
@@ -117,11 +109,6 @@ def frozen_copy(module: nn.Module) -> nn.Module:
     for name, param in module.named_parameters(recurse=False):
         setattr(copy, name, nn.Parameter(param.detach(), requires_grad=False))
     return copy
-
-
-def latest_checkpoint(folder: Path) -> Path | None:
-    found = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
-    return found[-1] if found else None
 
 
 def train_drafter(
@@ -176,8 +163,8 @@ def train_drafter(
     embed_tokens, lm_head = frozen_copy(target.get_input_embeddings()), frozen_copy(target.get_output_embeddings())
     device = lm_head.weight.device
     out = Path(out_dir)
-    checkpoints = out / "checkpoints"
-    checkpoint = _load_checkpoint(latest_checkpoint(checkpoints), kind) if resume else None
+    checkpoints = Checkpoints(out / "checkpoints", CHECKPOINT_FORMAT, kind, keep=KEEP_CHECKPOINTS)
+    checkpoint = checkpoints.load() if resume else None
 
     torch.manual_seed(seed)
     if checkpoint is not None:
@@ -187,9 +174,8 @@ def train_drafter(
         model = cls.from_target_config(text_config, **(drafter_options or {}))
     model.to(device).train()
     warmup = max(1, steps // 20) if warmup is None else warmup
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
-                                  weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, steps))
+    optimizer = adamw(model, lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, steps, warmup))
     sample_rng = torch.Generator().manual_seed(seed)
     noise_rng = torch.Generator(device=device).manual_seed(seed + 1)
     sampler = CurriculumSampler(dataset.modalities, curriculum, steps, text_fraction, sample_rng)
@@ -207,18 +193,11 @@ def train_drafter(
     began = time.perf_counter()
 
     def save_checkpoint(step: int) -> None:
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        state = {
-            "format": CHECKPOINT_FORMAT, "kind": kind, "step": step, "config": model.config.to_dict(),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "sample_rng": sample_rng.get_state(), "noise_rng": noise_rng.get_state(), "torch_rng": torch.get_rng_state(),
-            "history": history, "wall_time_s": wall_before + time.perf_counter() - began,
-        }
-        path = checkpoints / f"step-{step:08d}.pt"
-        torch.save(state, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)  # never leave a half-written checkpoint behind
-        for old in sorted(checkpoints.glob("step-*.pt"))[:-KEEP_CHECKPOINTS]:
-            old.unlink()
+        checkpoints.save(step, {
+            "config": model.config.to_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "sample_rng": sample_rng.get_state(), "noise_rng": noise_rng.get_state(),
+            "torch_rng": torch.get_rng_state(), "history": history, "wall_time_s": wall_before + time.perf_counter() - began,
+        })
 
     bar = tqdm(total=steps, initial=start, desc=f"train {kind} drafter", unit="step", disable=not progress)
     for step in range(start, steps):
@@ -267,18 +246,6 @@ def _load_target(target_model: PreTrainedModel | str | Path) -> PreTrainedModel:
     from .models import load_vision_model
 
     return load_vision_model(target_model)
-
-
-def _load_checkpoint(path: Path | None, kind: str) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated or foreign file
-        raise MMSpecError(f"cannot read checkpoint {path}: {err}") from err
-    if state.get("format") != CHECKPOINT_FORMAT or state.get("kind") != kind:
-        raise MMSpecError(f"{path} is not a checkpoint of a {kind!r} drafter (kind {state.get('kind')!r})")
-    return state
 
 
 def _mean(values) -> float | None:

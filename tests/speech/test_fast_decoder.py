@@ -11,8 +11,8 @@ from mmspec.speech.fast_decoder import (
     ctc_greedy_decode,
     ctc_loss,
     target_encoder_states,
-    train_fast_decoder,
 )
+from mmspec.speech.train_fast import Example, train_ctc_fast_decoder
 from mmspec.testing import reload_from_disk
 
 from .tiny_whisper import VOCAB, features
@@ -68,11 +68,15 @@ def test_ctc_loss_prefers_the_right_labels():
     assert right < wrong
 
 
+def examples(whisper, data):
+    return [Example(states=target_encoder_states(whisper, x[None])[0], prompt=[], labels=list(ids)) for x, ids in data]
+
+
 def test_training_lowers_the_loss_and_leaves_the_target_alone(whisper, references):
-    data = [(x[0], transcript[:12]) for x, _, transcript in references.values()]
+    data = examples(whisper, [(x[0], transcript[:12]) for x, _, transcript in references.values()])
     before = {name: p.clone() for name, p in whisper.named_parameters()}
-    head, losses = train_fast_decoder(whisper, data, steps=25, fast_decoder=small_head(whisper), batch_size=3,
-                                      learning_rate=3e-3, progress_bar=False)
+    head, losses = train_ctc_fast_decoder(whisper, data, steps=25, fast_decoder=small_head(whisper), batch_size=3,
+                                          learning_rate=3e-3, warmup_steps=0, progress_bar=False)
     assert len(losses) == 25
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
     assert not head.training
@@ -83,11 +87,11 @@ def test_training_lowers_the_loss_and_leaves_the_target_alone(whisper, reference
 
 def test_training_input_checks(whisper):
     with pytest.raises(MMSpecError, match="empty"):
-        train_fast_decoder(whisper, [], steps=1, progress_bar=False)
+        train_ctc_fast_decoder(whisper, [], steps=1, progress_bar=False)
     with pytest.raises(MMSpecError, match="vocabulary"):
-        train_fast_decoder(whisper, [(features(0)[0], [VOCAB + 3])], steps=1, progress_bar=False)
+        train_ctc_fast_decoder(whisper, examples(whisper, [(features(0)[0], [VOCAB + 3])]), steps=1, progress_bar=False)
     with pytest.raises(MMSpecError, match="steps"):
-        train_fast_decoder(whisper, [(features(0)[0], [1])], steps=0, progress_bar=False)
+        train_ctc_fast_decoder(whisper, examples(whisper, [(features(0)[0], [1])]), steps=0, progress_bar=False)
     with pytest.raises(MMSpecError, match="frames"):
         CTCFastDecoder(CTCFastDecoderConfig(vocab_size=8, encoder_hidden_size=4, hidden_size=8, num_attention_heads=2,
                                             intermediate_size=8, max_positions=3))(torch.zeros(1, 5, 4))
