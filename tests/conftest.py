@@ -2,6 +2,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Bench commands run by the tests record nothing (mmspec.bench.results); tests that check recording pass a path.
+os.environ["MMSPEC_BENCH_RESULTS"] = ""
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..stats import SpecStats
+from .results import note_report
 
 # A method takes one input and returns (new token ids, stats of that call).
 MethodFn = Callable[[Any], tuple[list[int], SpecStats]]
@@ -135,7 +136,9 @@ def run_benchmark(
     for name, result in results.items():
         result.mismatches = sum(a != b for a, b in zip(outputs[name], outputs[reference]))
         result.identical = result.mismatches == 0
-    return BenchReport(title=title, reference=reference, results=list(results.values()), settings=settings or {})
+    report = BenchReport(title=title, reference=reference, results=list(results.values()), settings=settings or {})
+    note_report(report)  # into the results file when a bench command is recording (mmspec.bench.results)
+    return report
 
 
 class ForwardCounter:

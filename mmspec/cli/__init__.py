@@ -19,6 +19,7 @@ from . import (
     bench_vision,
     caption,
     common,
+    demo,
     generate,
     generate_image,
     train_drafter,
@@ -26,8 +27,9 @@ from . import (
     transcribe,
     zoo,
 )
+from .bench_record import run_verb
 
-VERBS = (generate, caption, transcribe, generate_image, train_fast_decoder, train_drafter, zoo)
+VERBS = (generate, caption, transcribe, generate_image, train_fast_decoder, train_drafter, zoo, demo)
 BENCHES = (bench_text, bench_vision, bench_speech, bench_overhead, bench_image)
 
 
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return run_verb(args, argv)  # a bench also appends its results (mmspec.bench.results)
     except MMSpecError as error:
         print(f"mmspec: error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,28 @@
+"""`mmspec demo`: the Gradio app that shows speculation at work (needs the `demo` extra)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import MMSpecError
+from .common import SharedFlags, set_threads
+
+
+def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+    parser = commands.add_parser("demo", parents=[flags.threads],
+                                 help="start the Gradio demo (caption, transcribe, image, bench tabs) in the browser")
+    parser.add_argument("--port", type=int, default=7860, help="port to serve on (default 7860)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise MMSpecError(f"--port must be in 1..65535, got {args.port}")
+    try:
+        from ..demo import launch
+    except ModuleNotFoundError as error:
+        raise MMSpecError(f"the demo needs gradio ({error.name} is not installed): pip install 'mmspec[demo]'") from None
+    set_threads(args)
+    launch(host=args.host, port=args.port)
+    return 0

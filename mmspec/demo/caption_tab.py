@@ -1,0 +1,83 @@
+"""The Caption tab: a video captioned as it is decoded, each round's accepted drafts and target token coloured."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import gradio as gr
+
+from ..errors import MMSpecError
+from . import rounds as R
+from .display import acceptance_frame, comparison_markdown, stats_markdown
+from .models import caption_pipeline, sample_assets, zoo_models
+from .streaming import stream_rounds
+from .uploads import LIMITS_NOTE, checked_upload, page_message
+
+
+def build() -> None:
+    models = zoo_models("caption")
+    first = caption_pipeline(models[0]) if models else None
+    gr.Markdown("Caption a video with a video-language model. Green: draft tokens the target accepted; blue: the "
+                "target's own token (after all drafts were accepted); red: the target's correction where it rejected "
+                f"a draft. {LIMITS_NOTE}")
+    with gr.Row():
+        with gr.Column():
+            video = gr.Video(label="video", sources=["upload"], include_audio=True, elem_id="caption-video")
+            assets = sample_assets()
+            if assets is not None and (assets / "shapes.mp4").is_file():
+                gr.Examples([[str(assets / "shapes.mp4")]], inputs=[video], label="sample")
+            model = gr.Dropdown(models, value=models[0] if models else None, label="model", elem_id="caption-model")
+            method = gr.Dropdown(first.available_methods if first else [], value=first.default_method if first else None,
+                                 label="method", elem_id="caption-method")
+            max_new_tokens = gr.Slider(4, 96, value=48, step=1, label="max new tokens", elem_id="caption-max-tokens")
+            seed = gr.Number(0, precision=0, label="seed", elem_id="caption-seed")
+            compare = gr.Checkbox(False, label="compare with plain decoding", elem_id="caption-compare")
+            run = gr.Button("Caption", variant="primary", elem_id="caption-run")
+        with gr.Column():
+            shown = gr.HighlightedText(label="caption, round by round", color_map=R.COLORS, show_legend=True,
+                                       combine_adjacent=False, elem_id="caption-rounds")
+            text = gr.Textbox(label="caption", interactive=False, elem_id="caption-text")
+            stats = gr.Markdown(elem_id="caption-stats")
+            chart = gr.BarPlot(x="draft position", y="acceptance", y_lim=[0, 1], label="acceptance per draft position",
+                               elem_id="caption-acceptance")
+            versus = gr.Markdown(elem_id="caption-compare-result")
+    model.change(_methods_of, inputs=[model], outputs=[method])
+    run.click(caption, inputs=[video, model, method, max_new_tokens, seed, compare],
+              outputs=[shown, text, stats, chart, versus])
+
+
+def _methods_of(name: str) -> Any:
+    try:
+        pipe = caption_pipeline(name)
+    except MMSpecError as error:
+        raise gr.Error(str(error)) from None
+    return gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method)
+
+
+def caption(video: str | None, model: str, method: str, max_new_tokens: float, seed: float, compare: bool,
+            progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+    path = None
+    try:
+        path = checked_upload(video, "video")
+        pipe = caption_pipeline(model)
+        tokenizer = pipe.processor.tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        limit = int(max_new_tokens)
+        progress(0.0, desc=f"{method}: reading the video")
+        call = dict(video=path, method=method, max_new_tokens=limit, seed=int(seed), progress_bar=False)
+        for done_rounds, out in stream_rounds(pipe, **call):
+            views = R.round_views(done_rounds, decode)
+            committed = done_rounds[-1].new_tokens if done_rounds else 0
+            progress(min(committed / limit, 1.0), desc=f"{method}: {committed} tokens decoded")
+            if out is None:
+                yield R.highlighted(views), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        versus = ""
+        if compare:
+            progress(0.5, desc="plain decoding (ar) on the same video")
+            versus = comparison_markdown(out, pipe(**{**call, "method": "ar"}))
+        yield R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus
+    except MMSpecError as error:
+        raise gr.Error(page_message(error, path)) from None

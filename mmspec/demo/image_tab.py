@@ -1,0 +1,97 @@
+"""The Image tab: an image from an autoregressive image model, with the step at which each token was committed."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from ..errors import MMSpecError
+from .models import image_pipeline, zoo_models
+
+SHOWN_SIZE = 256  # toy images are tiny: shown enlarged, pixels kept sharp
+
+
+def build() -> None:
+    models = zoo_models("image")
+    first = image_pipeline(models[0]) if models else None
+    classes = list(first.class_names or []) if first else []
+    gr.Markdown("Sample an image from an autoregressive image model. Speculative and Jacobi methods commit several "
+                "image tokens per target forward: the step map colours each token by the forward that committed it "
+                "(dark: early, bright: late), and the step compression is tokens per forward.")
+    with gr.Row():
+        with gr.Column():
+            model = gr.Dropdown(models, value=models[0] if models else None, label="model", elem_id="image-model")
+            label = gr.Dropdown(classes, value=classes[0] if classes else None, label="class", elem_id="image-class")
+            method = gr.Dropdown(first.available_methods if first else [], value=first.default_method if first else None,
+                                 label="method", elem_id="image-method")
+            seed = gr.Number(0, precision=0, label="seed", elem_id="image-seed")
+            run = gr.Button("Generate", variant="primary", elem_id="image-run")
+        with gr.Column():
+            with gr.Row():
+                image = gr.Image(label="image", type="pil", format="png", elem_id="image-output")
+                steps = gr.Image(label="step at which each token was committed", type="pil", format="png",
+                                 elem_id="image-steps")
+            stats = gr.Markdown(elem_id="image-stats")
+    model.change(_choices_of, inputs=[model], outputs=[label, method])
+    run.click(generate, inputs=[model, label, method, seed], outputs=[image, steps, stats])
+
+
+def _choices_of(name: str) -> tuple[Any, Any]:
+    try:
+        pipe = image_pipeline(name)
+    except MMSpecError as error:
+        raise gr.Error(str(error)) from None
+    classes = list(pipe.class_names or [])
+    return (gr.Dropdown(choices=classes, value=classes[0] if classes else None),
+            gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method))
+
+
+def reports_rounds(pipe: Any) -> bool:
+    """Whether this image pipeline takes `callback_on_round` (the step map needs it)."""
+    return "callback_on_round" in inspect.signature(pipe.__call__).parameters
+
+
+def step_map(counts: list[int], grid: tuple[int, int]) -> np.ndarray:
+    """The round (0, 1, ...) that committed each token of a raster-order grid, from the tokens committed per round."""
+    steps = np.repeat(np.arange(len(counts)), counts)[: grid[0] * grid[1]]
+    if steps.size < grid[0] * grid[1]:
+        raise MMSpecError(f"the rounds committed {steps.size} tokens, the image has {grid[0] * grid[1]}")
+    return steps.reshape(grid)
+
+
+def step_image(steps: np.ndarray) -> Image.Image:
+    """The step map as colours from dark blue (first forward) to yellow (last)."""
+    t = steps / max(int(steps.max()), 1)
+    dark, bright = np.array([30, 40, 110]), np.array([250, 220, 40])
+    pixels = (dark + (bright - dark) * t[..., None]).astype(np.uint8)
+    return _enlarged(Image.fromarray(pixels))
+
+
+def _enlarged(picture: Image.Image) -> Image.Image:
+    return picture.resize((SHOWN_SIZE, SHOWN_SIZE * picture.height // picture.width), Image.NEAREST)
+
+
+def generate(model: str, label: str, method: str, seed: float, progress: gr.Progress = gr.Progress()) -> tuple:
+    try:
+        if not label:
+            raise MMSpecError("choose a class")
+        pipe = image_pipeline(model)
+        progress(None, desc=f"{method}: sampling image tokens")
+        counts: list[int] = []
+        extra = {"callback_on_round": lambda _i, info: counts.append(len(info.tokens))} if reports_rounds(pipe) else {}
+        out = pipe(prompt=label, method=method, seed=int(seed), progress_bar=False, **extra)
+        grid = tuple(out.tokens.shape[-2:])
+        stats = out.stats
+        text = (f"**{method}**: {stats.new_tokens} image tokens in {stats.target_forwards} target forwards: step "
+                f"compression **{stats.step_compression:.2f}** tokens per forward; {stats.total_time * 1e3:.0f} ms "
+                f"(token generation; the VQ decoder's time not included)")
+        picture = step_image(step_map(counts, grid)) if counts else None
+        if picture is None:
+            text += "\n\nThe step map needs the image pipeline's per-round callback (`callback_on_round`), which it lacks."
+        return _enlarged(out.images[0]), picture, text
+    except MMSpecError as error:
+        raise gr.Error(str(error)) from None

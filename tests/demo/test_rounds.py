@@ -1,0 +1,71 @@
+"""The demo's round view: each round's accepted drafts and target token, as text that reads as the output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mmspec.demo import rounds as R
+from mmspec.pipelines import RoundInfo
+
+VIDEO = Path(__file__).resolve().parents[2] / "demos" / "assets" / "shapes.mp4"
+
+
+def letters(ids: list[int]) -> str:
+    return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_segments_label_drafts_corrections_and_own_tokens():
+    rounds = [
+        RoundInfo(tokens=[0], drafted=0, accepted=0, new_tokens=1),  # the prefill's token
+        RoundInfo(tokens=[1, 2, 3], drafted=2, accepted=2, new_tokens=4),  # all drafts kept, bonus token
+        RoundInfo(tokens=[4, 5], drafted=3, accepted=1, new_tokens=6),  # one kept, then a correction
+    ]
+    views = R.round_views(rounds, letters)
+    assert R.highlighted(views) == [("a", R.OWN), ("bc", R.DRAFT), ("d", R.OWN), ("e", R.DRAFT), ("f", R.CORRECTION)]
+    assert R.table_rows(views)[2] == [2, 3, 1, 2, "e", "f"]
+
+
+def test_chunks_restart_decoding_and_join_with_a_space():
+    rounds = [RoundInfo(tokens=[0, 1], drafted=1, accepted=1, new_tokens=2, chunk=0),
+              RoundInfo(tokens=[2], drafted=0, accepted=0, new_tokens=3, chunk=1)]
+    assert R.highlighted(R.round_views(rounds, letters)) == [("a", R.DRAFT), ("b", R.OWN), (" ", None), ("c", R.OWN)]
+
+
+def test_round_text_reads_as_the_pipelines_caption():
+    from mmspec import CaptionPipeline
+
+    pipe = CaptionPipeline.from_pretrained("shapes-video-captioner")
+    seen: list[RoundInfo] = []
+    out = pipe(video=str(VIDEO), method="text", max_new_tokens=12, progress_bar=False,
+               callback_on_round=lambda _i, info: seen.append(info))
+
+    def decode(ids: list[int]) -> str:
+        return pipe.processor.tokenizer.decode(ids, skip_special_tokens=True)
+
+    segments = R.highlighted(R.round_views(seen, decode))
+    assert "".join(text for text, _ in segments).strip() == out.text
+    assert sum(1 for _, label in segments if label == R.DRAFT) <= out.stats.rounds
+    # Control: rounds of another call do not read as this caption.
+    other: list[RoundInfo] = []
+    pipe(video=str(VIDEO), method="text", max_new_tokens=4, progress_bar=False,
+         callback_on_round=lambda _i, info: other.append(info))
+    assert "".join(t for t, _ in R.highlighted(R.round_views(other, decode))).strip() != out.text
+
+
+@pytest.mark.parametrize("counts, expected", [([1, 3, 2, 3], [[0, 1, 1], [1, 2, 2], [3, 3, 3]])])
+def test_step_map_places_rounds_in_raster_order(counts, expected):
+    pytest.importorskip("gradio")
+    from mmspec.demo.image_tab import step_map
+
+    assert step_map(counts, (3, 3)).tolist() == expected
+
+
+def test_step_map_refuses_rounds_that_do_not_fill_the_image():
+    pytest.importorskip("gradio")
+    from mmspec.demo.image_tab import step_map
+    from mmspec.errors import MMSpecError
+
+    with pytest.raises(MMSpecError, match="committed 4 tokens, the image has 9"):
+        step_map([1, 3], (3, 3))
