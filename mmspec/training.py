@@ -5,7 +5,7 @@
 - `warmup_cosine`: linear warm-up, then cosine decay to a floor, by steps or by a progress
   fraction (e.g. wall-clock time spent of a budget);
 - `TrainingLoop`: the step loop, a fixed number of steps or as many as fit a wall-clock budget,
-  with a tqdm bar;
+  with a tqdm bar; `IndexBatches`: seeded shuffled batches; `optimizer_step`: one clipped update;
 - `fit`: the whole loop for a loss over example indices (AdamW, schedule, clipping, seeded shuffles);
 - `Checkpoints`: resumable training state, written atomically, the newest few kept;
 - `add_output_arguments` / `output_folder`: a recipe writes to `--out`, and into the installed
@@ -136,6 +136,31 @@ class TrainingLoop:
     @property
     def seconds_per_step(self) -> float | None:
         return round(statistics.median(self.step_times), 4) if self.step_times else None
+
+
+class IndexBatches:
+    """Batches of example indices from seeded permutations of `range(n)`, a new one when too few are left."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n, self.generator = n, generator
+        self.order, self.cursor = torch.randperm(n, generator=generator), 0
+
+    def take(self, batch_size: int) -> torch.Tensor:
+        if self.cursor + batch_size > self.order.numel():
+            self.order, self.cursor = torch.randperm(self.n, generator=self.generator), 0
+        batch = self.order[self.cursor : self.cursor + batch_size]
+        self.cursor += batch_size
+        return batch
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: Iterable[nn.Parameter] | None = None,
+                   clip: float = 1.0) -> None:
+    """One update: clear the gradients, back-propagate `loss`, clip `params`' gradient norm (unless None), step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if params is not None:
+        nn.utils.clip_grad_norm_(params, clip)
+    optimizer.step()
 
 
 def fit(

@@ -51,8 +51,12 @@ def test_training_loop_fixed_steps_and_budget():
     assert list(loop) == [0, 1, 2, 3] and loop.done == 4 and loop.planned() == 4
     spent = TrainingLoop(max_minutes=0, steps=0, disable=True)  # a budget already spent: one step, then stop
     assert list(spent) == [0] and spent.done == 1
-    probing = TrainingLoop(max_minutes=60, steps=0, disable=True)
+    probing = TrainingLoop(max_minutes=60, steps=0, probe=2, disable=True)
     assert probing.planned() == 10**6
+    for step in probing:  # fitted to the budget after probing steps 1 and 2: far more than the 4 taken here
+        if step == 3:
+            break
+    assert probing.total > 100
 
 
 def regression(seed):

@@ -5,6 +5,9 @@
     python -m mmspec.image_ar.recipes.build_shapes_image_ar --redo target           # redo target + drafter
     python -m mmspec.image_ar.recipes.build_shapes_image_ar --smoke --out /tmp/x    # seconds, tiny settings
 
+Every script writes to ``--out`` (default ``./shapes-image-ar``); only ``--into-zoo`` writes into the
+installed package, replacing the shipped model.
+
 Steps, in dependency order (each one a script of its own, see its docstring):
 
     vq       train_shapes_vq        -> OUT/vq/        the tokenizer (every later step depends on it)
@@ -29,6 +32,7 @@ import json
 import time
 from pathlib import Path
 from typing import Callable
+from mmspec.training import add_output_arguments
 
 from . import image_ar_data as data
 from . import train_shapes_drafter, train_shapes_image_ar, train_shapes_judge, train_shapes_vq
@@ -66,7 +70,7 @@ def build(args: argparse.Namespace) -> dict:
             print(f"== {name}: {out / marker} exists, skipped (--redo {name} to rebuild)", flush=True)
             continue
         argv = ["--out", str(out), "--seed", str(args.seed), "--threads", str(args.threads),
-                "--max-minutes", f"{minutes:.2f}"]
+                "--max-minutes", f"{minutes:.2f}"] + (["--into-zoo"] if args.into_zoo else [])
         if args.cache_dir and name in ("target", "drafter"):
             argv += ["--cache-dir", args.cache_dir]
         if args.smoke:
@@ -92,7 +96,7 @@ def build(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(data.ZOO_DIR))
+    add_output_arguments(parser, data.NAME, "the model folder (target, vq/, judge/, drafter/)")
     parser.add_argument("--max-minutes-total", type=float, default=DEFAULT_TOTAL,
                         help="training budget of all steps together (split 8:3:20:5)")
     parser.add_argument("--redo", default="", help="comma-separated steps to rebuild even if present (or 'all')")
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", default=None, help="cache of encoded codes (default ~/.cache/mmspec/shapes-image-ar)")
     parser.add_argument("--smoke", action="store_true", help="tiny settings: checks the plumbing in seconds")
-    return build(parser.parse_args(argv))
+    return build(data.parse_recipe_args(parser, argv))
 
 
 if __name__ == "__main__":

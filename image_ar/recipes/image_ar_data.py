@@ -26,23 +26,23 @@ budget, learning-rate schedule, bf16 autocast, the cached VQ codes of the datase
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import math
 import random
 import re
-import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from mmspec.errors import MMSpecError
+from mmspec.training import add_output_arguments, parse_output_folder
 from mmspec.world import BACKGROUNDS, COLOURS, KINDS, SIZES, Scene, Shape, example_seed, render_image
 from mmspec.world.captions import KIND_WORDS
 from mmspec.zoo import MODELS_DIR
@@ -190,9 +190,12 @@ class Stream:
 # ------------------------------------------------------------------------------ training plumbing
 
 
-def add_loop_arguments(parser, *, max_minutes: float, batch_size: int, lr: float, warmup: int,
-                       bf16: bool = True) -> None:
-    """The options every shapes-image-ar training script shares (budget loop, optimiser, CPU)."""
+def recipe_parser(doc: str, what: str, *, max_minutes: float, batch_size: int, lr: float, warmup: int,
+                  bf16: bool = True) -> argparse.ArgumentParser:
+    """The parser every shapes-image-ar training script starts from: where it writes (`--out`, default
+    ./shapes-image-ar, or `--into-zoo`), the budget loop, the optimiser and the CPU."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_output_arguments(parser, NAME, what)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=max_minutes, help="wall-clock budget of the training loop")
     parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
@@ -203,6 +206,14 @@ def add_loop_arguments(parser, *, max_minutes: float, batch_size: int, lr: float
     if bf16:
         parser.add_argument("--no-bf16", dest="bf16", action="store_false",
                             help="train in fp32 (bf16 autocast is the default where the CPU supports it)")
+    return parser
+
+
+def parse_recipe_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parsed arguments with `out` resolved: never the installed zoo folder without `--into-zoo`."""
+    args = parser.parse_args(argv)
+    args.out = str(parse_output_folder(parser, args, ZOO_DIR))
+    return args
 
 
 def timing_facts(loop: Any, wall: float, threads: int, prep: float | None = None) -> dict[str, Any]:
@@ -237,66 +248,6 @@ def autocast(enabled: bool) -> ContextManager:
 def autocast_state(enabled: bool) -> str:
     """'on' / 'off': whether bf16 autocast really ran (asked for AND supported), for logs and cards."""
     return "on" if enabled and bf16_supported() else "off"
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak (as the caption LMs)."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-class BudgetLoop:
-    """Training steps under a wall-clock budget, with a tqdm bar.
-
-    With `steps` = 0 the number of steps is fitted to the budget from the median time of the first
-    `probe` steps (step 0, which warms up, excluded); whatever happens the loop stops at the
-    deadline. `total` is the planned number of steps (0 while still probing).
-    """
-
-    def __init__(self, max_minutes: float, steps: int = 0, desc: str = "train", probe: int = 5) -> None:
-        self.start = time.time()
-        self.deadline = self.start + max_minutes * 60
-        self.total = int(steps)
-        self.fixed = bool(steps)
-        self.desc, self.probe = desc, probe
-        self.step_times: list[float] = []
-        self.done = 0
-        self.bar: tqdm | None = None
-
-    def planned(self) -> int:
-        """The planned total, or a large stand-in while probing (schedules barely move then)."""
-        return self.total or 10**6
-
-    def __iter__(self) -> Iterator[int]:
-        self.bar = tqdm(total=self.total or None, desc=self.desc, mininterval=5)
-        step = 0
-        while not self.total or step < self.total:
-            if time.time() >= self.deadline and step > 0:
-                tqdm.write(f"{self.desc}: wall-clock budget reached after {step} steps")
-                break
-            t0 = time.time()
-            yield step
-            if step >= 1:
-                self.step_times.append(time.time() - t0)
-            if not self.fixed and not self.total and len(self.step_times) >= self.probe:
-                per_step = max(statistics.median(self.step_times), 1e-6)
-                self.total = step + 1 + max(0, int((self.deadline - time.time()) / per_step))
-                self.bar.total = self.total
-                tqdm.write(f"{self.desc}: {per_step:.3f}s per step -> {self.total} steps")
-            self.bar.update(1)
-            step += 1
-        self.done = step
-        self.bar.close()
-
-    @property
-    def wall(self) -> float:
-        return time.time() - self.start
-
-    @property
-    def seconds_per_step(self) -> float | None:
-        return round(statistics.median(self.step_times), 4) if self.step_times else None
 
 
 def file_sha(path: Path) -> str:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from mmspec.image_ar import LlamaGenForClassConditional
 from mmspec.image_ar.target import guided_logits
+from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 from .train_shapes_image_ar import build_model, drop_labels, heldout_loss
@@ -90,19 +91,15 @@ def train(args: argparse.Namespace) -> dict:
     n_params = sum(p.numel() for p in drafter.parameters())
     print(f"drafter: {n_params / 1e6:.2f}M parameters ({args.layers} layer(s), dim {args.dim}); distillation weight "
           f"{args.distil_weight}", flush=True)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    opt = adamw(drafter, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     generator = torch.Generator().manual_seed(args.seed + 1)
-    order, cursor = torch.randperm(codes.shape[0], generator=generator), 0
-    loop = data.BudgetLoop(args.max_minutes, args.steps, desc="drafter")
+    batches = IndexBatches(codes.shape[0], generator)
+    loop = TrainingLoop(args.max_minutes, args.steps, desc="drafter")
     for step in loop:
-        if cursor + args.batch_size > order.numel():
-            order, cursor = torch.randperm(codes.shape[0], generator=generator), 0
-        idx = order[cursor : cursor + args.batch_size]
-        cursor += args.batch_size
+        idx = batches.take(args.batch_size)
         x = codes[idx].long()
         y = drop_labels(labels[idx], args.class_dropout, drafter.config.null_class, generator)
-        for group in opt.param_groups:
-            group["lr"] = data.lr_at(step, loop.planned(), args.lr, args.warmup)
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         with data.autocast(args.bf16):
             out_d = drafter(class_labels=y, input_ids=x[:, :-1], labels=x)
             loss = out_d.loss
@@ -110,10 +107,7 @@ def train(args: argparse.Namespace) -> dict:
                 with torch.no_grad():
                     teacher = target(class_labels=y, input_ids=x[:, :-1]).logits
                 loss = (1 - args.distil_weight) * loss + args.distil_weight * distil_loss(out_d.logits, teacher)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, drafter.parameters())
         ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
         if step % 25 == 0:
             loop.bar.set_postfix(loss=f"{ema:.4f}")
@@ -157,12 +151,11 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(data.ZOO_DIR), help="the zoo model folder; the drafter goes to OUT/drafter")
+    parser = data.recipe_parser(__doc__, "the model folder (the drafter goes to OUT/drafter)", max_minutes=5.0,
+                                batch_size=32, lr=0.002, warmup=50)
     parser.add_argument("--target", default=None, help="target folder (default OUT)")
     parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq), for the cached codes")
     parser.add_argument("--cache-dir", default=str(data.CACHE_DIR))
-    data.add_loop_arguments(parser, max_minutes=5.0, batch_size=32, lr=0.002, warmup=50)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--heads", type=int, default=8)
@@ -171,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--train-n", type=int, default=32000, help="must match the target's to reuse its cached codes")
     parser.add_argument("--heldout-n", type=int, default=1000)
     parser.add_argument("--agree-n", type=int, default=256, help="held-out sequences for the agreement numbers")
-    return train(parser.parse_args(argv))
+    return train(data.parse_recipe_args(parser, argv))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from mmspec.image_ar import LlamaGenConfig, LlamaGenForClassConditional, VQModel, ar_generate
 from mmspec.image_ar.judge import load_judge
 from mmspec.sampling import SamplingConfig
+from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 
@@ -138,26 +139,18 @@ def train(args: argparse.Namespace) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"target: {n_params / 1e6:.2f}M parameters, vocab {vq.config.codebook_size}, {codes.shape[0]} train sequences; "
           f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     generator = torch.Generator().manual_seed(args.seed)
-    order = torch.randperm(codes.shape[0], generator=generator)
-    cursor = 0
-    loop = data.BudgetLoop(args.max_minutes, args.steps, desc="target")
+    batches = IndexBatches(codes.shape[0], generator)
+    loop = TrainingLoop(args.max_minutes, args.steps, desc="target")
     for step in loop:
-        if cursor + args.batch_size > order.numel():
-            order, cursor = torch.randperm(codes.shape[0], generator=generator), 0
-        idx = order[cursor : cursor + args.batch_size]
-        cursor += args.batch_size
+        idx = batches.take(args.batch_size)
         x = codes[idx].long()
         y = drop_labels(labels[idx], args.class_dropout, model.config.null_class, generator)
-        for group in opt.param_groups:
-            group["lr"] = data.lr_at(step, loop.planned(), args.lr, args.warmup)
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         with data.autocast(args.bf16):
             loss = model(class_labels=y, input_ids=x[:, :-1], labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model.parameters())
         ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
         if step % 25 == 0:
             loop.bar.set_postfix(loss=f"{ema:.4f}")
@@ -209,12 +202,11 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(data.ZOO_DIR), help="the zoo model folder (target at its top)")
+    parser = data.recipe_parser(__doc__, "the model folder (target at its top)", max_minutes=20.0, batch_size=32,
+                                lr=0.001, warmup=100)
     parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq)")
     parser.add_argument("--judge", default=None, help="judge folder for sample quality (default OUT/judge; skipped if absent)")
     parser.add_argument("--cache-dir", default=str(data.CACHE_DIR), help="where encoded codes and sample grids go")
-    data.add_loop_arguments(parser, max_minutes=20.0, batch_size=32, lr=0.001, warmup=100)
     parser.add_argument("--init-from", default=None, help="continue from this target folder (same architecture)")
     parser.add_argument("--prior-steps", type=int, default=0, help="steps the --init-from run had done (for the card)")
     parser.add_argument("--dim", type=int, default=256)
@@ -226,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-n", type=int, default=96, help="images sampled per guidance scale for the judge (0 = skip)")
     parser.add_argument("--eval-scales", default="1,2,4", help="guidance scales of the sample evaluation")
     parser.add_argument("--guidance-scale", type=float, default=2.0, help="the default scale written to the card")
-    return train(parser.parse_args(argv))
+    return train(data.parse_recipe_args(parser, argv))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from timm.models import save_for_hf
 
 from mmspec.image_ar import VQModel
 from mmspec.image_ar.judge import ImageJudge, frechet_distance_of_features, load_judge
+from mmspec.training import TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 
@@ -90,11 +91,11 @@ def train(args: argparse.Namespace) -> dict:
     model = build_judge(args).train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"judge {args.arch} channels {args.channels}: {n_params / 1e6:.2f}M parameters", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+    opt = adamw(model, args.lr, weight_decay=0.05)
     stream = data.Stream(args.seed, "train")
     generator = torch.Generator().manual_seed(args.seed)
     n_recon = int(round(args.batch_size * args.recon_share)) if pool is not None else 0
-    loop = data.BudgetLoop(args.max_minutes, args.steps, desc="judge")
+    loop = TrainingLoop(args.max_minutes, args.steps, desc="judge")
     for step in loop:
         fresh = stream.take(args.batch_size - n_recon)
         x, y = fresh.images, fresh.labels
@@ -103,12 +104,9 @@ def train(args: argparse.Namespace) -> dict:
             x, y = torch.cat([x, pool.images[pick]]), torch.cat([y, pool.labels[pick]])
         x = data.to_model_range(x)
         x = x + torch.rand(x.shape[0], 1, 1, 1, generator=generator) * 0.06 * torch.randn(x.shape, generator=generator)
-        for group in opt.param_groups:
-            group["lr"] = data.lr_at(step, loop.planned(), args.lr, args.warmup)
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         loss = F.cross_entropy(model(x), y, label_smoothing=0.05)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)  # no clipping: the judge trains stably without
         ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
         if step % 50 == 0:
             loop.bar.set_postfix(loss=f"{ema:.4f}")
@@ -150,16 +148,15 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(data.ZOO_DIR), help="the zoo model folder; the judge goes to OUT/judge")
+    parser = data.recipe_parser(__doc__, "the model folder (the judge goes to OUT/judge)", max_minutes=3.0,
+                                batch_size=64, lr=0.002, warmup=30, bf16=False)
     parser.add_argument("--vq", default=None, help="VQ folder for reconstructions (default OUT/vq; skipped if absent)")
-    data.add_loop_arguments(parser, max_minutes=3.0, batch_size=64, lr=0.002, warmup=30, bf16=False)
     parser.add_argument("--arch", default="resnet10t", help="a timm architecture that takes `channels`")
     parser.add_argument("--channels", default="16,32,64,128")
     parser.add_argument("--recon-pool", type=int, default=2048, help="train images passed through the VQ once")
     parser.add_argument("--recon-share", type=float, default=0.5, help="share of each batch from the reconstruction pool")
     parser.add_argument("--eval-n", type=int, default=1200)
-    return train(parser.parse_args(argv))
+    return train(data.parse_recipe_args(parser, argv))
 
 
 if __name__ == "__main__":

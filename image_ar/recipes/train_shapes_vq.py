@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.image_ar import VQConfig, VQModel
+from mmspec.training import TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 
@@ -151,20 +152,16 @@ def train(args: argparse.Namespace) -> dict:
           f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     heldout = data.images(args.eval_n, args.seed, "heldout")
     stream = data.Stream(args.seed, "train")
-    opt = torch.optim.AdamW(vq.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = adamw(vq, args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(args.seed)
     counts = torch.zeros(args.codebook_size, dtype=torch.long)
     restarted = 0
-    loop = data.BudgetLoop(args.max_minutes, args.steps, desc="VQ")
+    loop = TrainingLoop(args.max_minutes, args.steps, desc="VQ")
     for step in loop:
         x = data.to_model_range(stream.take(args.batch_size).images)
-        for group in opt.param_groups:
-            group["lr"] = data.lr_at(step, loop.planned(), args.lr, args.warmup)
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         loss, parts, codes, latents = vq_losses(vq, x, args.bf16, args.fg_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vq.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, vq.parameters())
         ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
         counts += torch.bincount(codes.flatten(), minlength=args.codebook_size)
         # Restarts stop after 60% of the run so the final codebook settles.
@@ -206,16 +203,15 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(data.ZOO_DIR), help="the zoo model folder; the VQ goes to OUT/vq")
-    data.add_loop_arguments(parser, max_minutes=8.0, batch_size=16, lr=0.002, warmup=50)
+    parser = data.recipe_parser(__doc__, "the model folder (the VQ goes to OUT/vq)", max_minutes=8.0, batch_size=16,
+                                lr=0.002, warmup=50)
     parser.add_argument("--codebook-size", type=int, default=512)
     parser.add_argument("--embed-dim", type=int, default=8)
     parser.add_argument("--ch", type=int, default=32)
     parser.add_argument("--fg-weight", type=float, default=8.0, help="extra reconstruction weight on shape pixels")
     parser.add_argument("--restart-every", type=int, default=100, help="dead-code restart period in steps (0 = never)")
     parser.add_argument("--eval-n", type=int, default=1024)
-    return train(parser.parse_args(argv))
+    return train(data.parse_recipe_args(parser, argv))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,15 @@ from mmspec.errors import MMSpecError
 from mmspec.image_ar import tiny_vq
 from mmspec.world import BACKGROUNDS, COLOURS, KINDS
 from mmspec.world.scenes import RGB
-from mmspec.image_ar.recipes import image_ar_data as data
+from mmspec.image_ar.recipes import (
+    build_shapes_image_ar,
+    image_ar_data as data,
+    train_shapes_drafter,
+    train_shapes_image_ar,
+    train_shapes_judge,
+    train_shapes_vq,
+)
+from mmspec.training import warmup_cosine
 
 
 def test_classes_are_every_kind_times_every_colour_in_id_order():
@@ -83,19 +91,29 @@ def test_value_ranges_round_trip():
     assert torch.equal(data.to_uint8(f), x)
 
 
-def test_learning_rate_schedule_and_budget_loop():
-    assert data.lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
-    assert data.lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)
-    assert data.lr_at(100, 100, 1.0, 10) == pytest.approx(0.1)
-    loop = data.BudgetLoop(max_minutes=10, steps=4, desc="test")
-    assert list(loop) == [0, 1, 2, 3] and loop.done == 4
-    loop = data.BudgetLoop(max_minutes=0, steps=0, desc="test")  # budget spent: one step, then stop
-    assert list(loop) == [0]
-    loop = data.BudgetLoop(max_minutes=10, steps=0, desc="test", probe=2)
-    for step in loop:  # fitted to the budget after probing steps 1 and 2: far more than the 4 taken here
-        if step == 3:
-            break
-    assert loop.total > 100
+def test_learning_rate_schedule_warms_up_then_decays_to_a_tenth():
+    assert warmup_cosine(0, 100, 10, floor=0.1, peak=1.0) == pytest.approx(0.1)
+    assert warmup_cosine(10, 100, 10, floor=0.1, peak=1.0) == pytest.approx(1.0)
+    assert warmup_cosine(100, 100, 10, floor=0.1, peak=1.0) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("recipe", [train_shapes_vq, train_shapes_judge, train_shapes_image_ar, train_shapes_drafter,
+                                    build_shapes_image_ar])
+def test_recipes_never_write_into_the_package_without_into_zoo(recipe, capsys):
+    files = sorted((p, p.stat().st_mtime_ns) for p in data.ZOO_DIR.rglob("*"))
+    for out in (data.ZOO_DIR, data.ZOO_DIR / "vq"):
+        with pytest.raises(SystemExit) as exit_info:
+            recipe.main(["--out", str(out), "--steps", "1"] if recipe is not build_shapes_image_ar else ["--out", str(out), "--smoke"])
+        assert exit_info.value.code == 2
+        assert "inside the installed mmspec package; pass --into-zoo" in capsys.readouterr().err
+    assert sorted((p, p.stat().st_mtime_ns) for p in data.ZOO_DIR.rglob("*")) == files
+
+
+def test_recipe_output_folder_defaults_to_the_working_directory():
+    parser = data.recipe_parser("doc", "the model", max_minutes=1.0, batch_size=1, lr=1e-3, warmup=1)
+    assert data.parse_recipe_args(parser, []).out == data.NAME  # ./shapes-image-ar
+    assert data.parse_recipe_args(parser, ["--out", "/tmp/run"]).out == "/tmp/run"
+    assert data.parse_recipe_args(parser, ["--into-zoo"]).out == str(data.ZOO_DIR)  # only when told
 
 
 def test_card_sections_merge_and_classes_are_written(tmp_path):
