@@ -58,10 +58,12 @@ DEFAULT_DRAFT_TOKENS = {"text": 5, "std": 9, "msd": 5, "flash": 5}
 
 @dataclass
 class CaptionOutput(TextPipelineOutput):
-    """What a caption call produced, and how: `text`, `method`, `model`, `stats`, and `sequences`
-    (prompt + new token ids, as `generate` returns them)."""
+    """What a caption call produced, and how: `text`, `method`, `model`, `stats`, `sequences`
+    (prompt + new token ids, as `generate` returns them), and `notes` (settings the call had to change,
+    e.g. a `max_new_tokens` cut to the model's context)."""
 
     sequences: torch.LongTensor
+    notes: list[str] | None = None
 
 
 def zoo_card(name_or_path: str) -> dict[str, Any]:
@@ -238,6 +240,11 @@ class CaptionPipeline(SpeculativePipeline):
         if video is not None:
             if not video_token_ids(self.model):
                 raise MMSpecError(f"{self.model_name} reads images, not videos: pass an image (or one frame of the video)")
+            context = self.context_length()
+            if isinstance(video, (str, Path)) and num_frames is not None and context and num_frames >= context:
+                # Checked before decoding: every frame takes at least one position.
+                raise MMSpecError(f"{num_frames} frames cannot fit: {self.model_name} holds {context} positions in all "
+                                  "(prompt, visual tokens and caption); use fewer frames")
             media, kind = {"videos": [load_frames(video, num_frames=num_frames, fps=fps)]}, "video"
         else:
             if not image_token_ids(self.model):
@@ -250,8 +257,40 @@ class CaptionPipeline(SpeculativePipeline):
             raise MMSpecError(f"the processor could not prepare this {kind}: {str(error).splitlines()[0]}") from None
         return inputs_on_model(self.model, inputs)
 
+    def context_length(self) -> int | None:
+        """Positions the language model holds (prompt + visual tokens + new tokens), from its config."""
+        config = self.model.config
+        text_config = getattr(config, "text_config", None) or config
+        return getattr(text_config, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+
+    def check_length(self, input_ids: torch.Tensor, max_new_tokens: int, method: str) -> tuple[int, list[str]]:
+        """Refuse an input longer than the context (naming the prompt and visual token counts); cut a
+        `max_new_tokens` that runs past it. Returns the new tokens allowed and a note per change made."""
+        context, length = self.context_length(), int(input_ids.shape[1])
+        if not context:
+            return max_new_tokens, []
+        media_ids = [*video_token_ids(self.model), *image_token_ids(self.model)]
+        visual = int(torch.isin(input_ids, torch.tensor(media_ids, device=input_ids.device)).sum()) if media_ids else 0
+        if length >= context:
+            raise MMSpecError(f"the input is {length} tokens ({visual} visual + {length - visual} prompt), but "
+                              f"{self.model_name} holds {context} positions: use fewer frames or a shorter prompt")
+        notes = []
+        if length + max_new_tokens > context:
+            notes.append(f"max_new_tokens cut from {max_new_tokens} to {context - length}: {self.model_name} holds "
+                         f"{context} positions and the input takes {length} ({visual} visual)")
+            max_new_tokens = context - length
+        draft = self.draft_length(method) if method != "ar" else 0
+        if draft >= max(max_new_tokens, 2):
+            notes.append(f"drafts of {draft} tokens are cut to {max(max_new_tokens - 1, 1)} (max_new_tokens - 1) each round")
+        return max_new_tokens, notes
+
     def _prompt_text(self, kind: str, prompt: str | None) -> str:
         placeholder = getattr(self.processor, f"{kind}_token")
+        if prompt is not None and placeholder in prompt:
+            # The caller placed the media already: use the prompt as it is.
+            if prompt.count(placeholder) > 1:
+                raise MMSpecError(f"the prompt holds {prompt.count(placeholder)} {placeholder} placeholders; one {kind} is given")
+            return prompt
         template, default = self.card.get("prompt_template"), self.card.get("default_prompt")
         trained = self.card.get("prompt", "")
         if template is None and trained.startswith(placeholder):
@@ -308,6 +347,7 @@ class CaptionPipeline(SpeculativePipeline):
         drafter = self.make_drafter(method)
         inputs = self.prepare_inputs(video=video, image=image, prompt=prompt, num_frames=num_frames, fps=fps)
         input_ids = inputs.pop("input_ids")
+        max_new_tokens, notes = self.check_length(input_ids, max_new_tokens, method)
         decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.draft_length(method)),
                                      method=method)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -317,4 +357,5 @@ class CaptionPipeline(SpeculativePipeline):
                                    on_round=self.round_reporter(callback_on_round, bar), **inputs)
         new_tokens = out.sequences[0, input_ids.shape[1]:]
         text = self.processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
-        return CaptionOutput(text=text, method=method, model=self.model_name, stats=out.stats, sequences=out.sequences)
+        return CaptionOutput(text=text, method=method, model=self.model_name, stats=out.stats, sequences=out.sequences,
+                             notes=notes or None)

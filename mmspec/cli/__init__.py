@@ -8,6 +8,7 @@ One module per verb (`generate`, `caption`, `transcribe`, `generate_image`, `ben
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import MMSpecError
@@ -33,9 +34,17 @@ VERBS = (generate, caption, transcribe, generate_image, train_fast_decoder, trai
 BENCHES = (bench_text, bench_vision, bench_speech, bench_overhead, bench_image)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, `mmspec: error: ...` like every other error, and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"mmspec: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal and non-text models.")
+    parser = Parser(prog="mmspec", description="Speculative decoding for multimodal and non-text models.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {common.version()}")
+    parser.add_argument("--verbose", action="store_true", help="also show transformers' progress bars and warnings")
     commands = parser.add_subparsers(dest="command", required=True)
     flags = common.SharedFlags()
     for verb in VERBS[:4]:
@@ -45,15 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
         bench.register(benches, flags)
     for verb in VERBS[4:]:
         verb.register(commands, flags)
+    for leaf in common.leaf_parsers(parser):  # `--verbose` after the verb too
+        leaf.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                          help="also show transformers' progress bars and warnings")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        # Parsing may import a pipeline module (choices of --method): Ctrl-C there is still a clean exit.
+        args = build_parser().parse_args(argv)
+        if not args.verbose:
+            common.quiet_libraries()
         return run_verb(args, argv)  # a bench also appends its results (mmspec.bench.results)
     except MMSpecError as error:
         print(f"mmspec: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("mmspec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mmspec ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

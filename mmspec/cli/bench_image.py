@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import MMSpecError
+from . import checks
+from .atomic import atomic_write
 from .common import IMAGE_SUFFIXES, SharedFlags, announce_zoo_default, emit, set_threads
 
 
@@ -14,16 +15,16 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                 help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
                         "(default: the toy shapes-image-ar)")
-    parser.add_argument("--n", type=int, default=16, help="images per method (conditions cycle through the classes or --prompts)")
+    parser.add_argument("--n", type=checks.positive_int, default=16, help="images per method (conditions cycle through the classes or --prompts)")
     parser.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
                         help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
-    parser.add_argument("--seed", type=int, default=0, help="image i of every method is seeded with seed + i")
-    parser.add_argument("--guidance-scale", type=float, default=None)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--window", type=int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafter tokens per round")
+    parser.add_argument("--seed", type=checks.seed, default=0, help="image i of every method is seeded with seed + i")
+    parser.add_argument("--guidance-scale", type=checks.non_negative_float, default=None)
+    parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
+    parser.add_argument("--window", type=checks.positive_int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
+    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=4, help="drafter tokens per round")
     parser.add_argument("--lantern", nargs="+", default=None, metavar="DELTA,K",
                         help="LANTERN rows: budget delta (on the TV between p and each candidate's boosted p), codebook "
                         "neighbours k (default: the model card's setting); rows report the measured TV of the output law")
@@ -32,8 +33,8 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         "optionally the latents (embeddings = the AR model's input embeddings, the default; codebook)")
     parser.add_argument("--methods", nargs="+", default=None, choices=["sd", "sjd", "gsd", "lantern"],
                         help="run only these method families' rows (ar, the reference, always runs)")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--grid-out", default=None, help="write a grid of samples per method to this image file")
+    parser.add_argument("--repeats", type=checks.positive_int, default=1)
+    parser.add_argument("--grid-out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="write a grid of samples per method to this image file")
     parser.set_defaults(func=run)
 
 
@@ -45,8 +46,8 @@ def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
     if len(parts) not in (3, 4) or parts[0] == "none":
         raise MMSpecError(usage)
     try:
-        values = (int(parts[0]), *(None if v == "none" else float(v) for v in parts[1:3]))
-    except ValueError:
+        values = (checks.positive_int(parts[0]), *(None if v == "none" else checks.non_negative_float(v) for v in parts[1:3]))
+    except (ValueError, argparse.ArgumentTypeError):
         raise MMSpecError(usage) from None
     if len(parts) == 4:
         if parts[3] not in ("embeddings", "codebook"):
@@ -62,15 +63,11 @@ def run(args: argparse.Namespace) -> int:
     from ..sampling import SamplingConfig
 
     set_threads(args)
-    if args.n < 1:
-        raise MMSpecError(f"--n must be >= 1, got {args.n}")
-    if args.grid_out and Path(args.grid_out).suffix.lower() not in IMAGE_SUFFIXES:
-        raise MMSpecError(f"--grid-out needs an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))}), got {args.grid_out}")
     lantern = None
     if args.lantern is not None:
         try:
-            lantern = [(float(d), int(k)) for d, k in (setting.split(",") for setting in args.lantern)]
-        except ValueError:
+            lantern = [(checks.probability(d), checks.positive_int(k)) for d, k in (s.split(",") for s in args.lantern)]
+        except (ValueError, argparse.ArgumentTypeError):
             raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
     gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
     if args.model is None:
@@ -90,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
                          repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.n} images")
     if args.grid_out:
-        report.grid.save(args.grid_out)
+        atomic_write(args.grid_out, report.grid.save)
         report.settings["grid"] = args.grid_out
     emit(report, args)
     return 0

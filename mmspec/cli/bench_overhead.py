@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import argparse
 
+from . import checks
+from ..errors import MMSpecError
 from .common import SharedFlags, emit, set_threads
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = benches.add_parser("overhead", parents=[flags.repeats, flags.threads, flags.json],
                                 help="loop overhead vs transformers on a pair that always agrees")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=5)
-    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--layers", type=checks.int_in(1, 64), default=8, help="target layers (1 to 64)")
+    parser.add_argument("--hidden", type=hidden_size, default=512,
+                        help="hidden size: a multiple of 8 (the attention heads), 8 to 4096")
+    parser.add_argument("--max-new-tokens", type=checks.int_in(1, 480, " (the 512 positions less the 24-token prompt)"),
+                        default=64)
+    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
+    parser.add_argument("--num-prompts", type=checks.positive_int, default=8)
     parser.set_defaults(func=run)
+
+
+POSITIONS, PROMPT_TOKENS = 512, 24
+
+
+def hidden_size(text: str) -> int:
+    value = checks.int_in(8, 4096)(text)
+    if value % 8:
+        raise argparse.ArgumentTypeError(f"expected a multiple of 8 (the attention heads), got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,11 +39,14 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.text import bench_text, inert_layer_pair
 
     set_threads(args)
+    if PROMPT_TOKENS + args.max_new_tokens + args.num_draft_tokens + 1 > POSITIONS:
+        raise MMSpecError(f"--max-new-tokens {args.max_new_tokens} + --num-draft-tokens {args.num_draft_tokens} do not fit "
+                          f"the model's {POSITIONS} positions after its {PROMPT_TOKENS}-token prompts")
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=1000, hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512, eos_token_id=None)
+                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=POSITIONS, eos_token_id=None)
     target, drafter = inert_layer_pair(LlamaForCausalLM(config), drafter_layers=1)
-    prompts = [torch.randint(1, 1000, (1, 24), generator=torch.Generator().manual_seed(i)) for i in range(args.num_prompts)]
+    prompts = [torch.randint(1, 1000, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(i)) for i in range(args.num_prompts)]
     report = bench_text(
         target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
         policies=("fixed",), include_lookup=False, repeats=args.repeats, progress=not args.json,

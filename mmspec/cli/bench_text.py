@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import MMSpecError
+from . import checks
 from .common import SharedFlags, emit, set_threads
 from .generate import add_pair_args
 
@@ -14,17 +15,15 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = benches.add_parser("text", parents=[flags.seed, flags.repeats, flags.threads, flags.json],
                                 help="plain greedy vs mmspec (each policy) vs transformers assisted generation")
     add_pair_args(parser)
-    parser.add_argument("--prompts", help="file with one prompt per line (default: held-out shapes-world caption prefixes)")
-    parser.add_argument("--num-prompts", type=int, default=50)
+    parser.add_argument("--prompts", type=checks.text_file, help="file with one prompt per line (default: held-out shapes-world caption prefixes)")
+    parser.add_argument("--num-prompts", type=checks.positive_int, default=50)
     parser.set_defaults(func=run)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     if args.prompts:
-        path = Path(args.prompts)
-        if not path.is_file():
-            raise MMSpecError(f"prompts file not found: {path}")
-        prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        path = Path(args.prompts)  # checked by argparse: an existing UTF-8 text file
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not prompts:
             raise MMSpecError(f"prompts file {path} has no non-empty line")
         return prompts[: args.num_prompts]

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..errors import MMSpecError
+from . import checks
 from .common import SharedFlags, set_threads
 
 
@@ -14,10 +15,11 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                 help="caption methods side by side on held-out shapes videos")
     parser.add_argument("--model", default="shapes-video-captioner")
     parser.add_argument("--drafter", default=None, help="text-only drafter (default: the model's zoo pair)")
-    parser.add_argument("--num-videos", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=5)
-    parser.add_argument("--std", nargs="+", default=["32,5", "32,9", "72,5"], metavar="K,GAMMA",
+    parser.add_argument("--num-videos", type=checks.positive_int, default=10)
+    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=48)
+    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
+    parser.add_argument("--std", nargs="+", type=checks.pair_of_ints("--std", "K", "GAMMA"),
+                        default=[(32, 5), (32, 9), (72, 5)], metavar="K,GAMMA",
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
     parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
                         help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout", max_shapes=max_shapes):
         inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
         items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
-    std = tuple(tuple(int(x) for x in setting.split(",")) for setting in args.std)
+    std = tuple(args.std)
     report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
                                   max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats,

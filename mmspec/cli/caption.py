@@ -7,13 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+from . import checks
 from .common import IMAGE_SUFFIXES, LazyChoices, SharedFlags, announce_zoo_default, stats_json
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = commands.add_parser("caption", parents=[flags.seed, flags.json],
                                  help="caption a video or an image, speculatively (lossless)")
-    parser.add_argument("path", help="video (any file PyAV decodes) or image file")
+    parser.add_argument("path", type=checks.existing_file, help="video (any file PyAV decodes) or image file")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id (default: the toy captioner)")
     parser.add_argument("--drafter", default=None,
                         help="drafter of the chosen method: a text LM for text (default: the model's zoo pair), a trained "
@@ -21,13 +22,14 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--method", choices=LazyChoices("mmspec.vision.pipeline", "METHODS"), default=None, metavar="METHOD",
                         help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense, msd / flash = trained "
                              "feature drafters (default: fastest measured)")
-    parser.add_argument("--num-draft-tokens", type=int, default=None,
+    parser.add_argument("--num-draft-tokens", type=checks.positive_int, default=None,
                         help="tokens drafted per round (default: the model card's best for the method, else 5; StD 9)")
-    parser.add_argument("--frames", type=int, default=8, help="frames sampled uniformly from the video")
-    parser.add_argument("--fps", type=float, default=None, help="sample frames at this rate instead (capped by --frames)")
+    parser.add_argument("--frames", type=checks.positive_int, default=8, help="frames sampled uniformly from the video")
+    parser.add_argument("--fps", type=checks.positive_float, default=None, help="sample frames at this rate instead (capped by --frames)")
     parser.add_argument("--prompt", default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
+    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=64)
+    parser.add_argument("--temperature", type=checks.non_negative_float, default=None,
+                        help="sample at this temperature (default and 0: greedy)")
     parser.set_defaults(func=run)
 
 
@@ -46,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
     media = {"image": args.path} if Path(args.path).suffix.lower() in IMAGE_SUFFIXES else {"video": args.path}
     out = pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
-               fps=args.fps, do_sample=args.temperature is not None, temperature=args.temperature or 1.0,
+               fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
                generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)
+    for note in out.notes or []:
+        print(f"mmspec: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"text": out.text, "method": out.method, "model": out.model, "stats": stats_json(out.stats)},
+        print(json.dumps({"text": out.text, "method": out.method, "model": out.model, "notes": out.notes or [],
+                          "stats": stats_json(out.stats)},
                          indent=2))
     else:
         print(out.text)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
 from typing import Any, Callable, Iterator
 
 from ..errors import MMSpecError
+from . import checks
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -27,10 +30,11 @@ class SharedFlags:
 
     def __init__(self) -> None:
         self.json = self._parser(lambda p: p.add_argument("--json", action="store_true", help="print one JSON object"))
-        self.seed = self._parser(lambda p: p.add_argument("--seed", type=int, default=0, help="random seed"))
+        self.seed = self._parser(lambda p: p.add_argument("--seed", type=checks.seed, default=0,
+                                                          help="random seed, 0 to 2**64 - 1"))
         self.threads = self._parser(lambda p: p.add_argument(
-            "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"))
-        self.repeats = self._parser(lambda p: p.add_argument("--repeats", type=int, default=3,
+            "--threads", type=checks.threads, default=None, help="torch CPU threads (default: torch's choice)"))
+        self.repeats = self._parser(lambda p: p.add_argument("--repeats", type=checks.positive_int, default=3,
                                                              help="interleaved repetitions; medians are reported"))
 
     @staticmethod
@@ -54,6 +58,36 @@ class LazyChoices:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values())
+
+
+def leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every parser that runs a verb (those without sub-commands of their own), depth first."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        yield parser
+    for action in subcommands:
+        for child in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+            yield from leaf_parsers(child)
+
+
+def quiet_libraries() -> None:
+    """Keep stderr for mmspec's own messages: no transformers / hub progress bars, warnings or deprecation notes.
+
+    Environment settings the libraries read when they are imported (nothing heavy is imported yet), plus
+    Python's warnings filter; `--verbose` skips this.
+    """
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(transformers|diffusers|huggingface_hub|torch)\b")
+    if "transformers" in sys.modules:  # imported already (e.g. in-process tests): set it directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 def set_threads(args: argparse.Namespace) -> None:

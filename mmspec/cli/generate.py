@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..errors import MMSpecError
+from . import checks
 from .common import SharedFlags, stats_json
 
 
@@ -14,8 +15,8 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
     """Target, drafter and lengths, shared with `bench text`."""
     parser.add_argument("--model", default="shapes-caption-lm", help="zoo name, local folder or Hub id of the target")
     parser.add_argument("--drafter", default="shapes-caption-drafter", help="zoo name, local folder or Hub id of the drafter")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=48)
+    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -25,9 +26,9 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("prompt", help="text to continue")
     parser.add_argument("--policy", default="fixed", choices=["fixed", "heuristic", "adaptive"])
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (lossless)")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="with --sample; 0 = greedy")
+    parser.add_argument("--top-k", type=checks.positive_int, default=None)
+    parser.add_argument("--top-p", type=checks.probability, default=None)
     parser.set_defaults(func=run)
 
 
@@ -47,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     drafter = PromptLookupDrafter() if args.drafter == "prompt-lookup" else load_causal_lm(args.drafter, "drafter")[0]
     input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     out = speculative_generate(
-        target, drafter, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
+        target, drafter, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample and args.temperature > 0,
+        temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
         policy=make_policy(args.policy, args.num_draft_tokens),
     )
     text = tokenizer.decode(out.sequences[0], skip_special_tokens=True)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from ..errors import MMSpecError
+from . import checks
+from .atomic import atomic_write
 from .common import IMAGE_SUFFIXES, LazyChoices, SharedFlags, announce_zoo_default, stats_json
 
 
@@ -23,21 +25,21 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
-    parser.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the model card's)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
+    parser.add_argument("--guidance-scale", type=checks.non_negative_float, default=None, help="classifier-free guidance (default: the model card's)")
+    parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=checks.positive_int, default=None)
+    parser.add_argument("--out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="image file to write (default: <class>.png)")
     # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
     suppress = argparse.SUPPRESS
-    parser.add_argument("--lantern-delta", dest="lantern_delta", type=float, default=suppress, metavar="DELTA",
+    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.probability, default=suppress, metavar="DELTA",
                         help="LANTERN: budget in [0, 1] on the total variation between p and each candidate's boosted p "
                         "(not a bound on the output law; default: the model card's)")
-    parser.add_argument("--lantern-k", dest="lantern_k", type=int, default=suppress, metavar="K",
+    parser.add_argument("--lantern-k", dest="lantern_k", type=checks.positive_int, default=suppress, metavar="K",
                         help="LANTERN: nearest codebook neighbours, 1 <= K < codebook size (default: the model card's, "
                         "else the authors' 1000 for a 16384-code codebook)")
-    parser.add_argument("--lantern-lam", dest="lantern_lam", type=float, default=suppress, metavar="LAMBDA",
+    parser.add_argument("--lantern-lam", dest="lantern_lam", type=checks.positive_float, default=suppress, metavar="LAMBDA",
                         help="LANTERN++: bound p~(x) <= LAMBDA p(x) instead of the delta budget")
-    parser.add_argument("--gsd-window", dest="gsd_window", type=int, default=suppress, metavar="W",
+    parser.add_argument("--gsd-window", dest="gsd_window", type=checks.positive_int, default=suppress, metavar="W",
                         help="GSD: rank window (W less probable tokens, W - 1 more probable; default: the model card's)")
     parser.add_argument("--gsd-prob-threshold", dest="gsd_prob_threshold", type=optional_float, default=suppress,
                         metavar="P", help="GSD: probability gap (none = off)")
@@ -57,9 +59,9 @@ def optional_float(value: str) -> float | None:
     if value.lower() in ("none", "off"):
         return None
     try:
-        return float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or none, got {value!r}") from None
+        return checks.non_negative_float(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or none, got {value!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
 
-    if args.out and (Path(args.out).suffix.lower() not in IMAGE_SUFFIXES or not Path(args.out).parent.is_dir()):
-        raise MMSpecError(f"cannot write {args.out}: use an existing folder and an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))})")
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL, drafter=args.drafter)
@@ -76,12 +76,20 @@ def run(args: argparse.Namespace) -> int:
         condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
         stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"
     else:
-        by_id = args.prompt.strip().isdigit()
+        by_id = args.prompt.strip().isascii() and args.prompt.strip().isdigit()
         label = int(args.prompt) if by_id else pipe.class_id(args.prompt)
+        count = pipe.model.config.num_classes
+        if not 0 <= label < count:
+            raise MMSpecError(f"class id {args.prompt.strip()} is out of range: {pipe.model_name}'s class ids are in [0, {count})")
         name = pipe.class_names[label] if pipe.class_names and label < len(pipe.class_names) else None
         condition, described = {"class_labels": label}, {"class": name, "class_id": label}
         stem = (name or f"class-{label}").replace(" ", "_")
     out_path = Path(args.out or f"{stem}.png")
+    if not args.out:  # the default name is known only now; still checked before generating
+        try:
+            checks.output_file(IMAGE_SUFFIXES, "image")(str(out_path))
+        except argparse.ArgumentTypeError as error:
+            raise MMSpecError(str(error)) from None
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
     # Only the method options given on the command line; the rest come from the model card (else the authors').
@@ -89,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
                top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json,
                **options)
-    out.images[0].save(out_path)
+    atomic_write(out_path, out.images[0].save)
     s = out.stats
     if args.json:
         print(json.dumps({"method": out.method, "model": out.model, **described, "out": str(out_path),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import checks
 from .common import SharedFlags, set_threads
 
 
@@ -12,16 +13,16 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                  help="train a fast decoder (CTC or one-layer AR) on a Whisper model's frozen encoder, "
                                       "for hybrid decoding")
     parser.add_argument("--target", required=True, help="zoo name, local folder or Hub id of the Whisper model")
-    parser.add_argument("--data", required=True, help='folder with metadata.jsonl ({"file": ..., "text": ...} per line) + clips')
-    parser.add_argument("--out", required=True,
+    parser.add_argument("--data", required=True, type=checks.existing_folder, help='folder with metadata.jsonl ({"file": ..., "text": ...} per line) + clips')
+    parser.add_argument("--out", required=True, type=checks.output_folder,
                         help="folder to save_pretrained into (e.g. MODEL/fast_decoder, MODEL/ar_fast_decoder)")
     parser.add_argument("--kind", choices=["ctc", "ar"], default="ctc",
                         help="ctc = non-autoregressive CTC head; ar = one-layer WhisperForCausalLM (also an HF assistant)")
     parser.add_argument("--labels", choices=["target", "truth"], default="target",
                         help="target = the model's own greedy transcripts (distillation); truth = the metadata text")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: 1e-3 for ctc, 5e-4 for ar)")
+    parser.add_argument("--steps", type=checks.positive_int, default=1000)
+    parser.add_argument("--batch-size", type=checks.positive_int, default=16)
+    parser.add_argument("--lr", type=checks.positive_float, default=None, help="learning rate (default: 1e-3 for ctc, 5e-4 for ar)")
     parser.add_argument("--init-from", default=None, help="a saved fast decoder of the same kind to continue training")
     parser.set_defaults(func=run)
 

@@ -26,7 +26,8 @@ class ZooEntry:
 
     @property
     def file_size_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+        """Bytes on disk of every file in the folder, subfolders (drafters, fast decoders) included."""
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.card, "name": self.name, "path": str(self.path), "file_size_bytes": self.file_size_bytes}
@@ -39,24 +40,48 @@ def entries() -> list[ZooEntry]:
         for folder in sorted(MODELS_DIR.iterdir()):
             card_file = folder / "zoo_card.json"
             if card_file.is_file():
-                found.append(ZooEntry(name=folder.name, path=folder, card=json.loads(card_file.read_text())))
+                found.append(ZooEntry(name=folder.name, path=folder, card=read_card(card_file)))
     return found
+
+
+def read_card(card_file: Path) -> dict[str, Any]:
+    """A `zoo_card.json`: a JSON object, else one clear error naming the file."""
+    try:
+        card = json.loads(card_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise MMSpecError(f"cannot read the model card {str(card_file)!r}: not valid JSON ({error})") from None
+    if not isinstance(card, dict):
+        raise MMSpecError(f"the model card {str(card_file)!r} must hold a JSON object, got a {type(card).__name__}")
+    return card
 
 
 def folder_card(folder: str | os.PathLike) -> dict[str, Any]:
     """The `zoo_card.json` of a model folder (a zoo model, or one rebuilt elsewhere), else {}."""
     card_file = Path(folder) / "zoo_card.json"
-    return json.loads(card_file.read_text()) if card_file.is_file() else {}
+    return read_card(card_file) if card_file.is_file() else {}
 
 
-def resolve(name_or_path: str | os.PathLike) -> str:
-    """A zoo name -> its packaged folder; a local folder -> itself; anything else is passed on as a Hub id."""
+def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
+    """A zoo name -> its packaged folder; a local folder -> itself; a Hub id -> itself, once it is known to be
+    loadable without a long wait (in the local Hub cache, or the Hub answered within seconds; see `hub`).
+
+    A zoo name never touches the network. A folder holding only pickle checkpoints is refused: mmspec
+    loads safetensors only (unpickling can run code).
+    """
+    from . import hub
+
     text = str(name_or_path)
     for entry in entries():
         if entry.name == text:
             if not any(entry.path.glob("*.safetensors")):
                 raise MMSpecError(f"zoo model {text!r} has no weights in {entry.path}; rebuild it: {entry.card.get('rebuild_command')}")
             return str(entry.path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        hub.refuse_pickle_only(path, role)
+        return text
+    known = ", ".join(e.name for e in entries()) or "none"
+    hub.check_hub_id(text, role, f"not a zoo model (known: {known})")
     return text
 
 
@@ -65,7 +90,7 @@ def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve(name_or_path)
+    path = resolve(name_or_path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     except (OSError, ValueError) as error:

@@ -1,0 +1,169 @@
+"""argparse types that check every numeric and path flag up front, before any model loads.
+
+Each is a callable `type=` for `add_argument`: it returns the parsed value or raises
+`argparse.ArgumentTypeError`, which argparse turns into one line and exit status 2. Every verb uses
+these, so a flag means the same thing (and fails the same way) everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes any unsigned 64-bit value
+
+
+def _number(text: str, kind: type) -> float | int:
+    try:
+        value = kind(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    return float(_number(text, float))
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def int_in(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An integer in [low, high] (no upper bound when high is None); `why` explains the upper bound."""
+
+    def parse(text: str) -> int:
+        # int() accepts Unicode digits such as '²' only partly; ASCII digits (and a sign) only.
+        stripped = text.strip()
+        if not stripped.lstrip("+-").isascii() or not stripped.lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        value = int(stripped)
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}{why}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its "invalid <name> value" fallback
+    return parse
+
+
+positive_int = int_in(1)
+non_negative_int = int_in(0)
+seed = int_in(0, MAX_SEED)
+threads = int_in(1, 1024)
+
+
+def existing_file(text: str) -> str:
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"file not found: {text!r}")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"not a file: {text!r}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
+    return text
+
+
+def text_file(text: str) -> str:
+    """An existing UTF-8 text file (e.g. one prompt per line)."""
+    existing_file(text)
+    try:
+        Path(text).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a UTF-8 text file") from None
+    return text
+
+
+def existing_folder(text: str) -> str:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"folder not found: {text!r}" if not path.exists() else f"not a folder: {text!r}")
+    return text
+
+
+def _check_writable_folder(folder: Path, shown: str) -> None:
+    """Create and remove a temporary file in `folder`: the one test that holds on /proc, /sys and read-only mounts."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mmspec-write-check-"):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot write to {shown!r}: {error.strerror or error}") from None
+
+
+def output_file(suffixes: Iterable[str] | None = None, kind: str = "") -> Callable[[str], str]:
+    """A file that can be written: in an existing, writable folder, not itself a folder, with one of `suffixes`
+    (`kind` names them: "image" -> "needs an image suffix")."""
+    allowed = sorted(suffixes) if suffixes is not None else None
+
+    def parse(text: str) -> str:
+        path = Path(text)
+        if allowed is not None and path.suffix.lower() not in allowed:
+            article = "an" if kind[:1] in tuple("aeiou") else "a"
+            named = f"{article} {kind} suffix" if kind else "one of the suffixes"
+            raise argparse.ArgumentTypeError(f"{text!r} needs {named} ({', '.join(allowed)})")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is an existing folder, not a file")
+        parent = path.parent
+        if not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: no existing folder {str(parent)!r}")
+        _check_writable_folder(parent, str(parent))
+        return text
+
+    parse.__name__ = "output file"
+    return parse
+
+
+def output_folder(text: str) -> str:
+    """A folder to save into: an existing writable folder, or a new one whose nearest existing parent is writable."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create {text!r}: {str(existing)!r} is not a folder")
+    _check_writable_folder(existing, str(existing))
+    return text
+
+
+def pair_of_ints(name: str, first: str, second: str) -> Callable[[str], tuple[int, int]]:
+    """'A,B' -> (A, B), both positive integers (e.g. Sparse-to-Dense's K,GAMMA)."""
+
+    def parse(text: str) -> tuple[int, int]:
+        parts = text.split(",")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"{name} settings are {first},{second} pairs of positive integers, got {text!r}")
+        try:
+            return positive_int(parts[0]), positive_int(parts[1])
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"{name} settings are {first},{second} pairs of positive integers, got {text!r}") from None
+
+    parse.__name__ = f"{first},{second}"
+    return parse

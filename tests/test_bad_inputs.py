@@ -1,0 +1,236 @@
+"""Bad input on the command line: one line on stderr, exit status 2, no traceback, and quickly.
+
+One table per verb; a new verb adds its table to `TABLES`. Each row is a command line (`{video}`,
+`{tmp}` and the other fields are filled in by the fixtures) and a piece of the one error line expected.
+Rows run in-process through `mmspec.cli.main`; a few run as a real `mmspec` process to prove the exit
+status and the Ctrl-C handling.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmspec.cli import main
+from mmspec.zoo import entries
+
+BIG_SEED = str(2**64)
+NAN = "nan"
+
+CAPTION = [
+    (["caption", "{tmp}/missing.mp4"], "argument path: file not found"),
+    (["caption", "{tmp}"], "argument path: not a file"),
+    (["caption", "{video}", "--fps", "inf"], "argument --fps: expected a finite number"),
+    (["caption", "{video}", "--fps", "0"], "argument --fps: expected a number > 0"),
+    (["caption", "{video}", "--temperature", NAN], "argument --temperature: expected a finite number"),
+    (["caption", "{video}", "--temperature", "-1"], "argument --temperature: expected a number >= 0"),
+    (["caption", "{video}", "--seed", BIG_SEED], "argument --seed: expected an integer in 0..18446744073709551615"),
+    (["caption", "{video}", "--seed", "-1"], "argument --seed"),
+    (["caption", "{video}", "--frames", "0"], "argument --frames: expected an integer >= 1"),
+    (["caption", "{video}", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+    (["caption", "{video}", "--num-draft-tokens", "0"], "argument --num-draft-tokens"),
+    (["caption", "{video}", "--model", "no-such-model"], "not in the local Hub cache (HF_HUB_OFFLINE is set"),
+    (["caption", "{video}", "--model", "/no/such/folder"], "no folder '/no/such/folder' exists"),
+    (["caption", "{video}", "--model", "{pickle_only}"], "holds only pickle checkpoints (pytorch_model.bin)"),
+    (["caption", "{video}", "--model", "{bad_card}"], "zoo_card.json': not valid JSON"),
+]
+CAPTION_WITH_ZOO = [  # these load the toy captioner (a few seconds each) and fail before decoding
+    (["caption", "{video}", "--frames", "10000"], "10000 frames cannot fit: shapes-video-captioner holds 512 positions"),
+    (["caption", "{video}", "--frames", "16"], "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner "
+                                               "holds 512 positions"),
+]
+GENERATE = [
+    (["generate", "hi", "--temperature", NAN, "--sample"], "argument --temperature: expected a finite number"),
+    (["generate", "hi", "--top-p", "2"], "argument --top-p: expected a number in [0, 1]"),
+    (["generate", "hi", "--top-k", "0"], "argument --top-k"),
+    (["generate", "hi", "-k", "-3"], "argument --num-draft-tokens/-k"),
+    (["generate", "hi", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+    (["generate", "hi", "--seed", BIG_SEED], "argument --seed"),
+    (["generate", "hi", "--model", "{tmp}/missing/model"], "cannot load the target"),
+    (["generate", "hi", "--model", "{video}"], "is a file, not a model folder"),
+]
+GENERATE_IMAGE = [
+    (["generate-image", "red circle", "--out", "/proc/x.png"], "argument --out: cannot write"),
+    (["generate-image", "red circle", "--out", "/sys/x.png"], "argument --out: cannot write"),
+    (["generate-image", "red circle", "--out", "{tmp}/folder.png"], "is an existing folder, not a file"),
+    (["generate-image", "red circle", "--out", "{tmp}/missing/x.png"], "no existing folder '{tmp}/missing'"),
+    (["generate-image", "red circle", "--out", "{tmp}/x.txt"], "needs an image suffix"),
+    (["generate-image", "red circle", "--temperature", NAN], "argument --temperature: expected a finite number"),
+    (["generate-image", "red circle", "--seed", BIG_SEED], "argument --seed"),
+    (["generate-image", "red circle", "--top-k", "0"], "argument --top-k"),
+    (["generate-image", "red circle", "--lantern-delta", "2"], "argument --lantern-delta"),
+]
+GENERATE_IMAGE_WITH_ZOO = [
+    (["generate-image", "99999999999999999999", "--out", "{tmp}/x.png"], "class id 99999999999999999999 is out of range"),
+    (["generate-image", "²", "--out", "{tmp}/x.png"], "unknown class '²'"),
+]
+BENCH = [
+    (["bench", "text", "--repeats", "0"], "argument --repeats: expected an integer >= 1"),
+    (["bench", "text", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+    (["bench", "text", "--num-prompts", "0"], "argument --num-prompts"),
+    (["bench", "text", "--prompts", "{binary}"], "is not a UTF-8 text file"),
+    (["bench", "text", "--threads", "-1"], "argument --threads"),
+    (["bench", "vision", "--num-videos", "0"], "argument --num-videos"),
+    (["bench", "vision", "--std", "abc"], "K,GAMMA pairs of positive integers, got 'abc'"),
+    (["bench", "vision", "--std", "1"], "K,GAMMA pairs of positive integers, got '1'"),
+    (["bench", "vision", "--repeats", "0"], "argument --repeats"),
+    (["bench", "vision", "--threads", "-1"], "argument --threads"),
+    (["bench", "overhead", "--hidden", "7"], "argument --hidden"),
+    (["bench", "overhead", "--hidden", "0"], "argument --hidden"),
+    (["bench", "overhead", "--hidden", "12"], "a multiple of 8"),
+    (["bench", "overhead", "--layers", "100000"], "argument --layers: expected an integer in 1..64"),
+    (["bench", "overhead", "--num-prompts", "0"], "argument --num-prompts"),
+    (["bench", "overhead", "--max-new-tokens", "480", "-k", "20"], "do not fit the model's 512 positions"),
+    (["bench", "overhead", "--repeats", "0"], "argument --repeats"),
+    (["bench", "image", "--n", "0"], "argument --n"),
+    (["bench", "image", "--repeats", "0"], "argument --repeats"),
+    (["bench", "image", "--window", "0"], "argument --window"),
+    (["bench", "image", "--temperature", NAN], "argument --temperature"),
+    (["bench", "image", "--grid-out", "{tmp}/missing/grid.png"], "no existing folder '{tmp}/missing'"),
+    (["bench", "image", "--threads", "-1"], "argument --threads"),
+    (["bench", "speech", "--repeats", "0"], "argument --repeats"),
+    (["bench", "speech", "--threads", "-1"], "argument --threads"),
+]
+TRAIN = [
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--lr", NAN], "argument --lr"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--lr", "-1"], "argument --lr"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--noise-std", NAN], "argument --noise-std"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--noise-std", "-0.1"], "argument --noise-std"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--warmup", "-1"], "argument --warmup"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--checkpoint-every", "-5"],
+     "argument --checkpoint-every"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--text-fraction", "2"], "argument --text-fraction"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--threads", "-1"], "argument --threads"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{video}"], "exists and is not a folder"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "/sys/drafter"], "argument --out: cannot write"),
+    (["train-drafter", "--target", "x", "--data", "{tmp}/missing", "--out", "{tmp}/d"], "argument --data: folder not found"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--kind", "eagle"], "argument --kind"),
+    (["train-drafter", "--target", "x", "--data", "{data}", "--out", "{tmp}/d"], "metadata.json must hold a JSON object, got a list"),
+    (["train-fast-decoder", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--steps", "0"], "argument --steps"),
+    (["train-fast-decoder", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--lr", NAN], "argument --lr"),
+    (["train-fast-decoder", "--target", "x", "--data", "{data}", "--out", "{video}"], "exists and is not a folder"),
+]
+TABLES = {"caption": CAPTION, "generate": GENERATE, "generate-image": GENERATE_IMAGE, "bench": BENCH, "train": TRAIN}
+ROWS = [pytest.param(argv, expected, id=f"{verb}:{' '.join(argv[1:])[:60]}")
+        for verb, table in TABLES.items() for argv, expected in table]
+needs_zoo = pytest.mark.skipif(not entries(), reason="needs the zoo")
+ZOO_ROWS = [pytest.param(argv, expected, id=f"zoo:{' '.join(argv)[:60]}", marks=needs_zoo)
+            for argv, expected in CAPTION_WITH_ZOO + GENERATE_IMAGE_WITH_ZOO]
+
+
+@pytest.fixture
+def fields(tmp_path: Path) -> dict[str, str]:
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"not decoded: every row fails before the video is read")
+    (tmp_path / "folder.png").mkdir()
+    pickle_only = tmp_path / "pickle-model"
+    pickle_only.mkdir()
+    (pickle_only / "config.json").write_text("{}")
+    (pickle_only / "pytorch_model.bin").write_bytes(b"\x80\x04crafted")
+    bad_card = tmp_path / "bad-card"
+    bad_card.mkdir()
+    (bad_card / "zoo_card.json").write_text("{not json")
+    binary = tmp_path / "prompts.bin"
+    binary.write_bytes(bytes(range(256)))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.json").write_text("[1, 2]")
+    return {"tmp": str(tmp_path), "video": str(video), "pickle_only": str(pickle_only), "bad_card": str(bad_card),
+            "binary": str(binary), "data": str(data)}
+
+
+def run_in_process(argv: list[str], fields: dict[str, str], capsys) -> tuple[int, str]:
+    """`main`'s status: returned for a verb's own errors, through SystemExit for argparse's."""
+    try:
+        code = main([arg.format(**fields) for arg in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def check(code: int, err: str, expected: str, fields: dict[str, str]) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("mmspec: using ")
+             and not line.startswith("mmspec: method ")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mmspec: error: ") and expected.format(**fields) in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv, expected", ROWS)
+def test_bad_input_is_one_line_and_exit_2(argv, expected, fields, capsys):
+    code, err = run_in_process(argv, fields, capsys)
+    check(code, err, expected, fields)
+
+
+@pytest.mark.parametrize("argv, expected", ZOO_ROWS)
+def test_too_long_for_the_model_fails_before_running(argv, expected, fields, capsys):
+    if argv[0] == "caption":
+        fields = {**fields, "video": str(Path(__file__).parents[1] / "demos" / "assets" / "shapes.mp4")}
+    start = time.perf_counter()
+    code, err = run_in_process(argv, fields, capsys)
+    check(code, err, expected, fields)
+    assert time.perf_counter() - start < 120  # a guard against a hang, not a timing claim
+
+
+def test_malformed_zoo_card_in_the_zoo(monkeypatch, tmp_path, capsys):
+    import mmspec.zoo as zoo
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "zoo_card.json").write_text('{"name": ')
+    monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path)
+    code = main(["zoo", "list"])
+    check(code, capsys.readouterr().err, "cannot read the model card", {})
+
+
+def test_checks_accept_good_values(fields):
+    from mmspec.cli import build_parser
+
+    args = build_parser().parse_args(["caption", fields["video"], "--seed", str(2**64 - 1), "--fps", "2.5",
+                                      "--temperature", "0", "--frames", "4"])
+    assert (args.seed, args.fps, args.temperature, args.frames) == (2**64 - 1, 2.5, 0.0, 4)
+    args = build_parser().parse_args(["bench", "vision", "--std", "16,3", "40,7"])
+    assert args.std == [(16, 3), (40, 7)]
+
+
+def test_version_and_verbose_flags(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("mmspec ")
+    assert main(["zoo", "list", "--json", "--verbose"]) == 0
+
+
+# --- a real process: the exit status, and Ctrl-C while torch imports ---------------------------------
+
+def mmspec_process(*argv: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "mmspec", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, **kwargs)
+
+
+def test_exit_status_of_a_real_process(fields):
+    process = mmspec_process("caption", fields["video"], "--fps", "inf")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == ["mmspec: error: argument --fps: expected a finite number, got 'inf' "
+                                        "(see mmspec caption --help)"]
+
+
+def test_ctrl_c_while_importing_is_one_line():
+    process = mmspec_process("generate", "a small red circle", "--max-new-tokens", "4")
+    time.sleep(1.0)  # inside main(), importing torch (several seconds on a cold start)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    if process.returncode == 0:
+        pytest.skip("the command finished before the signal arrived")
+    assert process.returncode in (130, -signal.SIGINT), err  # the shell reports either as 130
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "mmspec: interrupted"
+
