@@ -34,7 +34,8 @@ def load_audio(
         source: a path to any audio (or video) file PyAV reads; a numpy array (or torch tensor) of
             samples: 1-D mono, or 2-D [channels, samples] / [samples, channels] (the shorter axis is
             taken as the channels); integer arrays are scaled from their full range, float arrays
-            are taken as already in [-1, 1]; or a dict as `datasets`' Audio feature gives it,
+            are taken as in [-1, 1] (whole-number floats in int16's range are scaled as int16; other
+            floats beyond +-2 are refused); or a dict as `datasets`' Audio feature gives it,
             `{"array": samples, "sampling_rate": rate}` (transformers' `"raw"` for `"array"` too;
             a dict with only a `"path"` reads that file).
         sampling_rate: the rate to return (the model's rate: 16 kHz for Whisper).
@@ -173,13 +174,32 @@ def _mono_float(array: np.ndarray) -> np.ndarray:
 
 def _to_float(array: np.ndarray) -> np.ndarray:
     if np.issubdtype(array.dtype, np.floating):
-        return array.astype(np.float32, copy=False)
+        return _float_scale(array.astype(np.float32, copy=False))
     if np.issubdtype(array.dtype, np.signedinteger):
         return array.astype(np.float32) / float(-np.iinfo(array.dtype).min)
     if np.issubdtype(array.dtype, np.unsignedinteger):
         half = (float(np.iinfo(array.dtype).max) + 1.0) / 2.0
         return (array.astype(np.float32) - half) / half
     raise MMSpecError(f"audio samples must be numbers, got dtype {array.dtype}")
+
+
+INT16_SCALE = 32768.0
+FLOAT_PEAK_LIMIT = 2.0  # float audio is in [-1, 1]; resampling and mixing may overshoot a little, never 2x
+
+
+def _float_scale(array: np.ndarray) -> np.ndarray:
+    """Float samples in [-1, 1]. Whole numbers within int16's range (a waveform read as int16 and cast to float,
+    values in the thousands) are scaled from int16's full range; any other peak above 2 is refused, since
+    Whisper would transcribe clipped noise into made-up text."""
+    if array.size == 0 or not np.isfinite(array).all():
+        return array  # `_mono_float` and `_finite` say what is wrong
+    peak = float(np.max(np.abs(array)))
+    if peak <= FLOAT_PEAK_LIMIT:
+        return array
+    if peak <= INT16_SCALE and np.array_equal(array, np.round(array)):
+        return array / np.float32(INT16_SCALE)
+    raise MMSpecError(f"float audio samples must lie in [-1, 1], these reach {peak:.4g}: scale them "
+                      "(e.g. divide int16-range samples by 32768) or pass the integer array itself")
 
 
 def _finite(audio: np.ndarray, what: str) -> np.ndarray:

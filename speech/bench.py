@@ -368,11 +368,11 @@ def run_speech_bench(
     progress: bool = True,
 ) -> SpeechBenchReport:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench."""
-    from ..zoo import resolve
+    from .models import speech_model_path
 
     if n < 1:
         raise MMSpecError(f"--n must be >= 1, got {n}")
-    path = resolve(model_name)
+    path = speech_model_path(model_name)
     model, processor = load_whisper(model_name, path)
     if data is None:
         data = default_heldout(path)

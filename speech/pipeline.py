@@ -61,14 +61,15 @@ from ..pipelines import (
     DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
 )
 from ..stats import SpecStats
-from ..zoo import entries, folder_card, resolve
+from ..zoo import entries, folder_card
 from .audio import AudioSource, is_silent, load_audio, split_chunks
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
+from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
+from .models import DEFAULT_ASR_MODEL, speech_model_path, zoo_entry
 from .target import WhisperTarget
 
-DEFAULT_ASR_MODEL = "shapes-whisper-asr"
 FAST_DECODER_FOLDER = "fast_decoder"
 FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER}  # kind -> subfolder, default first
 FastDecoder = CTCFastDecoder | ARFastDecoder
@@ -187,7 +188,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                                       "fast decoder folder or model to replace it")
                 kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=dtype)
             return cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
-        path = resolve(name)
+        path = speech_model_path(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
             kind, fast_decoder = fast_decoder, Path(path) / FAST_DECODER_FOLDERS[fast_decoder]
@@ -207,6 +208,10 @@ class TranscriptionPipeline(SpeculativePipeline):
         return {"hybrid": (lambda: hybrid_drafter_for(fast)) if fast is not None else None, "ar": NoDrafter}
 
     def unavailable_reason(self, method: str) -> str:
+        if zoo_entry(self.model_name) is not None:
+            return (f"no fast decoder ships for {self.model_name!r} yet, so method 'hybrid' cannot run on it: use method "
+                    "'ar' (plain greedy decoding, its default), or train one with `mmspec train-fast-decoder` and pass "
+                    "fast_decoder=PATH")
         return ("the hybrid method needs a fast decoder: pass fast_decoder=PATH (or put one in the model folder's "
                 f"{FAST_DECODER_FOLDER}/ or {AR_FAST_DECODER_FOLDER}/ subfolder), or use method='ar'")
 
@@ -352,7 +357,12 @@ def default_fast_decoder_folder(model_folder: Path) -> Path | None:
 
 def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> tuple[WhisperForConditionalGeneration, Any]:
-    """A Whisper model and its processor from a resolved zoo folder, local folder or offline Hub id."""
+    """A Whisper model and its processor from a resolved zoo folder, local folder (transformers or CTranslate2 /
+    faster-whisper) or offline Hub id."""
+    if is_ct2_whisper_folder(path):
+        model, processor = load_ct2_whisper(path, dtype=dtype, device=device)
+        model.config._name_or_path = name
+        return model, processor
     try:
         config = AutoConfig.from_pretrained(path)
         if config.model_type != "whisper":

@@ -102,6 +102,20 @@ def language_id(model: PreTrainedModel, language: str) -> int:
     raise MMSpecError(f"unsupported language {language!r}; this model knows {', '.join(sorted(lang_to_id))}")
 
 
+ENGLISH = ("en", "english", "<|en|>")
+
+
+def _english_only(language: str | None, task: str | None) -> tuple[None, None]:
+    """An English-only model (tiny.en, ...) transcribes English: language "en" and task "transcribe" are what it
+    does anyway (its prompt names neither), anything else is refused."""
+    if language is not None and language.lower() not in ENGLISH:
+        raise MMSpecError(f"this model is English-only: it cannot transcribe language {language!r} (use a multilingual "
+                          "Whisper, or leave the language out)")
+    if task is not None and task != "transcribe":
+        raise MMSpecError(f"this model is English-only: it cannot {task} (only task 'transcribe')")
+    return None, None
+
+
 def whisper_prompt_ids(
     model: PreTrainedModel,
     model_inputs: dict[str, Any] | None = None,
@@ -120,8 +134,8 @@ def whisper_prompt_ids(
         raise MMSpecError("the model has no decoder_start_token_id")
     if task is not None and task not in TASKS:
         raise MMSpecError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-    if (language is not None or task is not None) and getattr(config, "is_multilingual", None) is False:
-        raise MMSpecError("language and task cannot be set for an English-only model")
+    if getattr(config, "is_multilingual", None) is False:
+        language, task = _english_only(language, task)
     task = task if task is not None else getattr(config, "task", None)
     language = language if language is not None else getattr(config, "language", None)
     tokens: list[int | None] = [int(start)]

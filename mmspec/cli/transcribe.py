@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .common import LazyChoices, SharedFlags, announce_zoo_default, stats_json
+from .common import LazyChoices, SharedFlags, stats_json
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -14,24 +14,28 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                  help="transcribe speech with hybrid decoding (fast draft + Whisper verification)")
     parser.add_argument("path", help="audio file (any file PyAV decodes, or the audio track of a video)")
     parser.add_argument("--model", default=None,
-                        help="zoo name, local folder or Hub id of a Whisper model (default: the toy ASR model)")
+                        help="zoo name, local folder (transformers or CTranslate2 / faster-whisper) or Hub id of a Whisper model "
+                             "(default: whisper-tiny.en)")
     parser.add_argument("--fast-decoder", default=None,
                         help="ctc, ar, or a fast decoder folder (default: the model folder's fast_decoder/, else ar_fast_decoder/)")
     parser.add_argument("--method", choices=LazyChoices("mmspec.speech.pipeline", "METHODS"), default=None, metavar="METHOD",
                         help="ar = plain greedy decoding, hybrid = fast draft + verification (default: hybrid if a fast "
-                             "decoder exists)")
+                             "decoder exists, else ar)")
     parser.add_argument("--mode", choices=LazyChoices("mmspec.speech.hybrid", "MODES"), default="strict", metavar="MODE",
                         help="strict = identical to greedy decoding; relaxed = accept highly ranked drafts (hybrid only)")
-    parser.add_argument("--language", default=None, help="language code or name (default: detected)")
+    parser.add_argument("--language", default=None,
+                        help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..speech.pipeline import DEFAULT_ASR_MODEL, TranscriptionPipeline
+    from ..speech.models import DEFAULT_ASR_MODEL
+    from ..speech.pipeline import TranscriptionPipeline
 
     if args.model is None:
-        announce_zoo_default(DEFAULT_ASR_MODEL, "ASR model", "synthetic speech")
+        print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
+              file=sys.stderr)
     pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)

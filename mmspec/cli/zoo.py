@@ -26,9 +26,13 @@ def run(args: argparse.Namespace) -> int:
         print("the zoo is empty")
     for e in found:
         quality = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in e.get("quality", {}).items())
+        size = e.get("weights_size_bytes", e["file_size_bytes"])  # weights installed by a pip package: their size
         print(f"{e['name']}: {e.get('architecture', '?')} ({e.get('role', '?')}), {e.get('params', 0) / 1e6:.1f}M params, "
-              f"{e['file_size_bytes'] / 1e6:.1f} MB")
-        print(f"    trained on: {e.get('trained_on', '?')} in {e.get('train_wall_time_s', 0) / 60:.1f} min")
+              f"{size / 1e6:.1f} MB")
+        if e.get("source"):
+            print(f"    source: {e['source']}")
+        took = f" in {e['train_wall_time_s'] / 60:.1f} min" if "train_wall_time_s" in e else ""
+        print(f"    trained on: {e.get('trained_on', '?')}{took}")
         print(f"    quality: {quality}")
         print(f"    rebuild: {e.get('rebuild_command', '?')}")
     return 0

@@ -32,7 +32,7 @@ def test_hybrid_strict_equals_plain_greedy():
 
 def test_transcribe_cli_json(capsys):
     path, _ = clips(1)[0]
-    assert main(["transcribe", str(path), "--json"]) == 0
+    assert main(["transcribe", str(path), "--model", "shapes-whisper-asr", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["text"] and report["method"] == "hybrid"
 

@@ -128,7 +128,7 @@ def test_cli_trains_saves_and_reloads(asr, data, tmp_path, capsys, kind, labels,
 @pytest.mark.parametrize("argv, message", [
     (["--data", "{tmp}/missing"], "data folder '{tmp}/missing' does not exist"),
     (["--data", "{tmp}/empty"], "has no metadata.jsonl"),
-    (["--target", "{tmp}/no-model"], "cannot load the ASR model '{tmp}/no-model'"),
+    (["--target", "{tmp}/no-model"], "cannot load the"),
     (["--out", "{asr}"], "holds a Whisper model; write the fast decoder to a subfolder"),
     (["--steps", "0"], "steps must be >= 1"),
 ])

