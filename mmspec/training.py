@@ -103,6 +103,7 @@ class TrainingLoop:
         self.step_times: list[float] = []
         self.done = 0
         self.bar: tqdm | None = None
+        self.smoothed: float | None = None
 
     def planned(self) -> int:
         """The planned total, or a large stand-in while probing (schedules barely move then)."""
@@ -128,6 +129,14 @@ class TrainingLoop:
             step += 1
         self.done = step
         self.bar.close()
+
+    def log(self, step: int, loss: float, every: int, **extra: float) -> None:
+        """Keep the smoothed loss (moving average, 0.95) on the bar; every `every` steps, a line with `extra`."""
+        self.smoothed = loss if self.smoothed is None else 0.95 * self.smoothed + 0.05 * loss
+        if step % every == 0:
+            self.bar.set_postfix(loss=f"{self.smoothed:.4f}")
+            values = "".join(f"{name} {value:.4g} " for name, value in extra.items())
+            self.bar.write(f"step {step} loss {loss:.4f} (smoothed {self.smoothed:.4f}) {values}elapsed {self.wall:.0f}s")
 
     @property
     def wall(self) -> float:

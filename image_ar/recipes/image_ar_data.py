@@ -323,6 +323,22 @@ def base_card() -> dict[str, Any]:
     }
 
 
+def save_fp16(model: torch.nn.Module, folder: Path) -> Path:
+    """Save `model` in fp16 (the shipped precision; loaded back in fp32) to `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.half().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def finish(out: Path, section: str, info: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:
+    """Record a trained part in the card (`update_card`) and say where it went."""
+    update_card(out, section, info)
+    size = (Path(folder) / "model.safetensors").stat().st_size
+    print(f"saved {folder} ({size / 1e6:.2f} MB of weights) after {wall:.0f}s of training", flush=True)
+    return info
+
+
 def update_card(out: Path, section: str, info: dict[str, Any]) -> dict[str, Any]:
     """Fill one section of `out/zoo_card.json` ("target" = top-level fields; "vq", "drafter", "judge" =
     `components[...]`), refresh sizes and `classes.json`, and write the card back."""

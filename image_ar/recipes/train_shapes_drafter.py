@@ -34,10 +34,10 @@ import torch.nn.functional as F
 
 from mmspec.image_ar import LlamaGenForClassConditional
 from mmspec.image_ar.target import guided_logits
-from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
+from mmspec.training import TrainingLoop, adamw, optimizer_step
 
 from . import image_ar_data as data
-from .train_shapes_image_ar import build_model, drop_labels, heldout_loss
+from .train_shapes_image_ar import build_model, code_batches, heldout_loss
 
 
 def distil_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -93,13 +93,8 @@ def train(args: argparse.Namespace) -> dict:
           f"{args.distil_weight}", flush=True)
     opt = adamw(drafter, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     generator = torch.Generator().manual_seed(args.seed + 1)
-    batches = IndexBatches(codes.shape[0], generator)
     loop = TrainingLoop(args.max_minutes, args.steps, desc="drafter")
-    for step in loop:
-        idx = batches.take(args.batch_size)
-        x = codes[idx].long()
-        y = drop_labels(labels[idx], args.class_dropout, drafter.config.null_class, generator)
-        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+    for step, x, y in code_batches(loop, opt, codes, labels, args, drafter.config.null_class, generator):
         with data.autocast(args.bf16):
             out_d = drafter(class_labels=y, input_ids=x[:, :-1], labels=x)
             loss = out_d.loss
@@ -108,10 +103,7 @@ def train(args: argparse.Namespace) -> dict:
                     teacher = target(class_labels=y, input_ids=x[:, :-1]).logits
                 loss = (1 - args.distil_weight) * loss + args.distil_weight * distil_loss(out_d.logits, teacher)
         optimizer_step(opt, loss, drafter.parameters())
-        ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
-        if step % 25 == 0:
-            loop.bar.set_postfix(loss=f"{ema:.4f}")
-            loop.bar.write(f"step {step} loss {loss.item():.4f} (smoothed {ema:.4f}) elapsed {loop.wall:.0f}s")
+        loop.log(step, loss.item(), every=25)
     wall = loop.wall
     drafter.half().float()  # evaluate what ships
     drafter.eval()
@@ -124,9 +116,7 @@ def train(args: argparse.Namespace) -> dict:
         quality[f"guided_cfg_{scale:g}"] = agreement(drafter, target, agree_codes, agree_labels, scale)
     quality["agreement_sequences"] = int(agree_codes.shape[0])
     print(json.dumps(quality), flush=True)
-    folder = out / "drafter"
-    folder.mkdir(parents=True, exist_ok=True)
-    drafter.half().save_pretrained(folder, safe_serialization=True)
+    folder = data.save_fp16(drafter, out / "drafter")
     info = {
         "architecture": "LlamaGenForClassConditional",
         "role": "drafter (plain speculative decoding, LANTERN)",
@@ -145,9 +135,7 @@ def train(args: argparse.Namespace) -> dict:
                                                "min(p, q)")},
         "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_drafter --steps {loop.done} --max-minutes 60",
     }
-    data.update_card(out, "drafter", info)
-    print(f"saved {folder} ({info['file_size_bytes'] / 1e6:.2f} MB) after {wall:.0f}s of training", flush=True)
-    return info
+    return data.finish(out, "drafter", info, folder, wall)
 
 
 def main(argv: list[str] | None = None) -> dict:

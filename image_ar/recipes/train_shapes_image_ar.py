@@ -31,6 +31,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,20 @@ def drop_labels(labels: torch.Tensor, p: float, null_class: int, generator: torc
     """Classifier-free guidance training: each label becomes the null class with probability p."""
     drop = torch.rand(labels.shape, generator=generator) < p
     return torch.where(drop, torch.full_like(labels, null_class), labels)
+
+
+def code_batches(loop: TrainingLoop, opt: torch.optim.Optimizer, codes: torch.Tensor, labels: torch.Tensor,
+                 args: argparse.Namespace, null_class: int, generator: torch.Generator
+                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(step, codes [B, 256], class labels [B]) for each step of `loop`, the learning rate set for it:
+    shuffled code sequences, each label dropped to the null class with probability `args.class_dropout`."""
+    batches = IndexBatches(codes.shape[0], generator)
+    for step in loop:
+        idx = batches.take(args.batch_size)
+        x = codes[idx].long()
+        y = drop_labels(labels[idx], args.class_dropout, null_class, generator)
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+        yield step, x, y
 
 
 @torch.no_grad()
@@ -141,20 +156,12 @@ def train(args: argparse.Namespace) -> dict:
           f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     generator = torch.Generator().manual_seed(args.seed)
-    batches = IndexBatches(codes.shape[0], generator)
     loop = TrainingLoop(args.max_minutes, args.steps, desc="target")
-    for step in loop:
-        idx = batches.take(args.batch_size)
-        x = codes[idx].long()
-        y = drop_labels(labels[idx], args.class_dropout, model.config.null_class, generator)
-        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+    for step, x, y in code_batches(loop, opt, codes, labels, args, model.config.null_class, generator):
         with data.autocast(args.bf16):
             loss = model(class_labels=y, input_ids=x[:, :-1], labels=x).loss
         optimizer_step(opt, loss, model.parameters())
-        ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
-        if step % 25 == 0:
-            loop.bar.set_postfix(loss=f"{ema:.4f}")
-            loop.bar.write(f"step {step} loss {loss.item():.4f} (smoothed {ema:.4f}) lr {opt.param_groups[0]['lr']:.2e} elapsed {loop.wall:.0f}s")
+        loop.log(step, loss.item(), every=25, lr=opt.param_groups[0]["lr"])
     wall = loop.wall
     model.half().float()  # evaluate what ships (fp16 weights)
     quality = heldout_loss(model, held_codes, held_labels)
@@ -166,7 +173,7 @@ def train(args: argparse.Namespace) -> dict:
         quality["samples"] = sample_quality(model, vq, judge_dir, reference, args.sample_n, scales, args.seed,
                                             Path(args.cache_dir) / "samples-target")
         print(json.dumps(quality["samples"]), flush=True)
-    model.half().save_pretrained(out, safe_serialization=True)
+    data.save_fp16(model, out)
     info = {
         "params": n_params,
         "dtype": "float16",
@@ -196,9 +203,7 @@ def train(args: argparse.Namespace) -> dict:
             + (f" --init-from FOLDER_OF_THE_{args.prior_steps}_STEP_RUN --prior-steps {args.prior_steps} --lr {args.lr} "
                f"--warmup {args.warmup}" if args.init_from else "")),
     }
-    data.update_card(out, "target", info)
-    print(f"saved {out} after {wall:.0f}s of training (+{prep:.0f}s data preparation)", flush=True)
-    return info
+    return data.finish(out, "target", info, out, wall)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -107,10 +107,7 @@ def train(args: argparse.Namespace) -> dict:
         set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         loss = F.cross_entropy(model(x), y, label_smoothing=0.05)
         optimizer_step(opt, loss)  # no clipping: the judge trains stably without
-        ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
-        if step % 50 == 0:
-            loop.bar.set_postfix(loss=f"{ema:.4f}")
-            loop.bar.write(f"step {step} loss {loss.item():.4f} (smoothed {ema:.4f}) elapsed {loop.wall:.0f}s")
+        loop.log(step, loss.item(), every=50)
     wall = loop.wall
     folder = out / "judge"
     model.eval().half()
@@ -142,9 +139,7 @@ def train(args: argparse.Namespace) -> dict:
                                               "fd_* between the first and the second half"},
         "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_judge --steps {loop.done} --max-minutes 60",
     }
-    data.update_card(out, "judge", info)
-    print(f"saved {folder} ({info['file_size_bytes'] / 1e6:.2f} MB) after {wall:.0f}s of training", flush=True)
-    return info
+    return data.finish(out, "judge", info, folder, wall)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -162,23 +162,17 @@ def train(args: argparse.Namespace) -> dict:
         set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         loss, parts, codes, latents = vq_losses(vq, x, args.bf16, args.fg_weight)
         optimizer_step(opt, loss, vq.parameters())
-        ema = loss.item() if step == 0 else 0.95 * ema + 0.05 * loss.item()  # smoothed for the log
         counts += torch.bincount(codes.flatten(), minlength=args.codebook_size)
         # Restarts stop after 60% of the run so the final codebook settles.
         if args.restart_every and (step + 1) % args.restart_every == 0 and step < 0.6 * loop.planned():
             restarted += restart_dead_codes(vq, opt, counts, latents, generator)
             counts.zero_()
-        if step % 50 == 0:
-            loop.bar.set_postfix(loss=f"{ema:.4f}", l1=f"{parts['l1']:.4f}")
-            loop.bar.write(f"step {step} loss {loss.item():.4f} (smoothed {ema:.4f}) " + " ".join(f"{k} {v:.4f}" for k, v in parts.items())
-                           + f" elapsed {loop.wall:.0f}s")
+        loop.log(step, loss.item(), every=50, **parts)
     wall = loop.wall
     vq.half().float()  # evaluate what ships (fp16 weights)
     quality = evaluate(vq, heldout)
     print(json.dumps(quality), flush=True)
-    folder = out / "vq"
-    folder.mkdir(parents=True, exist_ok=True)
-    vq.half().save_pretrained(folder, safe_serialization=True)
+    folder = data.save_fp16(vq, out / "vq")
     info = {
         "architecture": "mmspec.image_ar.VQModel (LlamaGen VQ parameter names)",
         "config": {"codebook_size": args.codebook_size, "codebook_embed_dim": args.embed_dim, "codebook_l2_norm": True,
@@ -197,9 +191,7 @@ def train(args: argparse.Namespace) -> dict:
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), fp16 weights"},
         "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_vq --steps {loop.done} --max-minutes 60",
     }
-    data.update_card(out, "vq", info)
-    print(f"saved {folder} ({info['file_size_bytes'] / 1e6:.2f} MB) after {wall:.0f}s of training", flush=True)
-    return info
+    return data.finish(out, "vq", info, folder, wall)
 
 
 def main(argv: list[str] | None = None) -> dict:

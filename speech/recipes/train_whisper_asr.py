@@ -20,6 +20,8 @@ training makes the encoder-decoder alignment converge in a fraction of the steps
 aux head is not saved; the shipped model is a plain Whisper checkpoint. With ``--steps 0`` the run lasts
 ``--max-minutes`` (minus the evaluation reserve) and the learning-rate schedule follows elapsed time; evaluation: greedy ``generate`` on
 held-out clips, WER after `mmspec.speech.wer.normalise`.
+
+It writes to ``--out`` (default ``./shapes-whisper-asr``); ``--into-zoo`` replaces the shipped model.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -45,9 +46,11 @@ from transformers import (WhisperConfig, WhisperFeatureExtractor, WhisperForCond
 
 from mmspec.speech.audio import load_audio
 
-from . import speech_data
 from mmspec.speech.wer import word_errors
+from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, set_lr, warmup_cosine
 from mmspec.zoo import MODELS_DIR
+
+from . import speech_data
 
 OUT_DIR = MODELS_DIR / "shapes-whisper-asr"
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
@@ -179,9 +182,7 @@ def lr_factor(step: int, progress: float, warmup: int) -> float:
     Progress is measured in wall-clock time when the run is sized by a time budget, so the
     schedule still anneals when the machine is slower than at the start (shared CPUs).
     """
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return warmup_cosine(step, 0, warmup, floor=0.05, progress=progress)
 
 
 def train(args: argparse.Namespace) -> None:
@@ -207,7 +208,7 @@ def train(args: argparse.Namespace) -> None:
     blank = len(tokenizer)
     ctc_head = torch.nn.Linear(model.config.d_model, blank + 1)
     params = list(model.parameters()) + list(ctc_head.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    opt = adamw(params, args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     model.train()
     deadline = start + args.max_minutes * 60
     train_end = deadline - args.eval_reserve_s
@@ -222,8 +223,7 @@ def train(args: argparse.Namespace) -> None:
         x = spec_augment(train_x[batch].float(), rng)
         ids, mask = pad_labels([labels[i] for i in batch], tokenizer.eos_token_id)
         progress = step / args.steps if args.steps else (time.time() - t_train) / max(1.0, train_end - t_train)
-        for group in opt.param_groups:
-            group["lr"] = args.lr * lr_factor(step, progress, args.warmup)
+        set_lr(opt, args.lr * lr_factor(step, progress, args.warmup))
         encoder = model.model.encoder(x).last_hidden_state
         logits = model(encoder_outputs=(encoder,), decoder_input_ids=ids[:, :-1]).logits
         target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
@@ -234,10 +234,7 @@ def train(args: argparse.Namespace) -> None:
         ctc = F.ctc_loss(log_probs, flat, torch.full((len(batch),), encoder.shape[1], dtype=torch.long),
                          torch.tensor([len(s) for s in text]), blank=blank, zero_infinity=True)
         loss = ce + args.ctc_weight * ctc
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        optimizer_step(opt, loss, params)
         step += 1
         bar.update(1)
         if step % 50 == 0:
@@ -286,18 +283,18 @@ def save(model, processor, args, quality: dict, steps: int, train_time: float, c
                     "lower case, characters other than a-z 0-9 ' and space dropped, spaces collapsed"},
         "history": history,
         "rebuild_command": "python -m mmspec.speech.recipes.train_whisper_asr " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items()) if v is not None and k != "out"),
+            f"--{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items()) if v is not None and k not in ("out", "into_zoo")),
         "limitations": "Synthetic espeak-ng speech only: it will not transcribe natural human speech well.",
     }
     (out / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"saved to {out} ({size / 1e6:.1f} MB)", flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", required=True)
     parser.add_argument("--heldout", required=True)
-    parser.add_argument("--out", default=str(OUT_DIR))
+    add_output_arguments(parser, OUT_DIR.name)
     parser.add_argument("--vocab-size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=0, help="0: size to --max-minutes")
     parser.add_argument("--max-minutes", type=float, default=30)
@@ -312,7 +309,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", default=None, help="continue from a saved model folder")
     parser.add_argument("--threads", type=int, default=2)
-    train(parser.parse_args())
+    args = parser.parse_args(argv)
+    args.out = str(parse_output_folder(parser, args, OUT_DIR))
+    train(args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ target and a ~2M-parameter Llama drafter sharing one tokenizer.
     python -m mmspec.vision.recipes.train_caption_lm --which drafter [--distil]
     python -m mmspec.vision.recipes.train_caption_lm --which target --time-steps 5   # measure only
 
+Each writes to ``--out`` (default ``./shapes-caption-lm`` or ``./shapes-caption-drafter``);
+``--into-zoo`` replaces the shipped model (the tokenizer goes into both zoo folders).
+
 Sequences are ``<bos> caption <eos>`` over captions generated on the fly by
 :mod:`mmspec.world`. Weights are saved in fp16 safetensors beside a ``zoo_card.json``.
 """
@@ -29,10 +32,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything, warmup_cosine
 from mmspec.world import caption_corpus
+from mmspec.zoo import MODELS_DIR
 
 from .tokenizer import build_tokenizer
-from mmspec.zoo import MODELS_DIR
 
 TARGET_DIR = MODELS_DIR / "shapes-caption-lm"
 DRAFTER_DIR = MODELS_DIR / "shapes-caption-drafter"
@@ -63,11 +67,6 @@ RECIPES: dict[str, Recipe] = {
     "drafter": Recipe("drafter", DRAFTER_DIR, hidden=256, layers=2, heads=4, intermediate=768,
                       steps=3000, batch_size=32, lr=2e-3, warmup=100, data_size=100_000),
 }
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def make_model(recipe: Recipe, tok: PreTrainedTokenizerBase) -> LlamaForCausalLM:
@@ -109,10 +108,7 @@ def collate(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Ten
 
 def lr_at(step: int, recipe: Recipe) -> float:
     """Linear warm-up, then cosine decay to 10% of the peak."""
-    if step < recipe.warmup:
-        return recipe.lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return warmup_cosine(step, recipe.steps, recipe.warmup, floor=0.1, peak=recipe.lr)
 
 
 @torch.inference_mode()
@@ -149,7 +145,7 @@ def distil_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask
 
 
 def train(which: str, seed: int, steps: int | None, time_steps: int | None, distil: bool,
-          threads: int = 2) -> None:
+          threads: int = 2, out: Path | None = None) -> None:
     torch.set_num_threads(threads)
     seed_everything(seed)
     recipe = RECIPES[which]
@@ -169,7 +165,7 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
     held_seqs = encode(tok, caption_corpus(HELDOUT_N, seed, "heldout"))
     print(f"data ready in {time.time() - t0:.1f}s", flush=True)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    opt = adamw(model, recipe.lr, betas=(0.9, 0.95), weight_decay=0.05)
     order = list(range(len(train_seqs)))
     rng = random.Random(seed)
     rng.shuffle(order)
@@ -190,10 +186,7 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
                 t_logits = teacher(input_ids=ids, attention_mask=mask).logits
             # Half hard labels, half the target's full distribution.
             loss = 0.5 * loss + 0.5 * distil_loss(out.logits, t_logits.clone(), mask.float())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model.parameters())
         if step % 50 == 0 or step == total - 1:
             bar.set_postfix(loss=f"{loss.item():.4f}")
             print(f"step {step} loss {loss.item():.4f} lr {lr_at(step, recipe):.2e} "
@@ -208,12 +201,11 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
     model.float()
     quality = evaluate(model, tok, held_seqs)
     print(json.dumps(quality), flush=True)
-    save(model, tok, recipe, seed, n_params, wall, quality, distil, threads)
+    save(model, tok, recipe, seed, n_params, wall, quality, distil, threads, out or recipe.folder)
 
 
 def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, seed: int,
-         n_params: int, wall: float, quality: dict, distil: bool, threads: int) -> None:
-    folder = recipe.folder
+         n_params: int, wall: float, quality: dict, distil: bool, threads: int, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     model.half().save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
@@ -259,16 +251,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch threads; 1 is faster for the drafter on a busy machine")
     parser.add_argument("--distil", action="store_true",
                         help="drafter only: add a KL term to the saved target's logits")
+    add_output_arguments(parser, "shapes-caption-lm or shapes-caption-drafter (by --which)")
     args = parser.parse_args(argv)
+    zoo_folder = RECIPES["drafter"].folder if args.which == "drafter" else RECIPES["target"].folder
+    out = parse_output_folder(parser, args, zoo_folder)
     if args.which == "tokenizer":
         tok = build_tokenizer(args.seed)
-        for folder in (TARGET_DIR, DRAFTER_DIR):
+        folders = (TARGET_DIR, DRAFTER_DIR) if args.into_zoo else (out,)
+        for folder in folders:
             tok.save_pretrained(folder)
-        print(f"vocab {len(tok)}; saved to {TARGET_DIR} and {DRAFTER_DIR}")
+        print(f"vocab {len(tok)}; saved to {' and '.join(map(str, folders))}")
         return
     if args.distil and args.which != "drafter":
         parser.error("--distil only applies to --which drafter")
-    train(args.which, args.seed, args.steps, args.time_steps, args.distil, args.threads)
+    train(args.which, args.seed, args.steps, args.time_steps, args.distil, args.threads, out)
 
 
 if __name__ == "__main__":

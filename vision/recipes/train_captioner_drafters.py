@@ -1,6 +1,6 @@
 """Build the toy captioner's MSD and FLASH drafters from scratch, in one command.
 
-    python -m mmspec.vision.recipes.train_captioner_drafters                 # data + msd + flash, shipped
+    python -m mmspec.vision.recipes.train_captioner_drafters                 # data + msd + flash, to ./shapes-video-captioner
     python -m mmspec.vision.recipes.train_captioner_drafters --time-only     # measure, print the estimate, stop
     python -m mmspec.vision.recipes.train_captioner_drafters --ablations     # + the ablation drafters (not shipped)
 
@@ -17,23 +17,24 @@ What it does, in order:
    two-stage curriculum (text-only traces, then a rising share of multimodal ones); FLASH with
    latent-aware compression (288 visual tokens -> `--flash-queries`) and a semi-autoregressive
    head (`--flash-semi-ar` tokens per forward), on all traces;
-4. ships each as `<captioner>/msd/` and `<captioner>/flash/` (fp16 safetensors + `training.json`)
-   and adds a "drafters" entry with the rebuild command to the captioner's `zoo_card.json`.
+4. ships each as `OUT/msd/` and `OUT/flash/` (fp16 safetensors + `training.json`) and adds a
+   "drafters" entry with the rebuild command to `OUT/zoo_card.json`. `--out` (default
+   `./shapes-video-captioner`) starts as a copy of the captioner without its drafters, so it is a
+   complete model folder (`mmspec caption --model OUT`); only `--into-zoo` writes into the
+   installed captioner, replacing the shipped drafters.
 
 `--ablations` also trains, into `--out-root/ablations/` (never shipped): FLASH without compression,
 FLASH with one token per forward (no semi-autoregressive head), MSD without the curriculum; the
 bench compares them with `mmspec bench vision --extra-drafter LABEL=KIND:PATH`.
 
 Before the real work the script times two traces and a few training steps of each kind and
-prints the estimated total; the defaults are sized to finish data + msd + flash in under 30
-minutes on 2 idle CPU cores with the 28M-parameter captioner. Training checkpoints go to
-`--out-root/<kind>/checkpoints` (`--resume` continues from them).
+prints the estimated total. Training checkpoints go to `--out-root/<kind>/checkpoints`
+(`--resume` continues from them).
 
-Default sizes (400 videos, 2000 steps of batch 4 per drafter) were timed on the 28M captioner with
-ONE torch thread while another job loaded both cores: distillation 0.8-1.0 s per video, MSD
-steps 0.05 s (text) / 0.39 s (multimodal), FLASH 0.08 s / 0.15-0.20 s, about 20 minutes in all.
-In a 40-video pilot, 600 FLASH steps instead of 150 raised tau from 3.4 to 4.6 (k = 5): steps
-matter more than data at this size.
+The defaults are the shipped build (the captioner card's `drafters.rebuild_command`): 1200 videos,
+3000 steps of batch 4 per drafter, one torch thread. That build took 37.5 minutes on 2 CPU cores
+(card: distillation 1000 s, MSD 678 s, FLASH 564 s). In a 40-video pilot, 600 FLASH steps instead
+of 150 raised tau from 3.4 to 4.6 (k = 5): steps matter more than data at this size.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from typing import Any, Iterator
 import torch
 
 from mmspec.errors import MMSpecError
+from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder
 
 from . import captioner_data as cd
 
@@ -149,7 +151,7 @@ def time_train_steps(model: Any, recipe: Recipe, data_dir: Path, batch_size: int
     torch.manual_seed(0)
     drafter = drafter_class(recipe.kind).from_target_config(model.config.get_text_config(), **recipe.options).train()
     embed, head = frozen_copy(model.get_input_embeddings()), frozen_copy(model.get_output_embeddings())
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
+    optimizer = adamw(drafter.parameters(), 1e-4)
     out = {}
     for modality in (TEXT, MULTIMODAL):
         pool = dataset.indices(modality)
@@ -157,10 +159,7 @@ def time_train_steps(model: Any, recipe: Recipe, data_dir: Path, batch_size: int
         times = []
         for _ in range(repeats + 1):  # the first step warms up allocators and is not counted
             start = time.perf_counter()
-            loss = drafter.training_loss(batch, embed, head, noise_std=0.2)["loss"]
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            optimizer_step(optimizer, drafter.training_loss(batch, embed, head, noise_std=0.2)["loss"])
             times.append(time.perf_counter() - start)
         out[modality] = statistics.median(times[1:])
     return out
@@ -233,6 +232,12 @@ def ship(drafter: Any, trained_dir: Path, dest: Path, extra: dict[str, Any]) -> 
     return report
 
 
+def copy_captioner(captioner: Path, out: Path) -> None:
+    """Make `out` a copy of the captioner without its drafters (nothing to do when `out` is the captioner)."""
+    if out.resolve() != captioner.resolve():
+        shutil.copytree(captioner, out, ignore=shutil.ignore_patterns(*KINDS), dirs_exist_ok=True)
+
+
 def rebuild_command(args: argparse.Namespace) -> str:
     command = (f"python -m mmspec.vision.recipes.train_captioner_drafters --kinds {' '.join(args.kinds)} --videos {args.videos} "
                f"--steps {args.steps} --batch-size {args.batch_size} --lr {args.lr} --max-new-tokens {args.max_new_tokens} "
@@ -259,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     folder = Path(args.captioner).expanduser()
+    out = Path(args.out)
     out_root = Path(args.out_root).expanduser()
     plan = recipes(args)
     began = time.perf_counter()
@@ -287,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
                       f"max_shapes={pipe.card.get('max_shapes', 3)}), rendered like the "
                       "captioner's training videos, inputs from its processor and prompt"}
 
+    if any(label in KINDS for label in plan):
+        copy_captioner(folder, out)
     shipped: dict[str, dict[str, Any]] = {}
     for label, recipe in plan.items():
         trained_dir = out_root / ("ablations" if label not in KINDS else "") / label
@@ -295,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
                  "machine": MACHINE, "threads": args.threads, "estimated_train_s": round(est["train_seconds"][label], 1),
                  "build_command": rebuild_command(args)}
         if label in KINDS:
-            report = ship(drafter, trained_dir, folder / label, extra)
+            report = ship(drafter, trained_dir, out / label, extra)
             params = sum(p.numel() for p in drafter.parameters())
             shipped[label] = {"folder": label, "kind": recipe.kind, "recipe": recipe.note, "options": recipe.options,
                               "params": params, "steps": args.steps, "batch_size": args.batch_size,
@@ -305,10 +313,10 @@ def run(args: argparse.Namespace) -> int:
             report = {**json.loads((trained_dir / "training.json").read_text()), **extra}
             (trained_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
         print(f"{label}: {report['wall_time_s'] / 60:.1f} min, final token accuracy {report['final']['token_accuracy']:.3f} "
-              f"-> {folder / label if label in KINDS else trained_dir}", flush=True)
+              f"-> {out / label if label in KINDS else trained_dir}", flush=True)
     wall = time.perf_counter() - began
     if shipped:
-        update_card(folder, shipped, data, args, wall)
+        update_card(out, shipped, data, args, wall)
     print(f"done in {wall / 60:.1f} min (estimated {est['total_seconds'] / 60:.1f} min)", flush=True)
     return 0
 
@@ -318,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--captioner", default=str(cd.zoo_folder()), help="captioner folder (default: the zoo's)")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="drafters to train and ship")
-    parser.add_argument("--videos", type=int, default=400, help="train videos to distil (each adds a text-only trace)")
-    parser.add_argument("--steps", type=int, default=2000, help="training steps of each drafter")
+    add_output_arguments(parser, cd.zoo_folder().name, "the captioner with its new drafters")
+    parser.add_argument("--videos", type=int, default=1200, help="train videos to distil (each adds a text-only trace)")
+    parser.add_argument("--steps", type=int, default=3000, help="training steps of each drafter")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--noise-std", type=float, default=0.2, help="uniform noise on input features (EAGLE: 0.2)")
@@ -335,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-every", type=int, default=250)
     parser.add_argument("--resume", action="store_true", help="continue each drafter from its latest checkpoint")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--time-only", action="store_true", help="print the timing estimate and stop")
     return parser
 
@@ -352,7 +361,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.out = str(parse_output_folder(parser, args, cd.zoo_folder()))
     try:
         check_args(args)
         return run(args)

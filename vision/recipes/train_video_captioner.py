@@ -5,6 +5,8 @@
     python -m mmspec.vision.recipes.train_video_captioner --time-steps 3   # time steps only
     python -m mmspec.vision.recipes.train_video_captioner --aux-steps 4 --steps 4 --eval-n 4 --out /tmp/x  # smoke
 
+It writes to ``--out`` (default ``./shapes-video-captioner``); ``--into-zoo`` replaces the shipped model.
+
 Model: the caption LM ``shapes-caption-lm`` (Llama, tied embeddings) with two rows
 appended to its embeddings for the new special tokens ``<video>`` and ``<image>``
 (every existing token keeps its id), a tiny CLIP vision tower trained from scratch
@@ -46,7 +48,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse
 import copy
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -59,10 +60,11 @@ from tqdm import tqdm
 from transformers import (AutoTokenizer, CLIPVisionConfig, LlamaForCausalLM, LlavaNextVideoConfig,
                           LlavaNextVideoForConditionalGeneration)
 
+from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything, warmup_cosine
 from mmspec.world import example_seed, render_video, sample_example
+from mmspec.zoo import MODELS_DIR
 
 from . import captioner_data as cd
-from mmspec.zoo import MODELS_DIR
 
 LM_DIR = MODELS_DIR / "shapes-caption-lm"
 DRAFTER_NAME = "shapes-caption-drafter"
@@ -235,10 +237,8 @@ def caption_batch(tok, prefix: list[int], captions: list[str]):
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    """Every stage's schedule: warm-up, then cosine to 10% of the peak."""
+    return warmup_cosine(step, total, warmup, floor=0.1)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -350,8 +350,7 @@ def reading_probe(model, tok, prefix: list[int], examples_) -> dict:
 
 def train(args) -> None:
     torch.set_num_threads(args.threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
+    seed_everything(args.seed)
     start = time.time()
     deadline = start + args.max_minutes * 60
     model, tok, old_vocab = build_model(Path(args.lm_dir), args.seed)
@@ -390,7 +389,7 @@ def train(args) -> None:
     proj_params = list(model.model.multi_modal_projector.parameters())
 
     # ---- stage A: vision tower + pooler with the per-token and per-video heads
-    opt_a = torch.optim.AdamW(vision_params, lr=args.aux_lr, weight_decay=0.01)
+    opt_a = adamw(vision_params, args.aux_lr, weight_decay=0.01)
     t_a = time.time()
     aux_total = args.aux_steps
     aux_deadline = t_a + args.aux_minutes * 60
@@ -411,10 +410,7 @@ def train(args) -> None:
             g["lr"] = args.aux_lr * lr_factor(step, aux_total or 10**9, 30)
         scenes = [s for s, _ in batch]
         loss = aux_loss(head, pooled_features(model, videos(scenes)), scenes, args.frame_weight)
-        opt_a.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vision_params, 1.0)
-        opt_a.step()
+        optimizer_step(opt_a, loss, vision_params)
         if step >= 1 and len(timed) < 3:
             timed.append(time.time() - t0)
         if step % 25 == 0 or step == aux_total - 1:
@@ -432,7 +428,7 @@ def train(args) -> None:
     # ---- stage A1: shape recognition on varied single frames of one-shape scenes
     frame_steps_done, frame_acc = 0, None
     if args.frame_steps:
-        opt_f = torch.optim.AdamW(vision_params, lr=args.aux_lr, weight_decay=0.01)
+        opt_f = adamw(vision_params, args.aux_lr, weight_decay=0.01)
         held_pixels, held_scenes, held_picks = frame_batch("heldout", args.seed, 0, 256)
         for step in tqdm(range(args.frame_steps), desc="stage A1 (frames)", mininterval=10):
             if time.time() > deadline - 60:
@@ -443,10 +439,7 @@ def train(args) -> None:
             pixels, scenes, picks = frame_batch("train", args.seed, step * args.frame_batch_size, args.frame_batch_size)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
                 loss, _ = frame_loss(model, head, pixels, scenes, picks)
-            opt_f.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(vision_params, 1.0)
-            opt_f.step()
+            optimizer_step(opt_f, loss, vision_params)
             frame_steps_done = step + 1
             if step % 100 == 0 or step == args.frame_steps - 1:
                 with torch.no_grad():
@@ -461,7 +454,7 @@ def train(args) -> None:
     groups = [{"params": vision_params, "base": args.vision_lr},
               {"params": proj_params, "base": args.proj_lr},
               {"params": lm_params, "base": args.lm_lr}]
-    opt = torch.optim.AdamW([{"params": g["params"], "lr": 0.0} for g in groups], weight_decay=0.0)
+    opt = adamw([{"params": g["params"], "lr": 0.0} for g in groups], 0.0, weight_decay=0.0)
     total = args.steps
     timed: list[float] = []
     lm_start = None
@@ -514,10 +507,7 @@ def train(args) -> None:
             g["lr"] = spec["base"] * f
         if lm_start is not None:
             opt.param_groups[2]["lr"] = args.lm_lr * lr_factor(step - lm_start, plan - lm_start, 20)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"] if p.requires_grad], 1.0)
-        opt.step()
+        optimizer_step(opt, loss, [p for g in groups for p in g["params"] if p.requires_grad])
         dt = time.time() - t0
         step_times["unfrozen" if lm_start is not None else "frozen"].append(dt)
         if step >= 1 and len(timed) < 3:
@@ -572,7 +562,7 @@ def rebuild_command(args, info: dict) -> str:
                  max_minutes=600.0)
     parts = ["python -m mmspec.vision.recipes.train_video_captioner"]
     for name, value in given.items():
-        if name in ("out", "lm_dir", "time_steps") or value == defaults.get(name):
+        if name in ("out", "into_zoo", "lm_dir", "time_steps") or value == defaults.get(name):
             continue
         flag = "--" + name.replace("_", "-")
         parts.append(flag if value is True else f"{flag} {value}")
@@ -655,14 +645,17 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
 
 
 def main(argv: list[str] | None = None) -> None:
-    train(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.out = str(parse_output_folder(parser, args, OUT_DIR))
+    train(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lm-dir", default=str(LM_DIR))
-    parser.add_argument("--out", default=str(OUT_DIR))
+    add_output_arguments(parser, OUT_DIR.name, "the captioner")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-minutes", type=float, default=50.0,
                         help="wall-clock budget of training (evaluation and saving come after)")
