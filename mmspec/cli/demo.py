@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from ..errors import MMSpecError
 from .common import SharedFlags, set_threads
@@ -19,10 +20,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise MMSpecError(f"--port must be in 1..65535, got {args.port}")
-    try:
-        from ..demo import launch
-    except ModuleNotFoundError as error:
-        raise MMSpecError(f"the demo needs gradio ({error.name} is not installed): pip install 'mmspec[demo]'") from None
+    if importlib.util.find_spec("gradio") is None:
+        raise MMSpecError("the demo needs gradio, which is not installed: pip install 'mmspec[demo]'")
+    from ..demo import launch
+
     set_threads(args)
     launch(host=args.host, port=args.port)
     return 0

@@ -37,7 +37,7 @@ def build() -> None:
                                        combine_adjacent=False, elem_id="transcribe-rounds")
             text = gr.Textbox(label="transcript", interactive=False, elem_id="transcribe-text")
             stats = gr.Markdown(elem_id="transcribe-stats")
-            table = gr.Dataframe(headers=R.TABLE_HEADERS, label="decoder passes", interactive=False,
+            table = gr.Dataframe(headers=R.TABLE_HEADERS, label="decoder passes", interactive=False, wrap=True,
                                  elem_id="transcribe-table")
             versus = gr.Markdown(elem_id="transcribe-compare-result")
     model.change(_methods_of, inputs=[model], outputs=[method])
