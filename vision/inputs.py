@@ -4,12 +4,16 @@ An image is a file path, a PIL image, or an HxWx3 uint8 array / tensor. A video 
 frames [T, H, W, 3] uint8 as an array or tensor (a tensor may also be [T, 3, H, W], torchvision's
 order), or a list of frames (PIL images or HxWx3 uint8 arrays / tensors) of one size.
 
-Videos are decoded with PyAV. Frames are chosen in two passes: a cheap demux pass counts the
-frames (no decoding), then one decoding pass converts only the chosen frames to RGB.
+Videos are decoded with PyAV. Frames are chosen before any is decoded: a cheap demux pass reads
+every frame's timestamp (no decoding), then each chosen frame is reached by seeking to the key frame
+before it and decoding forward, and only the chosen frames are converted to RGB; memory holds the
+chosen frames, whatever the video's length or rate. An animated GIF, WebP or PNG is a video too
+(PIL reads its frames and their durations).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -111,20 +115,17 @@ def load_video(path: str | Path, num_frames: int | None = 8, fps: float | None =
     """
     if num_frames is not None and num_frames < 1:
         raise MMSpecError(f"num_frames must be >= 1 (or None for all frames), got {num_frames}")
-    if fps is not None and not fps > 0:
-        raise MMSpecError(f"fps must be > 0, got {fps}")
+    if fps is not None and not (math.isfinite(fps) and fps > 0):
+        raise MMSpecError(f"fps must be a finite number > 0, got {fps}")
     path = _existing_file(path, "video")
+    if is_animated_image(path):
+        return _load_animated(path, num_frames, fps)
     try:
-        if fps is not None:
-            frames = _decode_at_rate(path, fps)
-            if num_frames is not None and len(frames) > num_frames:
-                frames = [frames[i] for i in _uniform_indices(len(frames), num_frames)]
-        else:
-            total = _count_frames(path)
-            if total == 0:
-                raise MMSpecError(f"video {str(path)!r} has no frames")
-            wanted = list(range(total)) if num_frames is None else _uniform_indices(total, num_frames)
-            frames = _decode_indices(path, wanted)
+        times = _frame_times(path)
+        if not times:
+            raise MMSpecError(f"video {str(path)!r} has no frames")
+        wanted = _choose_frames(times, num_frames, fps)
+        frames = _decode_indices(path, wanted, times)
     except MMSpecError:
         raise
     except Exception as err:  # av.FFmpegError, OSError, codec errors: all mean "cannot read this video"
@@ -132,6 +133,31 @@ def load_video(path: str | Path, num_frames: int | None = 8, fps: float | None =
     if not frames:
         raise MMSpecError(f"video {str(path)!r} has no frames")
     return np.stack(frames)
+
+
+def _choose_frames(times: list[float | None], num_frames: int | None, fps: float | None) -> list[int]:
+    """Indices (presentation order) of the frames to keep: every 1/fps seconds (the first frame at or after
+    each tick), capped at `num_frames` spread uniformly; without fps, `num_frames` spread uniformly."""
+    if fps is None:
+        return list(range(len(times))) if num_frames is None else _uniform_indices(len(times), num_frames)
+    rate = _nominal_rate(times)
+    # Frames without timestamps (some raw streams) are placed by their index at the nominal rate.
+    placed = [t if t is not None else i / rate for i, t in enumerate(times)]
+    chosen, start, next_tick = [], placed[0], 0.0
+    for index, time in enumerate(placed):
+        if time - start >= next_tick - 1e-6:
+            chosen.append(index)
+            next_tick = math.floor((time - start) * fps + 1e-6) / fps + 1.0 / fps
+    if num_frames is not None and len(chosen) > num_frames:
+        chosen = [chosen[i] for i in _uniform_indices(len(chosen), num_frames)]
+    return chosen
+
+
+def _nominal_rate(times: list[float | None]) -> float:
+    known = [t for t in times if t is not None]
+    if len(known) >= 2 and known[-1] > known[0]:
+        return (len(known) - 1) / (known[-1] - known[0])
+    return 25.0
 
 
 def _uniform_indices(total: int, count: int) -> list[int]:
@@ -149,16 +175,51 @@ def _open_video(path: Path) -> tuple[Any, Any]:
     return container, stream
 
 
-def _count_frames(path: Path) -> int:
-    """Frames in the first video stream, counted by demuxing (each video packet is one frame)."""
+def _frame_times(path: Path) -> list[float | None]:
+    """Presentation times (seconds) of the frames of the first video stream, in presentation order, read by
+    demuxing alone (one packet per frame, no decoding); None for frames without a timestamp."""
     container, stream = _open_video(path)
     with container:
-        count = sum(1 for packet in container.demux(stream) if packet.size > 0)
-    return count
+        stamps = [packet.pts for packet in container.demux(stream) if packet.size > 0]
+    base = float(stream.time_base) if stream.time_base else None
+    if base is None or any(stamp is None for stamp in stamps):
+        return [None] * len(stamps)
+    return [stamp * base for stamp in sorted(stamps)]
 
 
-def _decode_indices(path: Path, wanted: list[int]) -> list[np.ndarray]:
-    """The frames at `wanted` (presentation order, repeats allowed), decoded in one pass."""
+def _decode_indices(path: Path, wanted: list[int], times: list[float | None]) -> list[np.ndarray]:
+    """The frames at `wanted` (presentation order, repeats allowed): seek to each one's key frame and decode
+    forward when timestamps allow, else one pass over the stream; only the wanted frames become RGB."""
+    if all(t is not None for t in times):
+        try:
+            found = _decode_by_seeking(path, sorted(set(wanted)), times)
+            return [found[i] for i in wanted]
+        except (KeyError, av.FFmpegError):
+            pass  # a stream whose seeking or timestamps cannot be trusted: read it from the start
+    return _decode_in_one_pass(path, wanted)
+
+
+def _decode_by_seeking(path: Path, wanted: list[int], times: list[float]) -> dict[int, np.ndarray]:
+    found: dict[int, np.ndarray] = {}
+    container, stream = _open_video(path)
+    with container:
+        base = float(stream.time_base)
+        for index in wanted:
+            target = times[index]
+            # To the key frame at or before the target, then decode forward to it.
+            container.seek(round(target / base), stream=stream, backward=True, any_frame=False)
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    raise KeyError(index)
+                position = frame.pts * base
+                if position >= target - 1e-6:
+                    found[index] = frame.to_ndarray(format="rgb24")
+                    break
+    return found
+
+
+def _decode_in_one_pass(path: Path, wanted: list[int]) -> list[np.ndarray]:
+    """The frames at `wanted`, decoded in one pass from the start."""
     wanted_set = set(wanted)
     last = max(wanted)
     found: dict[int, np.ndarray] = {}
@@ -175,27 +236,41 @@ def _decode_indices(path: Path, wanted: list[int]) -> list[np.ndarray]:
         if decoded == 0:
             return []
         # Fewer frames decoded than packets demuxed (a damaged stream): spread over the frames that exist.
-        return _decode_indices(path, _uniform_indices(decoded, len(wanted)))
+        return _decode_in_one_pass(path, _uniform_indices(decoded, len(wanted)))
     return [found[i] for i in wanted]
 
 
-def _decode_at_rate(path: Path, fps: float) -> list[np.ndarray]:
-    """One frame per 1/fps seconds of video time: the first frame at or after each tick."""
-    frames: list[np.ndarray] = []
-    container, stream = _open_video(path)
-    with container:
-        start: float | None = None
-        next_tick = 0.0
-        rate = float(stream.average_rate or stream.guessed_rate or fps)
-        for index, frame in enumerate(container.decode(stream)):
-            # Frames without timestamps (some raw streams) are placed by their index at the nominal rate.
-            time = frame.time if frame.time is not None else index / rate
-            start = time if start is None else start
-            if time - start >= next_tick - 1e-6:
-                frames.append(frame.to_ndarray(format="rgb24"))
-                while next_tick <= time - start + 1e-6:
-                    next_tick += 1.0 / fps
-    return frames
+ANIMATED_SUFFIXES = {".gif", ".webp", ".png", ".apng"}
+
+
+def is_animated_image(path: str | Path) -> bool:
+    """Whether `path` is an image file with several frames (an animated GIF, WebP or PNG)."""
+    path = Path(path)
+    if path.suffix.lower() not in ANIMATED_SUFFIXES or not path.is_file():
+        return False
+    try:
+        with Image.open(path) as image:
+            return bool(getattr(image, "is_animated", False)) and getattr(image, "n_frames", 1) > 1
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return False
+
+
+def _load_animated(path: Path, num_frames: int | None, fps: float | None) -> np.ndarray:
+    """The frames of an animated image, chosen like a video's (its frame durations give the times)."""
+    try:
+        with Image.open(path) as image:
+            times, elapsed = [], 0.0
+            for index in range(image.n_frames):
+                image.seek(index)
+                times.append(elapsed)
+                elapsed += float(image.info.get("duration") or 100) / 1000  # GIF's default: 100 ms
+            frames = []
+            for index in _choose_frames(times, num_frames, fps):
+                image.seek(index)
+                frames.append(np.asarray(image.convert("RGB")))
+    except (UnidentifiedImageError, OSError, ValueError, EOFError, Image.DecompressionBombError) as err:
+        raise MMSpecError(f"cannot read animated image {str(path)!r}: {_reason(err)}") from err
+    return np.stack(frames)
 
 
 def _existing_file(path: str | Path, kind: str) -> Path:

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 from . import checks
-from .common import IMAGE_SUFFIXES, LazyChoices, SharedFlags, announce_zoo_default, stats_json
+from .common import (
+    IMAGE_SUFFIXES,
+    LazyChoices,
+    SharedFlags,
+    announce_zoo_default,
+    stats_json,
+)
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -33,6 +39,13 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.set_defaults(func=run)
 
 
+def media_kind(path: str) -> str:
+    """"image" for a still image file, else "video" (a video file, or an animated GIF / WebP / PNG)."""
+    from ..vision.inputs import is_animated_image
+
+    return "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES and not is_animated_image(path) else "video"
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -46,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                                            feature_drafters=feature, num_draft_tokens=args.num_draft_tokens)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
-    media = {"image": args.path} if Path(args.path).suffix.lower() in IMAGE_SUFFIXES else {"video": args.path}
+    media = {media_kind(args.path): args.path}
     out = pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
                fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
                generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)

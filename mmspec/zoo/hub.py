@@ -22,11 +22,20 @@ def refuse_pickle_only(folder: Path, role: str) -> None:
     """A model folder with pickle checkpoints and no safetensors file: say what loads, instead of torch's traceback."""
     if any(folder.rglob("*.safetensors")):
         return
-    pickles = sorted(f.name for f in folder.iterdir() if f.is_file() and f.suffix.lower() in PICKLE_SUFFIXES)
+    pickles = sorted(f.name for f in folder.iterdir() if f.is_file() and f.suffix.lower() in PICKLE_SUFFIXES
+                     and _is_pickle(f))
     if pickles:
         raise MMSpecError(f"cannot load the {role} {str(folder)!r}: it holds only pickle checkpoints ({', '.join(pickles)}); "
                           "mmspec loads safetensors checkpoints only (unpickling can run code): convert it with "
                           "save_pretrained(...) where you trust the file")
+
+
+def _is_pickle(file: Path) -> bool:
+    """torch.save's zip archive or a bare pickle (protocol 2+), by its first bytes; other .bin formats
+    (a CTranslate2 model.bin) are not pickles."""
+    with file.open("rb") as handle:
+        head = handle.read(4)
+    return head.startswith(b"PK\x03\x04") or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
 
 
 def in_local_cache(repo_id: str) -> bool:

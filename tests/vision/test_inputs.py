@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from mmspec.vision import load_image, load_video, write_test_video, write_video
+from mmspec.vision.media_writer import available_video_codec
 from PIL import Image
 
 from mmspec import MMSpecError
-from mmspec.vision import load_image, load_video, write_test_video, write_video
-from mmspec.vision.media_writer import available_video_codec
 
 
 def grey_level(frames: np.ndarray) -> list[int]:
@@ -135,8 +135,9 @@ def test_bad_image_arrays(array):
 
 @pytest.mark.parametrize("fps", [None, 2.0])
 def test_video_with_zero_frames(tmp_path, fps):
-    import av
     from fractions import Fraction
+
+    import av
 
     path = tmp_path / "zero.avi"  # AVI keeps a video stream with no packets in it
     with av.open(str(path), "w") as container:
@@ -145,3 +146,57 @@ def test_video_with_zero_frames(tmp_path, fps):
         container.start_encoding()
     with pytest.raises(MMSpecError, match="no frames"):
         load_video(path, fps=fps)
+
+
+def animated(path, colours, duration_ms=100):
+    frames = [Image.new("RGB", (32, 24), colour) for colour in colours]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
+    return path
+
+
+COLOURS = [(250, 0, 0), (0, 250, 0), (0, 0, 250), (250, 250, 0), (0, 250, 250), (250, 0, 250)]
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".webp"])
+def test_animated_image_is_a_video(tmp_path, suffix):
+    from mmspec.vision.inputs import is_animated_image
+
+    from mmspec.cli.caption import media_kind
+
+    path = animated(tmp_path / f"anim{suffix}", COLOURS)
+    still = tmp_path / f"still{suffix}"
+    Image.new("RGB", (32, 24), (9, 9, 9)).save(still)
+    assert is_animated_image(path) and not is_animated_image(still)
+    assert (media_kind(str(path)), media_kind(str(still))) == ("video", "image")
+
+    def dominant(frames):
+        return [int(np.argmax(frame.reshape(-1, 3).mean(axis=0))) for frame in frames]
+
+    every = load_video(path, num_frames=None)
+    assert every.shape == (6, 24, 32, 3)
+    assert [tuple(int(v > 128) for v in frame[0, 0]) for frame in every] == [tuple(int(v > 128) for v in c) for c in COLOURS]
+    picked = load_video(path, num_frames=3)  # --frames applies: first, middle, last
+    assert len(picked) == 3 and dominant(picked)[0] == 0 and (picked[-1] == every[-1]).all()
+    at_rate = load_video(path, num_frames=None, fps=5)  # 10 frames a second: every other frame
+    assert len(at_rate) == 3 and all((a == b).all() for a, b in zip(at_rate, every[::2]))
+
+
+def test_seeking_decodes_the_same_frames_as_one_pass(tmp_path):
+    from mmspec.vision.inputs import (
+        _decode_by_seeking,
+        _decode_in_one_pass,
+        _frame_times,
+    )
+
+    frames = np.stack([np.full((48, 64, 3), 8 + 8 * i, dtype=np.uint8) for i in range(30)])
+    path = write_video(tmp_path / "long.mp4", frames, fps=10)
+    times = _frame_times(path)
+    wanted = [0, 7, 13, 21, 29]
+    by_seeking = _decode_by_seeking(path, wanted, times)
+    assert all((by_seeking[i] == frame).all() for i, frame in zip(wanted, _decode_in_one_pass(path, wanted)))
+    assert all(abs(int(by_seeking[i].mean()) - (8 + 8 * i)) <= 4 for i in wanted)
+
+
+def test_fps_must_be_finite(video):
+    with pytest.raises(MMSpecError, match="finite"):
+        load_video(video, fps=float("inf"))
