@@ -264,7 +264,7 @@ class Checkpoints:
 
 def add_output_arguments(parser: argparse.ArgumentParser, name: str, what: str = "the model") -> None:
     """`--out` (default `./NAME`) and `--into-zoo` (write into the installed package's zoo folder)."""
-    parser.add_argument("--out", default=None, help=f"folder to write {what} to (default ./{name})")
+    parser.add_argument("--out", default=None, help=f"output folder: {what} (default ./{name})")
     parser.add_argument("--into-zoo", action="store_true",
                         help=f"write into the installed package's zoo folder {name}, replacing what ships")
 

@@ -26,7 +26,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -37,7 +36,7 @@ from mmspec.image_ar.target import guided_logits
 from mmspec.training import TrainingLoop, adamw, optimizer_step
 
 from . import image_ar_data as data
-from .train_shapes_image_ar import build_model, code_batches, heldout_loss
+from .train_shapes_image_ar import add_gpt_arguments, build_model, code_batches, heldout_loss, load_codes
 
 
 def distil_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -83,10 +82,7 @@ def train(args: argparse.Namespace) -> dict:
     target = LlamaGenForClassConditional.from_pretrained(target_dir, dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
-    t0 = time.time()
-    codes, labels = data.cached_codes(vq_dir, args.train_n, args.seed, "train", Path(args.cache_dir))
-    held_codes, held_labels = data.cached_codes(vq_dir, args.heldout_n, args.seed, "heldout", Path(args.cache_dir))
-    prep = time.time() - t0
+    codes, labels, held_codes, held_labels, prep = load_codes(args, vq_dir)
     drafter = build_model(target.config.vocab_size, args.dim, args.layers, args.heads, args.class_dropout).train()
     n_params = sum(p.numel() for p in drafter.parameters())
     print(f"drafter: {n_params / 1e6:.2f}M parameters ({args.layers} layer(s), dim {args.dim}); distillation weight "
@@ -142,15 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = data.recipe_parser(__doc__, "the model folder (the drafter goes to OUT/drafter)", max_minutes=5.0,
                                 batch_size=32, lr=0.002, warmup=50)
     parser.add_argument("--target", default=None, help="target folder (default OUT)")
-    parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq), for the cached codes")
-    parser.add_argument("--cache-dir", default=str(data.CACHE_DIR))
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--class-dropout", type=float, default=0.1)
+    add_gpt_arguments(parser, layers=1, train_n_help="must match the target's to reuse its cached codes")
     parser.add_argument("--distil-weight", type=float, default=0.5, help="weight of the KL to the target (0 = codes only)")
-    parser.add_argument("--train-n", type=int, default=32000, help="must match the target's to reuse its cached codes")
-    parser.add_argument("--heldout-n", type=int, default=1000)
     parser.add_argument("--agree-n", type=int, default=256, help="held-out sequences for the agreement numbers")
     return train(data.parse_recipe_args(parser, argv))
 

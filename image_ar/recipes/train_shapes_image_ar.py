@@ -64,6 +64,26 @@ def drop_labels(labels: torch.Tensor, p: float, null_class: int, generator: torc
     return torch.where(drop, torch.full_like(labels, null_class), labels)
 
 
+def add_gpt_arguments(parser: argparse.ArgumentParser, layers: int, train_n_help: str) -> None:
+    """The architecture and code-data options of the class-conditional GPTs (the target and its drafter)."""
+    parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq), for the cached codes")
+    parser.add_argument("--cache-dir", default=str(data.CACHE_DIR), help="where encoded codes and sample grids go")
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--class-dropout", type=float, default=0.1)
+    parser.add_argument("--train-n", type=int, default=32000, help=train_n_help)
+    parser.add_argument("--heldout-n", type=int, default=1000)
+
+
+def load_codes(args: argparse.Namespace, vq_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """(train codes, train labels, held-out codes, held-out labels, seconds spent): encoded once, then cached."""
+    t0 = time.time()
+    codes, labels = data.cached_codes(vq_dir, args.train_n, args.seed, "train", Path(args.cache_dir))
+    held_codes, held_labels = data.cached_codes(vq_dir, args.heldout_n, args.seed, "heldout", Path(args.cache_dir))
+    return codes, labels, held_codes, held_labels, time.time() - t0
+
+
 def code_batches(loop: TrainingLoop, opt: torch.optim.Optimizer, codes: torch.Tensor, labels: torch.Tensor,
                  args: argparse.Namespace, null_class: int, generator: torch.Generator
                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -144,10 +164,7 @@ def train(args: argparse.Namespace) -> dict:
     if not (vq_dir / "model.safetensors").is_file():
         raise SystemExit(f"no VQ in {vq_dir}: run python -m mmspec.image_ar.recipes.train_shapes_vq first")
     vq = VQModel.from_pretrained(vq_dir, dtype=torch.float32).eval()
-    t0 = time.time()
-    codes, labels = data.cached_codes(vq_dir, args.train_n, args.seed, "train", Path(args.cache_dir))
-    held_codes, held_labels = data.cached_codes(vq_dir, args.heldout_n, args.seed, "heldout", Path(args.cache_dir))
-    prep = time.time() - t0
+    codes, labels, held_codes, held_labels, prep = load_codes(args, vq_dir)
     model = build_model(vq.config.codebook_size, args.dim, args.layers, args.heads, args.class_dropout).train()
     if args.init_from:  # continue a earlier run (same architecture)
         model.load_state_dict(LlamaGenForClassConditional.from_pretrained(args.init_from, dtype=torch.float32).state_dict())
@@ -209,17 +226,10 @@ def train(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = data.recipe_parser(__doc__, "the model folder (target at its top)", max_minutes=20.0, batch_size=32,
                                 lr=0.001, warmup=100)
-    parser.add_argument("--vq", default=None, help="VQ folder (default OUT/vq)")
     parser.add_argument("--judge", default=None, help="judge folder for sample quality (default OUT/judge; skipped if absent)")
-    parser.add_argument("--cache-dir", default=str(data.CACHE_DIR), help="where encoded codes and sample grids go")
+    add_gpt_arguments(parser, layers=6, train_n_help="distinct training images (encoded once)")
     parser.add_argument("--init-from", default=None, help="continue from this target folder (same architecture)")
     parser.add_argument("--prior-steps", type=int, default=0, help="steps the --init-from run had done (for the card)")
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--class-dropout", type=float, default=0.1)
-    parser.add_argument("--train-n", type=int, default=32000, help="distinct training images (encoded once)")
-    parser.add_argument("--heldout-n", type=int, default=1000)
     parser.add_argument("--sample-n", type=int, default=96, help="images sampled per guidance scale for the judge (0 = skip)")
     parser.add_argument("--eval-scales", default="1,2,4", help="guidance scales of the sample evaluation")
     parser.add_argument("--guidance-scale", type=float, default=2.0, help="the default scale written to the card")
