@@ -55,12 +55,28 @@ def reports_rounds(pipe: Any) -> bool:
     return "callback_on_round" in inspect.signature(pipe.__call__).parameters
 
 
-def step_map(counts: list[int], grid: tuple[int, int]) -> np.ndarray:
-    """The round (0, 1, ...) that committed each token of a raster-order grid, from the tokens committed per round."""
-    steps = np.repeat(np.arange(len(counts)), counts)[: grid[0] * grid[1]]
-    if steps.size < grid[0] * grid[1]:
-        raise MMSpecError(f"the rounds committed {steps.size} tokens, the image has {grid[0] * grid[1]}")
+def step_map(spans: list[tuple[int, int]], grid: tuple[int, int]) -> np.ndarray:
+    """The round (0, 1, ...) that committed each token of a raster-order grid, from each round's
+    (raster position of its first token, tokens committed)."""
+    steps = np.full(grid[0] * grid[1], -1)
+    for step, (position, count) in enumerate(spans):
+        steps[position:position + count] = step
+    missing = int((steps < 0).sum())
+    if missing:
+        raise MMSpecError(f"the rounds committed {steps.size - missing} of the image's {steps.size} tokens")
     return steps.reshape(grid)
+
+
+def round_spans(rounds: list) -> list[tuple[int, int]]:
+    """(raster position, count) per round of the call's first image: every image method commits a
+    contiguous run of tokens in raster order per target forward, so positions follow from the counts."""
+    spans, filled = [], 0
+    for info in rounds:
+        if info.chunk not in (None, 0):  # the image pipelines number the images of a call as chunks
+            continue
+        spans.append((filled, len(info.tokens)))
+        filled += len(info.tokens)
+    return spans
 
 
 def step_image(steps: np.ndarray) -> Image.Image:
@@ -81,15 +97,15 @@ def generate(model: str, label: str, method: str, seed: float, progress: gr.Prog
             raise MMSpecError("choose a class")
         pipe = image_pipeline(model)
         progress(None, desc=f"{method}: sampling image tokens")
-        counts: list[int] = []
-        extra = {"callback_on_round": lambda _i, info: counts.append(len(info.tokens))} if reports_rounds(pipe) else {}
+        rounds: list = []
+        extra = {"callback_on_round": lambda _i, info: rounds.append(info)} if reports_rounds(pipe) else {}
         out = pipe(prompt=label, method=method, seed=int(seed), progress_bar=False, **extra)
         grid = tuple(out.tokens.shape[-2:])
         stats = out.stats
         text = (f"**{method}**: {stats.new_tokens} image tokens in {stats.target_forwards} target forwards: step "
                 f"compression **{stats.step_compression:.2f}** tokens per forward; {stats.total_time * 1e3:.0f} ms "
                 f"(token generation; the VQ decoder's time not included)")
-        picture = step_image(step_map(counts, grid)) if counts else None
+        picture = step_image(step_map(round_spans(rounds), grid)) if rounds else None
         if picture is None:
             text += "\n\nThe step map needs the image pipeline's per-round callback (`callback_on_round`), which it lacks."
         return _enlarged(out.images[0]), picture, text

@@ -54,12 +54,18 @@ def test_round_text_reads_as_the_pipelines_caption():
     assert "".join(t for t, _ in R.highlighted(R.round_views(other, decode))).strip() != out.text
 
 
-@pytest.mark.parametrize("counts, expected", [([1, 3, 2, 3], [[0, 1, 1], [1, 2, 2], [3, 3, 3]])])
-def test_step_map_places_rounds_in_raster_order(counts, expected):
+def test_step_map_places_rounds_at_their_positions():
     pytest.importorskip("gradio")
-    from mmspec.demo.image_tab import step_map
+    from mmspec.demo.image_tab import round_spans, step_map
 
-    assert step_map(counts, (3, 3)).tolist() == expected
+    rounds = [RoundInfo(tokens=[7], drafted=0, accepted=0, new_tokens=1),
+              RoundInfo(tokens=[7, 7, 7], drafted=3, accepted=2, new_tokens=4),
+              RoundInfo(tokens=[7, 7], drafted=4, accepted=1, new_tokens=6),
+              RoundInfo(tokens=[7, 7, 7], drafted=3, accepted=3, new_tokens=9)]
+    assert step_map(round_spans(rounds), (3, 3)).tolist() == [[0, 1, 1], [1, 2, 2], [3, 3, 3]]
+    # Rounds of a second image (chunk 1) are not drawn on the first one's map.
+    second = [RoundInfo(tokens=[7] * 9, drafted=8, accepted=8, new_tokens=18, chunk=1)]
+    assert step_map(round_spans(rounds + second), (3, 3)).tolist() == [[0, 1, 1], [1, 2, 2], [3, 3, 3]]
 
 
 def test_step_map_refuses_rounds_that_do_not_fill_the_image():
@@ -67,5 +73,5 @@ def test_step_map_refuses_rounds_that_do_not_fill_the_image():
     from mmspec.demo.image_tab import step_map
     from mmspec.errors import MMSpecError
 
-    with pytest.raises(MMSpecError, match="committed 4 tokens, the image has 9"):
-        step_map([1, 3], (3, 3))
+    with pytest.raises(MMSpecError, match="committed 4 of the image's 9 tokens"):
+        step_map([(0, 1), (1, 3)], (3, 3))
