@@ -42,8 +42,8 @@ CAPTION = [
 ]
 CAPTION_WITH_ZOO = [  # these load the toy captioner (a few seconds each) and fail before decoding
     (["caption", "{video}", "--frames", "10000"], "10000 frames cannot fit: shapes-video-captioner holds 512 positions"),
-    (["caption", "{video}", "--frames", "16"], "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner "
-                                               "holds 512 positions"),
+    (["caption", "{video}", "--frames", "16"],
+     "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),
 ]
 GENERATE = [
     (["generate", "hi", "--temperature", NAN, "--sample"], "argument --temperature: expected a finite number"),
@@ -56,15 +56,15 @@ GENERATE = [
     (["generate", "hi", "--model", "{video}"], "is a file, not a model folder"),
 ]
 GENERATE_IMAGE = [
-    (["generate-image", "red circle", "--out", "/proc/x.png"], "argument --out: cannot write"),
-    (["generate-image", "red circle", "--out", "/sys/x.png"], "argument --out: cannot write"),
+    (["generate-image", "red circle", "--out", "/proc/x.png"], "--out: cannot write"),
+    (["generate-image", "red circle", "--out", "/sys/x.png"], "--out: cannot write"),
     (["generate-image", "red circle", "--out", "{tmp}/folder.png"], "is an existing folder, not a file"),
     (["generate-image", "red circle", "--out", "{tmp}/missing/x.png"], "no existing folder '{tmp}/missing'"),
     (["generate-image", "red circle", "--out", "{tmp}/x.txt"], "needs an image suffix"),
     (["generate-image", "red circle", "--temperature", NAN], "argument --temperature: expected a finite number"),
     (["generate-image", "red circle", "--seed", BIG_SEED], "argument --seed"),
     (["generate-image", "red circle", "--top-k", "0"], "argument --top-k"),
-    (["generate-image", "red circle", "--lantern-delta", "2"], "argument --lantern-delta"),
+    (["generate-image", "red circle", "--lantern-delta", NAN], "argument --lantern-delta: expected a finite number"),
 ]
 GENERATE_IMAGE_WITH_ZOO = [
     (["generate-image", "99999999999999999999", "--out", "{tmp}/x.png"], "class id 99999999999999999999 is out of range"),
@@ -89,6 +89,8 @@ BENCH = [
     (["bench", "overhead", "--max-new-tokens", "480", "-k", "20"], "do not fit the model's 512 positions"),
     (["bench", "overhead", "--repeats", "0"], "argument --repeats"),
     (["bench", "image", "--n", "0"], "argument --n"),
+    (["bench", "image", "--num-samples", "0"], "argument --num-samples"),
+    (["bench", "text", "--num-samples", "-2"], "argument --num-samples"),
     (["bench", "image", "--repeats", "0"], "argument --repeats"),
     (["bench", "image", "--window", "0"], "argument --window"),
     (["bench", "image", "--temperature", NAN], "argument --temperature"),
@@ -181,7 +183,7 @@ def test_too_long_for_the_model_fails_before_running(argv, expected, fields, cap
 
 
 def test_malformed_zoo_card_in_the_zoo(monkeypatch, tmp_path, capsys):
-    import mmspec.zoo as zoo
+    from mmspec import zoo
 
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "zoo_card.json").write_text('{"name": ')
@@ -198,6 +200,15 @@ def test_checks_accept_good_values(fields):
     assert (args.seed, args.fps, args.temperature, args.frames) == (2**64 - 1, 2.5, 0.0, 4)
     args = build_parser().parse_args(["bench", "vision", "--std", "16,3", "40,7"])
     assert args.std == [(16, 3), (40, 7)]
+
+
+def test_one_size_flag_for_every_bench():
+    from mmspec.cli import build_parser
+
+    parser = build_parser()
+    for bench, old in (("text", "--num-prompts"), ("vision", "--num-videos"), ("overhead", "--num-prompts"), ("image", "--n")):
+        assert parser.parse_args(["bench", bench, "--num-samples", "3"]).num_samples == 3
+        assert parser.parse_args(["bench", bench, old, "4"]).num_samples == 4  # the old name still works
 
 
 def test_version_and_verbose_flags(capsys):
@@ -218,17 +229,17 @@ def mmspec_process(*argv: str, **kwargs) -> subprocess.Popen:
 
 def test_exit_status_of_a_real_process(fields):
     process = mmspec_process("caption", fields["video"], "--fps", "inf")
-    out, err = process.communicate(timeout=60)
+    _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "Traceback" not in err
-    assert err.strip().splitlines() == ["mmspec: error: argument --fps: expected a finite number, got 'inf' "
-                                        "(see mmspec caption --help)"]
+    expected = "mmspec: error: argument --fps: expected a finite number, got 'inf' (see mmspec caption --help)"
+    assert err.strip().splitlines() == [expected]
 
 
 def test_ctrl_c_while_importing_is_one_line():
     process = mmspec_process("generate", "a small red circle", "--max-new-tokens", "4")
     time.sleep(1.0)  # inside main(), importing torch (several seconds on a cold start)
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
+    _, err = process.communicate(timeout=60)
     if process.returncode == 0:
         pytest.skip("the command finished before the signal arrived")
     assert process.returncode in (130, -signal.SIGINT), err  # the shell reports either as 130

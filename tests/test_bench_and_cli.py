@@ -66,3 +66,18 @@ def test_cli_zoo_list_json(capsys):
     listed = json.loads(capsys.readouterr().out)
     for entry in listed:
         assert {"name", "params", "file_size_bytes", "trained_on", "quality", "rebuild_command"} <= set(entry)
+
+
+def test_bench_table_shows_the_spread_and_warns_when_it_is_wide():
+    from mmspec.bench.harness import BenchReport, MethodResult
+    from mmspec.stats import SpecStats
+
+    steady = MethodResult("greedy-loop", SpecStats(method="greedy-loop"), wall_times=[1.0, 1.02, 0.99])
+    noisy = MethodResult("fixed k=5", SpecStats(method="fixed k=5"), wall_times=[0.5, 1.4, 0.6])
+    report = BenchReport("t", "greedy-loop", [steady, noisy], {})
+    table = report.to_table()
+    assert "0.990-1.020" in table and "0.500-1.400" in table
+    assert [line.split(":")[1].strip() for line in table.splitlines() if line.startswith("warning:")] == ["fixed k=5"]
+    assert report.to_dict()["methods"][1]["wall_time_max_s"] == 1.4 and len(report.to_dict()["warnings"]) == 1
+    calm = BenchReport("t", "greedy-loop", [steady], {})  # a failing control: no warning when the spread is narrow
+    assert "warning" not in calm.to_table() and calm.to_dict()["warnings"] == []

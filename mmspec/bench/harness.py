@@ -1,7 +1,8 @@
 """Side-by-side benchmark harness: every method, same process, same inputs.
 
 Methods are run after a warm-up, in interleaved repetitions (method A, B, C, then again), so
-slow drift of the machine hits all of them alike; wall times are medians over repetitions.
+slow drift of the machine hits all of them alike; wall times are medians over repetitions, shown with
+their min and max, and the table warns when they spread too widely to trust (a busy machine).
 Every output is compared with the reference method's (plain greedy decoding).
 """
 
@@ -10,9 +11,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -22,6 +24,9 @@ from .results import note_report
 
 # A method takes one input and returns (new token ids, stats of that call).
 MethodFn = Callable[[Any], tuple[list[int], SpecStats]]
+
+# (max - min) / median of a method's wall times above which its speed-up is not trusted.
+UNTRUSTED_SPREAD = 0.25
 
 
 @dataclass
@@ -36,6 +41,12 @@ class MethodResult:
     @property
     def median_wall_time(self) -> float:
         return statistics.median(self.wall_times) if self.wall_times else 0.0
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the wall times over repetitions (0 with one repetition)."""
+        median = self.median_wall_time
+        return (max(self.wall_times) - min(self.wall_times)) / median if len(self.wall_times) > 1 and median else 0.0
 
     @property
     def median_decode_time(self) -> float | None:
@@ -62,6 +73,9 @@ class BenchReport:
             row = {"method": r.name, **r.stats.to_dict()}
             row.update(
                 wall_time_median_s=r.median_wall_time,
+                wall_time_min_s=min(r.wall_times, default=0.0),
+                wall_time_max_s=max(r.wall_times, default=0.0),
+                wall_time_spread=r.spread,
                 wall_times_s=r.wall_times,
                 tokens_per_second=r.stats.new_tokens / r.median_wall_time if r.median_wall_time else 0.0,
                 speed_up=self.speed_up(r),
@@ -69,13 +83,22 @@ class BenchReport:
                 mismatched_outputs=r.mismatches,
             )
             rows.append(row)
-        return {"title": self.title, "reference": self.reference, "settings": self.settings, "methods": rows}
+        return {"title": self.title, "reference": self.reference, "settings": self.settings, "methods": rows,
+                "warnings": self.warnings()}
+
+    def warnings(self) -> list[str]:
+        """A line for each method whose wall times spread too widely over repetitions to trust its speed-up."""
+        wide = [r for r in self.results if r.spread > UNTRUSTED_SPREAD]
+        return [f"{r.name}: wall times {min(r.wall_times):.3f}-{max(r.wall_times):.3f} s over {len(r.wall_times)} "
+                f"repetitions (spread {r.spread:.0%} of the median): its speed-up is not reliable; rerun on an idle "
+                "machine or with more --repeats" for r in wide]
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def to_table(self) -> str:
-        header = f"{'method':<26} {'tau':>5} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'tok/s':>8} {'speed-up':>8}  identical"
+        header = (f"{'method':<26} {'tau':>5} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'min-max s':>15} "
+                  f"{'tok/s':>8} {'speed-up':>8}  identical")
         lines = [self.title, header, "-" * len(header)]
         for r in self.results:
             s = r.stats
@@ -83,11 +106,18 @@ class BenchReport:
             tps = s.new_tokens / r.median_wall_time if r.median_wall_time else 0.0
             lines.append(
                 f"{r.name:<26} {s.tau:>5.2f} {alpha:>6} {s.target_forwards:>8} {s.drafter_forwards:>8} "
-                f"{r.median_wall_time:>8.3f} {tps:>8.1f} {self.speed_up(r):>7.2f}x  {'yes' if r.identical else f'NO ({r.mismatches})'}"
+                f"{r.median_wall_time:>8.3f} {span(r.wall_times):>15} {tps:>8.1f} {self.speed_up(r):>7.2f}x  "
+                f"{'yes' if r.identical else f'NO ({r.mismatches})'}"
             )
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
-        lines.append(f"({settings}; wall = median over repetitions of the total over all inputs)")
+        lines.append(f"({settings}; wall = median over repetitions of the total over all inputs, min-max beside it)")
+        lines.extend(f"warning: {line}" for line in self.warnings())
         return "\n".join(lines)
+
+
+def span(values: Sequence[float]) -> str:
+    """'min-max' of wall times, for a table cell."""
+    return f"{min(values):.3f}-{max(values):.3f}" if values else "-"
 
 
 def run_benchmark(

@@ -7,7 +7,14 @@ import argparse
 from ..errors import MMSpecError
 from . import checks
 from .atomic import atomic_write
-from .common import IMAGE_SUFFIXES, SharedFlags, announce_zoo_default, emit, set_threads
+from .common import (
+    IMAGE_SUFFIXES,
+    SharedFlags,
+    add_size_flag,
+    announce_zoo_default,
+    emit,
+    set_threads,
+)
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -15,7 +22,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                 help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
                         "(default: the toy shapes-image-ar)")
-    parser.add_argument("--n", type=checks.positive_int, default=16, help="images per method (conditions cycle through the classes or --prompts)")
+    add_size_flag(parser, 16, "images per method (conditions cycle through the classes or --prompts)", "--n")
     parser.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
                         help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
@@ -82,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
                               lantern_settings=lantern, gsd_defaults=gsd_defaults, gsd_settings=gsd)
     if args.methods:
         methods = {row: config for row, config in methods.items() if config.method in {"ar", *args.methods}}
-    labels = pipe.bench_conditions(args.n, args.prompts)  # class ids, or prompt indices for a text-to-image model
+    labels = pipe.bench_conditions(args.num_samples, args.prompts)  # class ids, or prompt indices for a text-to-image model
     sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
-                         repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.n} images")
+                         repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     if args.grid_out:
         atomic_write(args.grid_out, report.grid.save)
         report.settings["grid"] = args.grid_out

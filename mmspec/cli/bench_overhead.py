@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import checks
 from ..errors import MMSpecError
-from .common import SharedFlags, emit, set_threads
+from . import checks
+from .common import SharedFlags, add_size_flag, emit, set_threads
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -18,7 +18,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--max-new-tokens", type=checks.int_in(1, 480, " (the 512 positions less the 24-token prompt)"),
                         default=64)
     parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
-    parser.add_argument("--num-prompts", type=checks.positive_int, default=8)
+    add_size_flag(parser, 8, "random prompts to run", "--num-prompts")
     parser.set_defaults(func=run)
 
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     config = LlamaConfig(vocab_size=1000, hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=POSITIONS, eos_token_id=None)
     target, drafter = inert_layer_pair(LlamaForCausalLM(config), drafter_layers=1)
-    prompts = [torch.randint(1, 1000, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(i)) for i in range(args.num_prompts)]
+    prompts = [torch.randint(1, 1000, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(i)) for i in range(args.num_samples)]
     report = bench_text(
         target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
         policies=("fixed",), include_lookup=False, repeats=args.repeats, progress=not args.json,

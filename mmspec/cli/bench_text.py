@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import MMSpecError
 from . import checks
-from .common import SharedFlags, emit, set_threads
+from .common import SharedFlags, add_size_flag, emit, set_threads
 from .generate import add_pair_args
 
 
@@ -16,7 +16,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                 help="plain greedy vs mmspec (each policy) vs transformers assisted generation")
     add_pair_args(parser)
     parser.add_argument("--prompts", type=checks.text_file, help="file with one prompt per line (default: held-out shapes-world caption prefixes)")
-    parser.add_argument("--num-prompts", type=checks.positive_int, default=50)
+    add_size_flag(parser, 50, "prompts to run", "--num-prompts")
     parser.set_defaults(func=run)
 
 
@@ -26,10 +26,10 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
         prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not prompts:
             raise MMSpecError(f"prompts file {path} has no non-empty line")
-        return prompts[: args.num_prompts]
+        return prompts[: args.num_samples]
     from ..world import heldout_prompts
 
-    return heldout_prompts(args.num_prompts, seed=args.seed)
+    return heldout_prompts(args.num_samples, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 
 from ..errors import MMSpecError
 from . import checks
-from .common import SharedFlags, set_threads
+from .common import SharedFlags, add_size_flag, set_threads
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -15,7 +15,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                 help="caption methods side by side on held-out shapes videos")
     parser.add_argument("--model", default="shapes-video-captioner")
     parser.add_argument("--drafter", default=None, help="text-only drafter (default: the model's zoo pair)")
-    parser.add_argument("--num-videos", type=checks.positive_int, default=10)
+    add_size_flag(parser, 10, "held-out videos to caption", "--num-videos")
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=48)
     parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
     parser.add_argument("--std", nargs="+", type=checks.pair_of_ints("--std", "K", "GAMMA"),
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     items = []
     # held-out videos like the ones the captioner was trained on (its card says how many shapes a scene has)
     max_shapes = pipe.card.get("max_shapes", 3)
-    for scene, _caption in examples(args.num_videos, seed=args.seed, split="heldout", max_shapes=max_shapes):
+    for scene, _caption in examples(args.num_samples, seed=args.seed, split="heldout", max_shapes=max_shapes):
         inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
         items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
     std = tuple(args.std)

@@ -11,8 +11,8 @@ import argparse
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes any unsigned 64-bit value
 

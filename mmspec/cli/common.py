@@ -8,7 +8,8 @@ import importlib
 import os
 import sys
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..errors import MMSpecError
 from . import checks
@@ -17,7 +18,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as installed
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
     try:
         return installed("mmspec")
@@ -58,6 +60,16 @@ class LazyChoices:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values())
+
+
+def add_size_flag(parser: argparse.ArgumentParser, default: int, what: str, *old_names: str) -> None:
+    """`--num-samples N`, the one name of every bench's size flag (`args.num_samples`); the older per-bench
+    names still work, unlisted."""
+    parser.add_argument("--num-samples", dest="num_samples", type=checks.positive_int, default=default, metavar="N",
+                        help=f"{what} (--num-samples in every bench)")
+    for old in old_names:
+        parser.add_argument(old, dest="num_samples", type=checks.positive_int, default=argparse.SUPPRESS,
+                            help=argparse.SUPPRESS)
 
 
 def leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

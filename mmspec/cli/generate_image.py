@@ -10,7 +10,13 @@ from pathlib import Path
 from ..errors import MMSpecError
 from . import checks
 from .atomic import atomic_write
-from .common import IMAGE_SUFFIXES, LazyChoices, SharedFlags, announce_zoo_default, stats_json
+from .common import (
+    IMAGE_SUFFIXES,
+    LazyChoices,
+    SharedFlags,
+    announce_zoo_default,
+    stats_json,
+)
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -28,10 +34,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--guidance-scale", type=checks.non_negative_float, default=None, help="classifier-free guidance (default: the model card's)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
     parser.add_argument("--top-k", type=checks.positive_int, default=None)
-    parser.add_argument("--out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="image file to write (default: <class>.png)")
+    parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
     # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
     suppress = argparse.SUPPRESS
-    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.probability, default=suppress, metavar="DELTA",
+    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.finite_float, default=suppress, metavar="DELTA",
                         help="LANTERN: budget in [0, 1] on the total variation between p and each candidate's boosted p "
                         "(not a bound on the output law; default: the model card's)")
     parser.add_argument("--lantern-k", dest="lantern_k", type=checks.positive_int, default=suppress, metavar="K",
@@ -64,6 +70,13 @@ def optional_float(value: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number >= 0 or none, got {value!r}") from None
 
 
+def check_output(path: str) -> None:
+    try:
+        checks.output_file(IMAGE_SUFFIXES, "image")(path)
+    except argparse.ArgumentTypeError as error:
+        raise MMSpecError(f"--out: {error}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -71,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+    if args.out:  # before the model loads: a path that cannot be written fails now, not after generating
+        check_output(args.out)
     pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL, drafter=args.drafter)
     if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
         condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
@@ -86,10 +101,7 @@ def run(args: argparse.Namespace) -> int:
         stem = (name or f"class-{label}").replace(" ", "_")
     out_path = Path(args.out or f"{stem}.png")
     if not args.out:  # the default name is known only now; still checked before generating
-        try:
-            checks.output_file(IMAGE_SUFFIXES, "image")(str(out_path))
-        except argparse.ArgumentTypeError as error:
-            raise MMSpecError(str(error)) from None
+        check_output(str(out_path))
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
     # Only the method options given on the command line; the rest come from the model card (else the authors').

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from . import checks
 from ..errors import MMSpecError
+from . import checks
 from .common import SharedFlags, set_threads
 
 
