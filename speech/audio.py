@@ -135,19 +135,52 @@ def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
             # Planar float at the target rate, original channel layout; channels are then averaged
             # (FFmpeg's own downmix would scale a stereo signal by 1/sqrt(2) instead).
             resampler = av.AudioResampler(format="fltp", rate=sampling_rate)
-            pieces: list[np.ndarray] = []
+            buffer = _SampleBuffer(_expected_samples(container, stream, sampling_rate))
             for frame in container.decode(stream):
                 frame.pts = None  # let the resampler count samples itself (robust to odd timestamps)
-                pieces.extend(_frames_to_arrays(resampler.resample(frame)))
-            pieces.extend(_frames_to_arrays(resampler.resample(None)))  # flush the resampler's delay
+                buffer.extend(_frames_to_arrays(resampler.resample(frame)))
+            buffer.extend(_frames_to_arrays(resampler.resample(None)))  # flush the resampler's delay
     except MMSpecError:
         raise
     except Exception as err:  # av.FFmpegError, codec errors, truncated files
         raise MMSpecError(f"cannot read audio {str(path)!r}: {_reason(err)}") from err
-    audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    audio = buffer.samples()
     if audio.size == 0:
         raise MMSpecError(f"audio {str(path)!r} holds no samples")
     return _finite(audio, str(path))
+
+
+class _SampleBuffer:
+    """Decoded samples written into one preallocated array (sized from the container's duration, grown by half
+    when that was short): a long file is held once at the model's rate, not as a list of pieces plus their
+    concatenation."""
+
+    def __init__(self, expected: int) -> None:
+        self.data = np.empty(max(expected, 1 << 16), dtype=np.float32)
+        self.size = 0
+
+    def extend(self, arrays: list[np.ndarray]) -> None:
+        for array in arrays:
+            end = self.size + array.shape[0]
+            if end > self.data.shape[0]:
+                grown = np.empty(max(end, self.data.shape[0] * 3 // 2), dtype=np.float32)
+                grown[: self.size] = self.data[: self.size]
+                self.data = grown
+            self.data[self.size : end] = array
+            self.size = end
+
+    def samples(self) -> np.ndarray:
+        return self.data[: self.size]
+
+
+def _expected_samples(container: Any, stream: Any, sampling_rate: int) -> int:
+    """Samples at `sampling_rate` the container says it holds (plus 1 %), or 0 when it does not say."""
+    seconds = None
+    if stream.duration is not None and stream.time_base is not None:
+        seconds = float(stream.duration * stream.time_base)
+    elif container.duration is not None:
+        seconds = container.duration / av.time_base
+    return int(seconds * sampling_rate * 1.01) + sampling_rate if seconds and seconds > 0 else 0
 
 
 def _frames_to_arrays(frames: Any) -> list[np.ndarray]:

@@ -26,17 +26,21 @@ Conventions and decisions:
     kind is read from its config.json), or a loaded model. With None, `fast_decoder/` is used if
     present, else `ar_fast_decoder/`. Without any, only `ar` is available. (The fast decoder kind
     "ar" is unrelated to the method "ar": an AR fast decoder still serves method "hybrid".)
-  - Chunking: the audio is cut into consecutive, non-overlapping windows of exactly the length
-    the feature extractor pads to (`n_samples`, 30 s for Whisper; it must match the encoder's
-    `2 x max_source_positions` frames). Each chunk is transcribed on its own (the language is
-    detected per chunk when not given) and the chunk texts are joined with one space. A word cut
-    at a boundary may be garbled; no overlap or timestamp stitching is attempted.
-  - Silence: silence is not an error. A chunk whose RMS is below `silence_threshold`
-    (1e-3 = -60 dBFS) transcribes to nothing without running the decoder (Whisper tends to
-    hallucinate text on silence); a wholly silent clip gives `text == ""` and a `note`.
-    `silence_threshold=None` transcribes every chunk. Empty, corrupt or unsupported audio raises
-    `MMSpecError` (from `load_audio`, which takes a path, an array with its `sampling_rate`, or a
-    `{"array", "sampling_rate"}` dict).
+  - Chunking (`long_audio.py`): the audio is cut at pauses into speech regions; a region that fits
+    the window the feature extractor pads to (`n_samples`, 30 s for Whisper; it must match the
+    encoder's `2 x max_source_positions` frames) is one window, a longer one is read in windows
+    overlapping by a sixth of the window on each side (transformers' ASR pipeline's default
+    stride), whose token sequences are stitched where they agree. Each window is decoded on its own
+    (the language is detected per window when not given), so hybrid strict equals greedy window by
+    window. `out.chunks` are the windows as decoded; `out.segments` the stitched text with each
+    window's own time span (one segment per speech region that fits a window), which the
+    subtitle writers (`subtitles.py`) turn into cues.
+  - Silence: silence is not an error. Pauses (RMS below `silence_threshold`, 1e-3 = -60 dBFS, or
+    below the recording's own noise floor, see `speech_regions`) are not decoded (Whisper tends to
+    hallucinate text on silence); a wholly silent clip gives `text == ""`, no chunks and a `note`.
+    `silence_threshold=None` decodes the whole audio. Empty, corrupt, unsupported or too short
+    (under 0.2 s) audio raises `MMSpecError` (from `load_audio`, which takes a path, an array with
+    its `sampling_rate`, or a `{"array", "sampling_rate"}` dict).
   - `decoder_passes` counts forward passes of the big decoder, Whisper's one-step language
     detection included; fast-decoder passes are `stats.drafter_forwards`.
 """
@@ -62,12 +66,14 @@ from ..pipelines import (
 )
 from ..stats import SpecStats
 from ..zoo import entries, folder_card
-from .audio import AudioSource, is_silent, load_audio, split_chunks
+from .audio import AudioSource, load_audio
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
+from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, speech_model_path, zoo_entry
+from .subtitles import Segment
 from .target import WhisperTarget
 
 FAST_DECODER_FOLDER = "fast_decoder"
@@ -75,6 +81,7 @@ FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER
 FastDecoder = CTCFastDecoder | ARFastDecoder
 METHODS = ("hybrid", "ar")
 SILENCE_THRESHOLD = 1e-3
+MIN_AUDIO_S = 0.2  # shorter than a syllable: no speech to transcribe
 FALLBACK_MAX_NEW_TOKENS = 448  # Whisper's decoder length, for models that do not state theirs
 
 
@@ -88,20 +95,21 @@ class ChunkTranscript:
     tokens: list[int]
     stats: SpecStats
     decoder_passes: int
-    silent: bool = False
 
 
 @dataclass
 class TranscriptionOutput(TextPipelineOutput):
     """What a transcription call produced, and how (stats summed over chunks): `text`, `method`, `model`,
-    `stats`, then `mode`, `decoder_passes`, `chunks`, `total_time_s` (the whole call: audio decoding,
-    features, encoder and decoding) and `note` (e.g. why the text is empty)."""
+    `stats`, then `mode`, `decoder_passes`, `chunks` (the windows as decoded), `total_time_s` (the whole call:
+    audio decoding, features, encoder and decoding), `note` (e.g. why the text is empty) and `segments`
+    (`Segment(start_s, end_s, text)`, the stitched transcript with times, for subtitles)."""
 
     mode: str
     decoder_passes: int
     chunks: list[ChunkTranscript] = field(default_factory=list)
     total_time_s: float = 0.0
     note: str | None = None
+    segments: list[Segment] = field(default_factory=list)
 
 
 class TranscriptionPipeline(SpeculativePipeline):
@@ -269,7 +277,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             mode: `strict` (identical to greedy `generate`) or `relaxed` (hybrid only).
             language, task: as in Whisper's `generate` (None: the generation config's, or detected).
             max_new_tokens: per chunk (default: as many as the decoder's positions allow).
-            silence_threshold: RMS below which a chunk is skipped as silent (None: never skip).
+            silence_threshold: RMS below which audio counts as a pause and is not decoded (None: decode it all).
             progress_bar: show a progress bar over chunks (see also `set_progress_bar_config`).
             callback_on_round: `fn(round_index, info)` after every decoder pass that commits tokens;
                 `info` is a `RoundInfo` (token ids committed, drafted, accepted, tokens so far, `chunk`).
@@ -284,32 +292,48 @@ class TranscriptionPipeline(SpeculativePipeline):
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         reporter = self.round_reporter(callback_on_round)
         samples = load_audio(audio, self.sampling_rate, source_sampling_rate=sampling_rate)
-        pieces = split_chunks(samples, self.chunk_seconds, self.sampling_rate)
+        check_duration(samples, self.sampling_rate)
+        window = int(round(self.chunk_seconds * self.sampling_rate))
+        threshold = silence_threshold if silence_threshold is not None else 0.0
+        regions = speech_regions(samples, self.sampling_rate, threshold) if silence_threshold is not None else \
+            [(0, samples.shape[0])]
+        windows = plan_windows(regions, window, int(round(window * STRIDE_FRACTION)))
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         stats = SpecStats(method=label)
         chunks: list[ChunkTranscript] = []
-        start_s = 0.0
-        with self.progress_bar(total=len(pieces), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
-            for index, piece in enumerate(pieces):
-                end_s = start_s + piece.shape[0] / self.sampling_rate
-                if silence_threshold is not None and is_silent(piece, silence_threshold):
-                    chunks.append(ChunkTranscript(start_s, end_s, "", [], SpecStats(method=label), 0, silent=True))
-                else:
-                    reporter.chunk = index
-                    chunks.append(self._transcribe_chunk(piece, start_s, end_s, method, mode, label, language, task,
-                                                         max_new_tokens, reporter))
+        rate = self.sampling_rate
+        with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
+            for index, planned in enumerate(windows):
+                reporter.chunk = index
+                chunks.append(self._transcribe_chunk(samples[planned.start:planned.end], planned.start / rate,
+                                                     planned.end / rate, method, mode, label, language, task,
+                                                     max_new_tokens, reporter))
                 stats = stats + chunks[-1].stats
-                start_s = end_s
                 bar.update(1)
-        text = " ".join(c.text for c in chunks if c.text)
+        segments = self._segments(windows, chunks)
+        text = " ".join(s.text for s in segments if s.text)
         note = None
-        if all(c.silent for c in chunks):
+        if not windows:
             note = f"the audio is silent (RMS below {silence_threshold}): nothing to transcribe"
         return TranscriptionOutput(
             text=text, method=method, mode=mode, model=self.model_name, stats=stats,
-            decoder_passes=sum(c.decoder_passes for c in chunks), chunks=chunks,
+            decoder_passes=sum(c.decoder_passes for c in chunks), chunks=chunks, segments=segments,
             total_time_s=time.perf_counter() - started, note=note,
         )
+
+    def _segments(self, windows: list[Window], chunks: list[ChunkTranscript]) -> list[Segment]:
+        """One segment per window, its tokens stitched with the overlapping windows of the same speech region."""
+        special = set(self.tokenizer.all_special_ids)
+        kept = [[t for t in c.tokens if t not in special] for c in chunks]
+        skip = [0] * len(kept)
+        for i in range(1, len(kept)):
+            if windows[i].region == windows[i - 1].region:
+                keep, skip[i] = stitch(kept[i - 1][skip[i - 1]:], kept[i])
+                kept[i - 1] = kept[i - 1][: skip[i - 1] + keep]
+        rate = self.sampling_rate
+        return [Segment(w.owned_start / rate, w.owned_end / rate,
+                        self.tokenizer.decode(tokens[first:], skip_special_tokens=True).strip())
+                for w, tokens, first in zip(windows, kept, skip)]
 
     def _transcribe_chunk(
         self, piece: np.ndarray, start_s: float, end_s: float, method: str, mode: str, label: str,
@@ -338,6 +362,12 @@ class TranscriptionPipeline(SpeculativePipeline):
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes)
+
+
+def check_duration(samples: np.ndarray, sampling_rate: int) -> None:
+    seconds = samples.shape[0] / sampling_rate
+    if seconds < MIN_AUDIO_S:
+        raise MMSpecError(f"the audio lasts {seconds:.2f} s: too short to hold speech (at least {MIN_AUDIO_S} s)")
 
 
 # --- loading ------------------------------------------------------------------------------------

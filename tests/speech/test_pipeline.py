@@ -116,21 +116,28 @@ def test_methods_equal_greedy_generate(pipe, clip, method, max_new_tokens):
         assert out.stats.drafter_forwards == 1
 
 
-def test_long_audio_is_chunked_and_stats_sum(pipe, tmp_path):
+def test_long_audio_windows_overlap_and_each_equals_greedy(pipe, tmp_path):
     samples = speechy(2.5, seed=3)
     path = write_wav(tmp_path / "long.wav", samples)
     out = pipe(path, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False)
-    assert len(out.chunks) == 3
-    assert [(c.start_s, c.end_s) for c in out.chunks] == [(0.0, 1.0), (1.0, 2.0), (2.0, 2.5)]
     audio = load_audio(path)
-    for chunk, start in zip(out.chunks, (0, RATE, 2 * RATE)):
-        assert chunk.tokens == greedy(pipe, audio[start:start + RATE], MAX_NEW)
+    bounds = [(round(c.start_s * RATE), round(c.end_s * RATE)) for c in out.chunks]
+    stride = round(RATE / 6)  # a sixth of the 1 s window on each side, as transformers' ASR pipeline
+    assert len(bounds) >= 3 and bounds[0][0] == 0 and bounds[-1][1] == audio.shape[0]
+    assert all(b[0] - a[0] == RATE - 2 * stride and a[1] - b[0] == 2 * stride for a, b in zip(bounds, bounds[1:-1]))
+    greedy_loop = pipe(path, method="ar", max_new_tokens=MAX_NEW, progress_bar=False)
+    assert [c.tokens for c in out.chunks] == [c.tokens for c in greedy_loop.chunks]  # lossless window by window
+    for chunk, (start, end) in zip(out.chunks[:-1], bounds):  # and full windows are the model's own generate
+        assert chunk.tokens == greedy(pipe, audio[start:end], MAX_NEW)
     for name in ("new_tokens", "target_forwards", "drafter_forwards", "drafted", "accepted", "rounds"):
         assert getattr(out.stats, name) == sum(getattr(c.stats, name) for c in out.chunks), name
-    assert out.decoder_passes == sum(c.decoder_passes for c in out.chunks) == out.stats.target_forwards + 3
-    assert out.text == " ".join(c.text for c in out.chunks if c.text)
+    assert out.decoder_passes == sum(c.decoder_passes for c in out.chunks) == out.stats.target_forwards + len(bounds)
+    segments = out.segments
+    assert len(segments) == len(bounds) and segments[0].start_s == 0.0 and segments[-1].end_s == audio.shape[0] / RATE
+    assert all(a.end_s == b.start_s for a, b in zip(segments, segments[1:]))  # owned spans tile the region
+    assert out.text == " ".join(s.text for s in segments if s.text)
     relaxed = pipe(path, method="hybrid", mode="relaxed", max_new_tokens=MAX_NEW, progress_bar=False)
-    assert relaxed.mode == "relaxed" and len(relaxed.chunks) == 3 and relaxed.stats.method == "hybrid-relaxed"
+    assert relaxed.mode == "relaxed" and len(relaxed.chunks) == len(bounds) and relaxed.stats.method == "hybrid-relaxed"
 
 
 def test_array_input_at_another_rate(pipe):
@@ -142,13 +149,19 @@ def test_array_input_at_another_rate(pipe):
 def test_silence_transcribes_to_nothing(pipe):
     out = pipe(np.zeros(2 * RATE, np.float32), sampling_rate=RATE, progress_bar=False)
     assert out.text == "" and out.decoder_passes == 0 and out.note and "silent" in out.note
-    assert all(c.silent for c in out.chunks) and out.stats.new_tokens == 0
+    assert out.chunks == [] and out.segments == [] and out.stats.new_tokens == 0
     gap = np.concatenate([speechy(1.0), np.zeros(RATE, np.float32), speechy(1.0, seed=2)])
     out = pipe(gap, sampling_rate=RATE, max_new_tokens=MAX_NEW, progress_bar=False)
-    assert [c.silent for c in out.chunks] == [False, True, False] and out.note is None
-    assert out.chunks[1].decoder_passes == 0
+    assert out.note is None and out.chunks
+    assert all(c.end_s <= 1.3 or c.start_s >= 1.7 for c in out.chunks)  # the pause is not decoded
+    assert any(c.end_s <= 1.3 for c in out.chunks) and any(c.start_s >= 1.7 for c in out.chunks)
     forced = pipe(np.zeros(RATE, np.float32), sampling_rate=RATE, max_new_tokens=4, silence_threshold=None, progress_bar=False)
-    assert forced.decoder_passes > 0 and not forced.chunks[0].silent
+    assert forced.decoder_passes > 0 and len(forced.chunks) == 1
+
+
+def test_too_short_audio_is_one_clear_error(pipe):
+    with pytest.raises(MMSpecError, match="too short to hold speech"):
+        pipe(speechy(0.1), sampling_rate=RATE, progress_bar=False)
 
 
 def test_bad_calls(pipe, clip, tmp_path):

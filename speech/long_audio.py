@@ -1,0 +1,126 @@
+"""Long audio: where the speech is, which windows the encoder reads, and how overlapping windows are stitched.
+
+Whisper reads 30 s at a time. A long recording is cut in two steps:
+
+1. Speech regions (`speech_regions`): frames of 20 ms whose RMS is above a threshold (the larger of
+   the silence threshold and twice the recording's quietest-decile level, so steady background
+   noise does not count as speech, but at most half its loudest-decile level, so a steady sound is
+   all kept); loud runs closer than `min_gap_s` (0.5 s) are joined, and each
+   region is padded by `pad_s` (0.2 s) on both sides, since word onsets and endings are quiet. A pause
+   of at least 0.5 s is a natural cut: nothing is lost there, and each region becomes one segment
+   with real start and end times (the subtitles' cues).
+2. Windows (`plan_windows`): a region that fits the model's window is one window. A longer one is
+   read in overlapping windows, as transformers' ASR pipeline does with `chunk_length_s` and
+   `stride_length_s`: windows of `window_s` every `window_s - 2 * stride_s` seconds (stride 5 s for
+   Whisper's 30 s, transformers' default of a sixth). Each window is decoded on its own, then
+   consecutive token sequences are stitched where they agree (`stitch`): the best-matching
+   alignment of the previous window's tail with the next window's head (at least two equal tokens),
+   cut in its middle, so the words at a window edge, which Whisper may garble, come from the window
+   that heard them whole. When no alignment matches, both are kept whole.
+
+Decoding within each window is whatever the pipeline's method does (greedy, or hybrid strict,
+which equals greedy window by window); stitching only chooses which window's tokens to keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FRAME_S = 0.02
+MIN_GAP_S = 0.5
+PAD_S = 0.2
+STRIDE_FRACTION = 1 / 6  # transformers' ASR pipeline: stride_length_s defaults to chunk_length_s / 6
+BLOCK_FRAMES = 1 << 14  # frames per block when measuring loudness: bounded temporary memory on long files
+
+
+@dataclass(frozen=True)
+class Window:
+    """Samples [start, end) read by the encoder; `owned_start` / `owned_end` is the part whose words this
+    window reports when stitched (without the overlap given to its neighbours); `region` is its speech region."""
+
+    start: int
+    end: int
+    owned_start: int
+    owned_end: int
+    region: int
+
+
+def frame_rms(audio: np.ndarray, frame: int) -> np.ndarray:
+    """RMS of consecutive frames (the last one partial), computed block by block without a full-length temporary."""
+    count = -(-audio.shape[0] // frame)
+    out = np.empty(count, dtype=np.float32)
+    for first in range(0, count, BLOCK_FRAMES):
+        last = min(count, first + BLOCK_FRAMES)
+        block = audio[first * frame : last * frame].astype(np.float64)
+        whole = (last - first) if block.shape[0] == (last - first) * frame else (last - first - 1)
+        if whole:
+            out[first : first + whole] = np.sqrt(np.mean(np.square(block[: whole * frame].reshape(whole, frame)), axis=1))
+        if whole < last - first:
+            out[last - 1] = np.sqrt(np.mean(np.square(block[whole * frame :])))
+    return out
+
+
+def speech_regions(audio: np.ndarray, sampling_rate: int, threshold: float, *, min_gap_s: float = MIN_GAP_S,
+                   pad_s: float = PAD_S) -> list[tuple[int, int]]:
+    """Sample ranges [start, end) holding sound above the threshold (see the module docstring); [] for silence."""
+    frame = max(1, int(round(FRAME_S * sampling_rate)))
+    rms = frame_rms(audio, frame)
+    if rms.size == 0:
+        return []
+    quiet, loud_level = np.percentile(rms, [10, 90])
+    level = max(float(threshold), min(2.0 * float(quiet), 0.5 * float(loud_level)))  # steady sound: all of it counts
+    loud = np.flatnonzero(rms >= level)
+    if loud.size == 0:
+        return []
+    gap = max(1, int(round(min_gap_s / FRAME_S)))
+    breaks = np.flatnonzero(np.diff(loud) > gap)
+    starts = np.concatenate([[loud[0]], loud[breaks + 1]])
+    ends = np.concatenate([loud[breaks], [loud[-1]]]) + 1
+    pad = int(round(pad_s * sampling_rate))
+    regions = []
+    for s, e in zip(starts, ends):
+        start, end = max(0, int(s) * frame - pad), min(audio.shape[0], int(e) * frame + pad)
+        if regions and start <= regions[-1][1]:
+            regions[-1] = (regions[-1][0], end)
+        else:
+            regions.append((start, end))
+    return regions
+
+
+def plan_windows(regions: list[tuple[int, int]], window: int, stride: int) -> list[Window]:
+    """The encoder windows for the regions: one per region that fits, else overlapping windows `stride` each side."""
+    if window <= 2 * stride:
+        raise ValueError(f"a window of {window} samples cannot have a stride of {stride} on each side")
+    step = window - 2 * stride
+    planned = []
+    for index, (start, end) in enumerate(regions):
+        starts = [start]
+        while starts[-1] + window < end:
+            starts.append(starts[-1] + step)
+        for k, s in enumerate(starts):
+            e = min(s + window, end)
+            owned_start = start if k == 0 else s + stride
+            owned_end = end if k == len(starts) - 1 else s + window - stride
+            planned.append(Window(s, e, owned_start, owned_end, index))
+    return planned
+
+
+def stitch(previous: list[int], current: list[int], min_matches: int = 2) -> tuple[int, int]:
+    """How to join two overlapping windows' tokens: (tokens of `previous` to keep, tokens of `current` to skip).
+
+    Every alignment of `previous`'s last n tokens with `current`'s first n is scored by its share of
+    equal tokens (a tiny bonus for longer overlaps breaks ties); the best one with at least
+    `min_matches` equal tokens is cut in its middle. No such alignment: keep both whole.
+    """
+    best_score, best_length = 0.0, 0
+    for length in range(1, min(len(previous), len(current)) + 1):
+        matches = sum(a == b for a, b in zip(previous[len(previous) - length :], current[:length]))
+        score = matches / length + length * 1e-6
+        if matches >= min_matches and score > best_score:
+            best_score, best_length = score, length
+    if best_length == 0:
+        return len(previous), 0
+    half = best_length // 2
+    return len(previous) - best_length + half, half
