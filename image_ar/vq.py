@@ -136,14 +136,7 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(block_in, c.z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
-            if hasattr(block, "downsample"):
-                h = block.downsample(h)
+        h = run_blocks(self.conv_blocks, self.conv_in(x), "downsample")
         for m in self.mid:
             h = m(h)
         return self.conv_out(swish(self.norm_out(h)))
@@ -175,14 +168,21 @@ class Decoder(nn.Module):
         h = self.conv_in(z)
         for m in self.mid:
             h = m(h)
-        for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
-            if hasattr(block, "upsample"):
-                h = block.upsample(h)
+        h = run_blocks(self.conv_blocks, h, "upsample")
         return self.conv_out(swish(self.norm_out(h)))
+
+
+def run_blocks(blocks: nn.ModuleList, h: torch.Tensor, resample: str) -> torch.Tensor:
+    """Each level: its resnet blocks (each followed by its attention block, where the level has them),
+    then its `resample` ("downsample" / "upsample") module, where the level has one."""
+    for block in blocks:
+        for i, res in enumerate(block.res):
+            h = res(h)
+            if len(block.attn):
+                h = block.attn[i](h)
+        if hasattr(block, resample):
+            h = getattr(block, resample)(h)
+    return h
 
 
 class VectorQuantizer(nn.Module):
