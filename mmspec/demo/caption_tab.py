@@ -30,7 +30,9 @@ def build() -> None:
             method = gr.Dropdown(first.available_methods if first else [], value=first.default_method if first else None,
                                  label="method", elem_id="caption-method")
             max_new_tokens = gr.Slider(4, 96, value=48, step=1, label="max new tokens", elem_id="caption-max-tokens")
-            seed = gr.Number(0, precision=0, label="seed", elem_id="caption-seed")
+            temperature = gr.Slider(0, 1.5, value=0, step=0.1, label="temperature (0: greedy)",
+                                    elem_id="caption-temperature")
+            seed = gr.Number(0, precision=0, label="seed (sampling)", elem_id="caption-seed")
             compare = gr.Checkbox(False, label="compare with plain decoding", elem_id="caption-compare")
             run = gr.Button("Caption", variant="primary", elem_id="caption-run")
         with gr.Column():
@@ -42,7 +44,7 @@ def build() -> None:
                                elem_id="caption-acceptance")
             versus = gr.Markdown(elem_id="caption-compare-result")
     model.change(_methods_of, inputs=[model], outputs=[method])
-    run.click(caption, inputs=[video, model, method, max_new_tokens, seed, compare],
+    run.click(caption, inputs=[video, model, method, max_new_tokens, temperature, seed, compare],
               outputs=[shown, text, stats, chart, versus])
 
 
@@ -54,7 +56,8 @@ def _methods_of(name: str) -> Any:
     return gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method)
 
 
-def caption(video: str | None, model: str, method: str, max_new_tokens: float, seed: float, compare: bool,
+def caption(video: str | None, model: str, method: str, max_new_tokens: float, temperature: float, seed: float,
+            compare: bool,
             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
     path = None
     try:
@@ -67,7 +70,8 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, s
 
         limit = int(max_new_tokens)
         progress(0.0, desc=f"{method}: reading the video")
-        call = dict(video=path, method=method, max_new_tokens=limit, seed=int(seed), progress_bar=False)
+        call = dict(video=path, method=method, max_new_tokens=limit, do_sample=temperature > 0,
+                    temperature=temperature or 1.0, seed=int(seed), progress_bar=False)
         for done_rounds, out in stream_rounds(pipe, **call):
             views = R.round_views(done_rounds, decode)
             committed = done_rounds[-1].new_tokens if done_rounds else 0
@@ -77,7 +81,7 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, s
         versus = ""
         if compare:
             progress(0.5, desc="plain decoding (ar) on the same video")
-            versus = comparison_markdown(out, pipe(**{**call, "method": "ar"}))
+            versus = comparison_markdown(out, pipe(**{**call, "method": "ar"}), sampled=temperature > 0)
         yield R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus
     except MMSpecError as error:
         raise gr.Error(page_message(error, path)) from None
