@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
+from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
 
 
@@ -162,3 +163,30 @@ def as_drafter_model(model: Any, model_class: type, name: str) -> Any:
     if not isinstance(model, model_class):
         raise MMSpecError(f"the {name} drafter needs a {model_class.__name__}, got {type(model).__name__}")
     return model.eval()
+
+
+class TargetFeatureDrafter(Drafter):
+    """What the MSD and FLASH runtime drafters share: a trained feature-drafter model that drafts from
+    the target's own features and through the target's LM head, borrowed at `bind` (never copied).
+
+    Subclasses set `model_class` (the trained model's class) and `method_name` (for messages).
+    """
+
+    needs_target_hidden_states = True
+    drafts_from_prompt = False
+    vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
+    model_class: type = FeatureDrafterModel
+    method_name = "feature"
+
+    def __init__(self, model: FeatureDrafterModel | str | Path) -> None:
+        self.model = as_drafter_model(model, self.model_class, self.method_name)
+        self.forwards = 0
+        self.target: Any = None
+        self.cache: DynamicCache | None = None
+
+    def bind(self, target: Any) -> None:
+        parts = borrow_target_parts(target.model, self.model.config.hidden_size, self.method_name)
+        self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
+        self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
+        self.model.to(self.lm_head.weight.device)
+        self.target = target

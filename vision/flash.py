@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from mmspec.drafters.base import Drafter
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
@@ -35,7 +34,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
 from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
-from .feature_drafter import as_drafter_model, borrow_target_parts, load_drafter_model
+from .feature_drafter import TargetFeatureDrafter, load_drafter_model
 
 __all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
 
@@ -45,7 +44,7 @@ def load_flash_drafter(folder: str | Path, **kwargs: Any) -> FlashDrafterModel:
     return load_drafter_model(FlashDrafterModel, folder, "FLASH", **kwargs)
 
 
-class FlashDrafter(Drafter):
+class FlashDrafter(TargetFeatureDrafter):
     """Runs a `FlashDrafterModel` against a vision-language target (FLASH, arXiv 2505.12728).
 
     The target's input embedding and LM head are borrowed at `bind`; the drafter's KV cache is
@@ -57,25 +56,14 @@ class FlashDrafter(Drafter):
         model: a `FlashDrafterModel` (trained for this target), or the folder it was saved to.
     """
 
-    needs_target_hidden_states = True
-    drafts_from_prompt = False
-    vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
+    model_class = FlashDrafterModel
+    method_name = "FLASH"
 
     def __init__(self, model: FlashDrafterModel | str | Path) -> None:
-        self.model = as_drafter_model(model, FlashDrafterModel, "FLASH")
-        self.forwards = 0
-        self.target: Any = None
-        self.cache: DynamicCache | None = None
+        super().__init__(model)
         self._committed = 0  # cache entries built from true target features only
         self._fed = 0  # first text position with no entry in the cache
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
-
-    def bind(self, target: Any) -> None:
-        parts = borrow_target_parts(target.model, self.model.config.hidden_size, "FLASH")
-        self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
-        self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
-        self.model.to(self.lm_head.weight.device)
-        self.target = target
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.cache, self._committed, self._fed, self._pending = None, 0, 0, None

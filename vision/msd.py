@@ -26,15 +26,14 @@ from transformers import AutoConfig, AutoModel, DynamicCache, LlamaConfig, Pretr
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from mmspec.drafters.base import Drafter
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
-from .feature_drafter import (DistillBatch, FeatureDrafterModel, as_drafter_model, borrow_target_parts, eagle_loss,
-                              load_drafter_model, uniform_noise_like)
+from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, eagle_loss, load_drafter_model,
+                              uniform_noise_like)
 
 
 class MSDConfig(PretrainedConfig):
@@ -239,7 +238,7 @@ AutoConfig.register(MSDConfig.model_type, MSDConfig, exist_ok=True)
 AutoModel.register(MSDConfig, MSDDrafterModel, exist_ok=True)
 
 
-class MSDDrafter(Drafter):
+class MSDDrafter(TargetFeatureDrafter):
     """Runtime MSD drafting over a vision-language target: chain drafts from the target's features.
 
     State kept between rounds: the drafter's KV cache over its "true" slots (those whose input
@@ -252,25 +251,14 @@ class MSDDrafter(Drafter):
         model: a trained `MSDDrafterModel`, or the folder it was saved to.
     """
 
-    needs_target_hidden_states = True
-    drafts_from_prompt = False
-    vocab_size = None  # drafts through the target's own LM head: vocabularies always agree
+    model_class = MSDDrafterModel
+    method_name = "MSD"
 
     def __init__(self, model: MSDDrafterModel | str | Path) -> None:
-        self.model = as_drafter_model(model, MSDDrafterModel, "MSD")
-        self.forwards = 0
-        self.target: Any = None
-        self.cache: DynamicCache | None = None
+        super().__init__(model)
         self._fed = 0  # true slots in the cache
         self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
-
-    def bind(self, target: Any) -> None:
-        parts = borrow_target_parts(target.model, self.model.config.hidden_size, "MSD")
-        self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
-        self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
-        self.model.to(self.lm_head.weight.device)
-        self.target = target
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.cache, self._fed, self._features, self._last_hidden = None, 0, None, None
