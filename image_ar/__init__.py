@@ -3,8 +3,9 @@
 from transformers import AutoConfig, AutoModel
 
 from .bench import bench_image
-from .draft_generate import GuidedImageDrafter, GuidedImageTarget, draft_generate, lantern_rule
-from .jacobi import jacobi_generate
+from .decode import ar_generate, decode_grids
+from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
+from .jacobi import GridJacobiDrafter, jacobi_generate
 from .janus import JanusCFGTarget, janus_generate
 from .janus_pipeline import JanusImagePipeline
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
@@ -20,7 +21,7 @@ from .rules import (
     lantern_output_law,
     sjd_accept,
 )
-from .target import CFGTarget, ImageTokensOutput, ar_generate
+from .target import CFGTarget, GuidedImageTarget, ImageTokensOutput
 from .vq import VQConfig, VQModel, tiny_vq
 
 for _config, _model in ((LlamaGenConfig, LlamaGenForClassConditional), (VQConfig, VQModel)):
@@ -33,6 +34,7 @@ for _config, _model in ((LlamaGenConfig, LlamaGenForClassConditional), (VQConfig
 __all__ = [
     "CFGTarget",
     "Decision",
+    "GridJacobiDrafter",
     "GuidedImageDrafter",
     "GuidedImageTarget",
     "ImageGenerationOutput",
@@ -51,6 +53,7 @@ __all__ = [
     "VQModel",
     "ar_generate",
     "bench_image",
+    "decode_grids",
     "draft_generate",
     "gsd_accept",
     "gsd_group_mask",

@@ -1,12 +1,9 @@
 """Speculative decoding of image tokens with a separate small AR drafter, through the core loop.
 
-The core `SpeculativeDecoder` hosts this path unchanged; two thin adapters make an image model
-look like a token sequence to it:
+The core `SpeculativeDecoder` hosts this path unchanged (`image_ar.decode.decode_grids`); the
+target is a `GuidedImageTarget` (`image_ar.target`: the sequence is [condition, t_1, ..., t_n],
+logits classifier-free guided) and the drafter
 
-    sequence = [condition, t_1, ..., t_n]       the condition (a class label for LlamaGen) sits at
-                                                position 0, image tokens follow
-    GuidedImageTarget   prefill = the condition (+ drafts riding along), score = [t_n, drafts];
-                        logits are classifier-free guided (`CFGTarget`: cond + uncond rows, ONE forward)
     GuidedImageDrafter  a small LlamaGen with the same codebook, guided the same way, samples k
                         tokens from its warped distribution and keeps q for the acceptance rule
 
@@ -22,60 +19,17 @@ from typing import Any, Callable
 
 import torch
 
-from mmspec.decoding import SpeculativeDecoder
 from mmspec.drafters.autoregressive import AutoregressiveDrafter, common_prefix_length
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
 from mmspec.rules import AcceptanceRule, greedy_match, speculative_sampling
 from mmspec.sampling import SamplingConfig, probabilities
-from mmspec.stats import SpecStats
-from mmspec.targets import Target, TargetStep
 from mmspec.types import Proposal, Verdict
 
+from .decode import RoundHook, as_cfg_target, decode_grids
 from .llamagen import LlamaGenForClassConditional
 from .rules import lantern_accept, resolve_draft_probs
 from .target import CFGTarget, ImageTokensOutput
-
-
-def as_cfg_target(model: CFGTarget | LlamaGenForClassConditional, guidance_scale: float) -> CFGTarget:
-    return model if isinstance(model, CFGTarget) else CFGTarget(model, guidance_scale)
-
-
-class GuidedImageTarget(Target):
-    """The core loop's `Target` over a `CFGTarget` (LlamaGen, or any subclass such as Janus's).
-
-    Cache positions count the condition position(s) + image tokens, the same unit as the core's
-    sequence, so the core's `truncate(length - rejected)` rolls back exactly the rejected drafts.
-    """
-
-    def __init__(self, cfg: CFGTarget) -> None:
-        super().__init__(cfg.model)
-        self.cfg = cfg
-        self.vocab_size = cfg.vocab_size  # the image head, not e.g. Janus's text head
-
-    @property
-    def length(self) -> int:  # type: ignore[override]
-        # One sequence entry for the condition, however many cache positions it fills (Janus: a prompt).
-        return 0 if self.cfg.cache is None else 1 + self.cfg.length
-
-    def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
-        if input_ids is None or input_ids.shape != (1, 1):
-            raise MMSpecError("image decoding starts from one condition: input_ids must be [[condition]]")
-        return input_ids
-
-    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
-        tokens = sequence[:, 1:] if sequence.shape[1] > 1 else None
-        logits = self.cfg.start(sequence[:, 0], tokens)
-        self.forwards += 1
-        return TargetStep(logits=logits[:, -num_logits:])
-
-    def score(self, tokens: torch.LongTensor) -> TargetStep:
-        logits = self.cfg.extend(tokens)
-        self.forwards += 1
-        return TargetStep(logits=logits)
-
-    def truncate(self, length: int) -> None:
-        self.cfg.truncate(length - 1)
 
 
 class GuidedImageDrafter(AutoregressiveDrafter):
@@ -157,6 +111,7 @@ def draft_generate(
     policy: DraftLengthPolicy | None = None,
     method: str = "sd",
     on_tokens: Callable[[int], None] | None = None,
+    on_round: RoundHook | None = None,
 ) -> ImageTokensOutput:
     """Generate one token grid per class label: drafter proposes k tokens, the target verifies k + 1.
 
@@ -168,14 +123,5 @@ def draft_generate(
     if not isinstance(drafter, GuidedImageDrafter):
         drafter = GuidedImageDrafter(drafter, cfg.guidance_scale)
     rule = rule or (speculative_sampling if sampling.do_sample else greedy_match)
-    decoder = SpeculativeDecoder(GuidedImageTarget(cfg), drafter, policy=policy or FixedDraftLength(num_draft_tokens),
-                                 rule=rule, method=method)
-    labels = torch.as_tensor(class_labels, dtype=torch.long, device=cfg.model.device).reshape(-1)
-    stats = SpecStats(method=method)
-    grids = []
-    for label in labels.tolist():
-        out = decoder.generate(torch.tensor([[label]], device=cfg.model.device), max_new_tokens=cfg.num_tokens,
-                               sampling=sampling, generator=generator, eos_token_id=(), on_tokens=on_tokens)
-        grids.append(out.sequences[0, 1:].view(cfg.grid_size, cfg.grid_size))
-        stats = stats + out.stats
-    return ImageTokensOutput(tokens=torch.stack(grids), stats=stats)
+    return decode_grids(cfg, drafter, class_labels, rule=rule, policy=policy or FixedDraftLength(num_draft_tokens),
+                        sampling=sampling, generator=generator, method=method, on_tokens=on_tokens, on_round=on_round)

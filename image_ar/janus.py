@@ -11,8 +11,8 @@ does it token by token:
     logits    = model.model.generation_head(hidden)  guided: uncond + scale * (cond - uncond)
 
 `JanusCFGTarget` runs the same computation over several positions per forward, with a
-`DynamicCache` it crops on rejection, and exposes the `CFGTarget` interface, so `ar_generate`,
-`jacobi_generate` (SJD, GSD, LANTERN on Jacobi drafts) and the core loop adapter run on it unchanged.
+`DynamicCache` it crops on rejection, and exposes the `CFGTarget` interface, so every method runs on
+it through the core loop unchanged (`image_ar.decode`: `GuidedImageTarget` over it).
 Conditions are prompt indices: `start([i])` generates for `prompts[i]`.
 """
 

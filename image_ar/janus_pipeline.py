@@ -34,13 +34,13 @@ import torch
 from transformers import AutoProcessor, AutoTokenizer, JanusForConditionalGeneration
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import DrafterFactory, SpeculativePipeline, resolve_dtype, saved_pipeline_folder
+from mmspec.pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, resolve_dtype, saved_pipeline_folder
 from mmspec.sampling import SamplingConfig
 
 from .imaging import OUTPUT_TYPES, convert
 from .janus import JanusCFGTarget
 from .methods import MethodConfig, MethodRunner
-from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder
+from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder, per_image_rounds
 
 JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")  # + "sd" with a drafter
 DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5
@@ -238,6 +238,7 @@ class JanusImagePipeline(SpeculativePipeline):
         num_images: int = 1,
         output_type: str = "pil",
         progress_bar: bool = True,
+        callback_on_round: RoundCallback | None = None,
         **method_options: Any,
     ) -> ImageGenerationOutput:
         """Generate `num_images` images per text prompt.
@@ -246,6 +247,9 @@ class JanusImagePipeline(SpeculativePipeline):
         `method_options` are `MethodConfig` fields: window, init, lantern_delta, lantern_k,
         lantern_lam, gsd_window, gsd_prob_threshold, gsd_distance_threshold, gsd_latents (GSD measures
         distances between the language model's input embeddings of the image codes by default).
+        `callback_on_round(round_index, info)`: after every target forward (the core loop's `on_round`);
+        `info` is a `mmspec.pipelines.RoundInfo`: the committed token ids, drafted / accepted counts,
+        `chunk` = which image of the call, `position` = the raster index of the first token in its grid.
         """
         if class_labels is not None:
             raise MMSpecError("Janus is text-conditional: pass prompt=\"...\" instead of class_labels")
@@ -266,7 +270,7 @@ class JanusImagePipeline(SpeculativePipeline):
         total = len(conditions) * self.target.num_tokens
         with self.progress_bar(total=total, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
             out = self.runner.run(config, conditions, sampling=sampling, generator=generator, guidance_scale=scale,
-                                  on_tokens=bar.update)
+                                  on_round=per_image_rounds(self.round_reporter(callback_on_round, bar), self.target.num_tokens))
         images = convert(self.target.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=[], method=method, model=self.model_name,
                                      stats=out.stats, prompts=[prompts[i] for i in conditions],

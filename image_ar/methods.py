@@ -1,4 +1,5 @@
-"""One entry point for every image-AR decoding method: a method name and its options -> a loop and a rule.
+"""One entry point for every image-AR decoding method: a method name and its options -> the core loop's
+drafter, acceptance rule and draft-length policy (`MethodRunner.loop_parts`; table in `image_ar.decode`).
 
     ar       plain autoregressive sampling, one target forward per token (the baseline)
     sd       speculative sampling with a small AR drafter (lossless; `draft_generate`)
@@ -18,16 +19,19 @@ from typing import Any, Callable
 
 import torch
 
+from mmspec.drafters import Drafter, NoDrafter
 from mmspec.errors import MMSpecError
+from mmspec.policies import DraftLengthPolicy, FixedDraftLength
+from mmspec.rules import AcceptanceRule, greedy_match, on_target_probabilities, speculative_sampling, target_choice
 from mmspec.sampling import SamplingConfig
-from mmspec.stats import SpecStats
 
-from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
-from .jacobi import INIT_STRATEGIES, jacobi_generate
+from .decode import RoundHook, decode_grids
+from .draft_generate import GuidedImageDrafter, lantern_rule
+from .jacobi import INIT_STRATEGIES, GridJacobiDrafter, JacobiWindow
 from .llamagen import LlamaGenForClassConditional
 from .rules import (GSD_DISTANCE_THRESHOLD, GSD_LATENTS, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K, gsd_accept,
-                    gsd_rank_window, lantern_accept, lantern_neighbours, resolve_draft_probs)
-from .target import CFGTarget, ImageTokensOutput, ar_generate
+                    gsd_rank_window, lantern_accept, lantern_neighbours, resolve_draft_probs, sjd_accept)
+from .target import CFGTarget, ImageTokensOutput
 
 METHODS = ("ar", "sd", "sjd", "gsd", "lantern")
 DRAFT_SOURCES = ("auto", "drafter", "jacobi")
@@ -193,54 +197,58 @@ class MethodRunner:
         generator: torch.Generator | None = None,
         guidance_scale: float | None = None,
         on_tokens: Callable[[int], None] | None = None,
+        on_round: RoundHook | None = None,
         observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> ImageTokensOutput:
         """Token grids [N, h, w] for the labels, and the summed stats (`stats.method` = config.method).
 
-        `observe(q, p)`, for LANTERN only, is called at every sampled acceptance step with the first
-        draft's draft distribution q [B, V] and the target's p [B, V] (the bench measures the exact
-        output law from them; `rules.lantern_output_law`).
+        Every method runs through the core loop (`decode.decode_grids`) with the drafter, rule and
+        draft-length policy of `loop_parts`. `on_tokens(n)` and `on_round(tokens, drafted, accepted)`
+        are the core loop's per-round hooks. `observe(q, p)`, for LANTERN only, is called at every
+        sampled acceptance step with the first draft's draft distribution q [B, V] and the target's
+        p [B, V] (the bench measures the exact output law from them; `rules.lantern_output_law`).
         """
         self.check(config)
         if guidance_scale is not None:
             self.target.guidance_scale = float(guidance_scale)
-        target, method = self.target, config.method
+        drafter, rule, policy = self.loop_parts(config, sampling, observe)
+        return decode_grids(self.target, drafter, class_labels, rule=rule, policy=policy, sampling=sampling,
+                            generator=generator, method=config.method, on_tokens=on_tokens, on_round=on_round)
+
+    def loop_parts(self, config: MethodConfig, sampling: SamplingConfig,
+                   observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                   ) -> tuple[Drafter, AcceptanceRule, DraftLengthPolicy]:
+        """The core loop's drafter, acceptance rule and draft-length policy for a method (see `decode`)."""
+        method = config.method
         if config.uses_drafter(self.drafter_model is not None):
-            if isinstance(self.drafter_model, CFGTarget):
-                self.drafter_model.guidance_scale = target.guidance_scale  # guided like the target
-                drafter = GuidedImageDrafter(self.drafter_model)
-            else:
-                # A drafter trained without a null class drafts unguided: still lossless, q is what it sampled from.
-                guided = self.drafter_model.config.class_dropout_prob > 0
-                drafter = GuidedImageDrafter(self.drafter_model, target.guidance_scale if guided else 1.0)
-            rule = None
+            rule = speculative_sampling if sampling.do_sample else greedy_match
             if method == "lantern":
                 rule = lantern_rule(self.neighbours(config.lantern_k), delta=config.lantern_delta, lam=config.lantern_lam,
                                     observe=observe)
-            return draft_generate(target, drafter, class_labels, num_draft_tokens=config.num_draft_tokens, rule=rule,
-                                  sampling=sampling, generator=generator, method=method, on_tokens=on_tokens)
+            return self.guided_drafter(), rule, FixedDraftLength(config.num_draft_tokens)
         if method == "ar":
-            return self._ar(class_labels, sampling, generator, on_tokens)
-        jacobi = partial(jacobi_generate, target, class_labels, window=config.window, init=config.init, sampling=sampling,
-                         generator=generator, method=method, on_tokens=on_tokens)
+            return NoDrafter(), target_choice, FixedDraftLength(1)
+        drafter = GridJacobiDrafter(self.target.vocab_size, self.target.grid_size, config.init)
         if method == "sjd":
-            return jacobi()
-        if method == "gsd":
-            return jacobi(rule=partial(gsd_accept, window=config.gsd_window, prob_threshold=config.gsd_prob_threshold,
-                                       embeddings=self.gsd_latents(config.gsd_latents),
-                                       distance_threshold=config.gsd_distance_threshold))
-        rule = partial(lantern_accept, neighbours=self.neighbours(config.lantern_k), delta=config.lantern_delta,
-                       lam=config.lantern_lam)
-        return jacobi(rule=rule if observe is None or not sampling.do_sample else observed(rule, observe))
+            rule = sjd_accept
+        elif method == "gsd":
+            rule = partial(gsd_accept, window=config.gsd_window, prob_threshold=config.gsd_prob_threshold,
+                           embeddings=self.gsd_latents(config.gsd_latents), distance_threshold=config.gsd_distance_threshold)
+        else:
+            rule = partial(lantern_accept, neighbours=self.neighbours(config.lantern_k), delta=config.lantern_delta,
+                           lam=config.lantern_lam)
+            if observe is not None and sampling.do_sample:
+                rule = observed(rule, observe)
+        return drafter, on_target_probabilities(rule), JacobiWindow(config.window)
 
-    def _ar(self, class_labels, sampling, generator, on_tokens) -> ImageTokensOutput:
-        """AR decoding one image at a time, like every other method (batch 1), stats summed."""
-        grids, stats = [], SpecStats(method="ar")
-        for label in torch.as_tensor(class_labels, dtype=torch.long, device="cpu").reshape(-1).tolist():  # host ints
-            out = ar_generate(self.target, [label], sampling, generator, on_tokens=on_tokens)
-            grids.append(out.tokens[0])
-            stats = stats + out.stats
-        return ImageTokensOutput(tokens=torch.stack(grids), stats=stats)
+    def guided_drafter(self) -> GuidedImageDrafter:
+        """The drafter model, guided with the target's scale (when it was trained with a null class)."""
+        if isinstance(self.drafter_model, CFGTarget):
+            self.drafter_model.guidance_scale = self.target.guidance_scale  # guided like the target
+            return GuidedImageDrafter(self.drafter_model)
+        # A drafter trained without a null class drafts unguided: still lossless, q is what it sampled from.
+        guided = self.drafter_model.config.class_dropout_prob > 0
+        return GuidedImageDrafter(self.drafter_model, self.target.guidance_scale if guided else 1.0)
 
 
 def observed(rule: Callable, observe: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable:

@@ -34,13 +34,13 @@ from typing import Any, Sequence
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import DrafterFactory, SpeculativePipeline, _saved_class_name, resolve_dtype, saved_pipeline_folder
+from mmspec.pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, _saved_class_name, resolve_dtype, saved_pipeline_folder
 from mmspec.sampling import SamplingConfig
 from mmspec.zoo import resolve
 
 from .imaging import OUTPUT_TYPES, convert
 from .janus_pipeline import JanusImagePipeline, is_janus_folder
-from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder, read_json
+from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder, per_image_rounds, read_json
 from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
 from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
@@ -292,6 +292,7 @@ class SpeculativeImagePipeline(SpeculativePipeline):
         gsd_distance_threshold: Any = MODEL_DEFAULT,
         gsd_latents: Any = MODEL_DEFAULT,
         progress_bar: bool = True,
+        callback_on_round: RoundCallback | None = None,
     ) -> ImageGenerationOutput:
         """Generate `num_images` images per class label (or class-name prompt).
 
@@ -300,6 +301,9 @@ class SpeculativeImagePipeline(SpeculativePipeline):
         GSD's and LANTERN's options default to the model card's values (`gsd_settings`,
         `lantern_settings`), else the authors'. `generator`: a `torch.Generator` (a CPU one works with a
         model on any device); `seed`: instead, an int for a CPU generator.
+        `callback_on_round(round_index, info)`: after every target forward (the core loop's `on_round`);
+        `info` is a `mmspec.pipelines.RoundInfo`: the committed token ids, drafted / accepted counts,
+        `chunk` = which image of the call, `position` = the raster index of the first token in its grid.
         """
         if output_type not in OUTPUT_TYPES:
             raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
@@ -319,7 +323,7 @@ class SpeculativeImagePipeline(SpeculativePipeline):
         total = len(labels) * self.runner.target.num_tokens
         with self.progress_bar(total=total, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
             out = self.runner.run(config, labels, sampling=sampling, generator=generator, guidance_scale=scale,
-                                  on_tokens=bar.update)
+                                  on_round=per_image_rounds(self.round_reporter(callback_on_round, bar), self.runner.target.num_tokens))
         images = convert(self.vq.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=labels, method=method,
                                      model=self.model_name, stats=out.stats,

@@ -10,12 +10,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import ImagePipelineOutput
+from mmspec.pipelines import ImagePipelineOutput, RoundReporter
 from mmspec.zoo import resolve
 
 
@@ -34,6 +34,17 @@ class ImageGenerationOutput(ImagePipelineOutput):
     class_labels: list[int]
     prompts: list[str] | None = None
     settings: dict[str, Any] | None = None
+
+
+def per_image_rounds(reporter: RoundReporter, tokens_per_image: int) -> Callable[[torch.Tensor, int, int], None]:
+    """The core loop's `on_round` hook for a call that makes several images one after the other: each
+    round is reported with `chunk` = the image's index in the call (and `position` = where in its grid)."""
+
+    def on_round(tokens: torch.Tensor, drafted: int, accepted: int) -> None:
+        reporter.chunk = reporter.new_tokens // tokens_per_image
+        reporter(tokens, drafted, accepted)
+
+    return on_round
 
 
 def load_model(cls: type, path: str, what: str, subfolder: str = "", dtype: torch.dtype = torch.float32, **kwargs: Any):

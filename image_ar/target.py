@@ -1,23 +1,28 @@
-"""Class-conditional target with classifier-free guidance inside, and plain AR sampling.
+"""Class-conditional target with classifier-free guidance inside, and its face to the core loop.
 
 `CFGTarget` runs the conditional and the unconditional rows in ONE forward
 (batch = [cond rows; uncond rows], the uncond rows labelled `config.null_class`) and returns
-guided logits `uncond + scale * (cond - uncond)`. Every consumer (AR sampling, Jacobi drafts and
-verification, a drafter's target features) goes through it, so all see the same guided model.
-With guidance_scale == 1 the guided logits equal the conditional ones, and the unconditional
-rows are skipped.
+guided logits `uncond + scale * (cond - uncond)`. Every consumer (the target's verification, a
+drafter's own guided model) goes through it, so all see the same guided model. With
+guidance_scale == 1 the guided logits equal the conditional ones, and the unconditional rows are skipped.
+
+`GuidedImageTarget` shows a `CFGTarget` to the core loop (`mmspec.decoding`) as a token sequence:
+
+    sequence = [condition, t_1, ..., t_n]       the condition (a class label for LlamaGen, a prompt
+                                                index for Janus) sits at position 0, image tokens follow
+    prefill  = the condition (+ drafts riding along); score = [t_n, drafts...]
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, choose_next
 from mmspec.stats import SpecStats
+from mmspec.targets import Target, TargetStep
 
 from .llamagen import LlamaGenCache, LlamaGenForClassConditional
 
@@ -130,34 +135,38 @@ class ImageTokensOutput:
     stats: SpecStats
 
 
-def ar_generate(
-    target: CFGTarget | LlamaGenForClassConditional,
-    class_labels: torch.LongTensor,
-    sampling: SamplingConfig = SamplingConfig(do_sample=True),
-    generator: torch.Generator | None = None,
-    guidance_scale: float = 1.0,
-    on_tokens: Callable[[int], None] | None = None,
-) -> ImageTokensOutput:
-    """Plain autoregressive decoding: one target forward per image token (the baseline).
+class GuidedImageTarget(Target):
+    """The core loop's `Target` over a `CFGTarget` (LlamaGen, or any subclass such as Janus's).
 
-    `on_tokens(n)` is called with the number of tokens committed at each step (progress bars).
+    Cache positions count the condition position(s) + image tokens, the same unit as the core's
+    sequence, so the core's `truncate(length - rejected)` rolls back exactly the rejected drafts.
     """
-    if not isinstance(target, CFGTarget):
-        target = CFGTarget(target, guidance_scale)
-    stats = SpecStats(method="ar")
-    with stats.timer("total"):
-        with stats.timer("prefill"):
-            logits = target.start(class_labels)[:, -1]
-        tokens = []
-        for step in range(target.num_tokens):
-            token = choose_next(logits, sampling, generator)
-            tokens.append(token)
-            stats.new_tokens += 1
-            stats.target_forwards += 1
-            if on_tokens is not None:
-                on_tokens(1)
-            if step + 1 < target.num_tokens:
-                with stats.timer("verify"):
-                    logits = target.extend(token[:, None])[:, -1]
-    grid = torch.stack(tokens, dim=1).view(-1, target.grid_size, target.grid_size)
-    return ImageTokensOutput(tokens=grid, stats=stats)
+
+    def __init__(self, cfg: CFGTarget) -> None:
+        super().__init__(cfg.model)
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size  # the image head, not e.g. Janus's text head
+
+    @property
+    def length(self) -> int:  # type: ignore[override]
+        # One sequence entry for the condition, however many cache positions it fills (Janus: a prompt).
+        return 0 if self.cfg.cache is None else 1 + self.cfg.length
+
+    def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
+        if input_ids is None or input_ids.shape != (1, 1):
+            raise MMSpecError("image decoding starts from one condition: input_ids must be [[condition]]")
+        return input_ids
+
+    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
+        tokens = sequence[:, 1:] if sequence.shape[1] > 1 else None
+        logits = self.cfg.start(sequence[:, 0], tokens)
+        self.forwards += 1
+        return TargetStep(logits=logits[:, -num_logits:])
+
+    def score(self, tokens: torch.LongTensor) -> TargetStep:
+        logits = self.cfg.extend(tokens)
+        self.forwards += 1
+        return TargetStep(logits=logits)
+
+    def truncate(self, length: int) -> None:
+        self.cfg.truncate(length - 1)

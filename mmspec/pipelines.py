@@ -110,7 +110,9 @@ class RoundInfo:
         accepted: how many of them the target accepted.
         new_tokens: tokens committed so far in this call (all chunks).
         chunk: which chunk of the input is being decoded (pipelines that cut their input, e.g. long
-            audio), else None.
+            audio; the image pipelines: which image of the call), else None.
+        position: where the round's first token goes in its chunk's output (the tokens committed
+            before it in this chunk); for an image, its raster index in the token grid.
     """
 
     tokens: list[int]
@@ -118,6 +120,7 @@ class RoundInfo:
     accepted: int
     new_tokens: int
     chunk: int | None = None
+    position: int = 0
 
 
 class RoundReporter:
@@ -132,15 +135,20 @@ class RoundReporter:
         self.rounds = 0
         self.new_tokens = 0
         self.chunk: int | None = None
+        self._counted_chunk: int | None = None
+        self._chunk_start = 0  # new_tokens when the current chunk began
 
     def __call__(self, tokens: torch.Tensor, drafted: int, accepted: int) -> None:
         count = int(tokens.shape[0])
+        if self.chunk != self._counted_chunk:
+            self._counted_chunk, self._chunk_start = self.chunk, self.new_tokens
+        position = self.new_tokens - self._chunk_start
         self.new_tokens += count
         if self.bar is not None:
             self.bar.update(count)
         if self.callback is not None:
             info = RoundInfo(tokens=tokens.tolist(), drafted=drafted, accepted=accepted, new_tokens=self.new_tokens,
-                             chunk=self.chunk)
+                             chunk=self.chunk, position=position)
             self.callback(self.rounds, info)
         self.rounds += 1
 

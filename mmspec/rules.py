@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from .sampling import SamplingConfig, probabilities, rand, sample
+from .sampling import SamplingConfig, choose_next, probabilities, rand, sample
 from .types import Proposal, Verdict
 
 
@@ -22,6 +22,12 @@ class AcceptanceRule(Protocol):
         sampling: SamplingConfig,
         generator: torch.Generator | None,
     ) -> Verdict: ...
+
+
+# A rule written on the target's distribution instead of its logits:
+# (draft_tokens [B, k], draft_probs [B, k, V] | None, target_probs [B, k + 1, V], generator) -> Verdict.
+# `on_target_probabilities` makes it an `AcceptanceRule`.
+ProbabilityRule = Callable[[torch.LongTensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"], Verdict]
 
 
 def leading_true_count(accepted: torch.Tensor) -> torch.LongTensor:
@@ -108,6 +114,40 @@ def speculative_sampling(
     # Strict: a token the target gives probability 0 is never accepted, even when u is exactly 0.
     num_accepted, next_probs = accept_and_residual(proposal.tokens, q, p, uniforms * q_draft < p_draft)
     return Verdict(num_accepted=num_accepted, next_token=sample(next_probs, generator))
+
+
+def target_choice(
+    proposal: Proposal,
+    target_logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Plain decoding: accept no draft and take the target's own next token exactly as `choose_next`
+    picks it (argmax, or one draw from the warped distribution of position 0)."""
+    num_accepted = torch.zeros(target_logits.shape[0], dtype=torch.long, device=target_logits.device)
+    return Verdict(num_accepted=num_accepted, next_token=choose_next(target_logits[:, 0], sampling, generator))
+
+
+def target_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The target's distribution [..., V]: warped probabilities when sampling, one-hot on the argmax when greedy."""
+    if sampling.do_sample:
+        return probabilities(logits, sampling)
+    return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+
+
+def on_target_probabilities(rule: ProbabilityRule) -> AcceptanceRule:
+    """A `ProbabilityRule` as a core `AcceptanceRule`: p = `target_distribution(target_logits)` (one-hot
+    when greedy, so a lossless rule then reduces to greedy decoding), and the verdict carries p
+    (`Verdict.target_probs`) for drafters that draft from it (Jacobi iterates)."""
+
+    def accept(proposal: Proposal, target_logits: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator | None) -> Verdict:
+        p = target_distribution(target_logits, sampling)
+        verdict = rule(proposal.tokens, proposal.probs, p, generator)
+        verdict.target_probs = p
+        return verdict
+
+    return accept
 
 
 def default_rule(sampling: SamplingConfig) -> AcceptanceRule:

@@ -41,3 +41,6 @@ class Verdict:
 
     num_accepted: torch.LongTensor
     next_token: torch.LongTensor
+    # The target's distribution [B, k + 1, V] the rule judged against, when it computed one (rules
+    # written on probabilities); a Jacobi drafter samples its next iterate from it.
+    target_probs: torch.Tensor | None = None

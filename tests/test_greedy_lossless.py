@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mmspec import ConfidenceStopDraftLength, FixedDraftLength, HeuristicDraftLength, PromptLookupDrafter, speculative_generate
+from mmspec.drafters import JacobiDrafter
 from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal
 
 POLICIES = {
@@ -20,12 +21,14 @@ def make_drafter(kind, target, small_drafter):
         return NeverAgreeDrafter(target)
     if kind == "small":
         return small_drafter  # a random small LM: agrees sometimes
+    if kind == "jacobi":
+        return JacobiDrafter(target.config.vocab_size)  # the target's previous iterate
     return PromptLookupDrafter()
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("k", range(1, 9))
-@pytest.mark.parametrize("kind", ["self", "never", "small", "lookup"])
+@pytest.mark.parametrize("kind", ["self", "never", "small", "lookup", "jacobi"])
 def test_greedy_identical(kind, k, policy, target, small_drafter, prompt):
     drafter = make_drafter(kind, target, small_drafter)
     out = assert_greedy_equal(target, drafter, prompt, max_new_tokens=24, policy=POLICIES[policy](k))

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from mmspec import SamplingConfig, speculative_generate, speculative_sampling
+from mmspec.drafters import JacobiDrafter
+from mmspec.types import Proposal
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, tiny_llama
 
 VOCAB = 5
@@ -54,6 +56,29 @@ def test_control_wrong_residual_fails(peaked_pair):
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
     with pytest.raises(AssertionError, match="differs from the reference"):
         assert_distribution_preserved(draw_with(target, drafter, rule=resample_from_target_rule), exact, num_draws=3000, seed=11)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 4}], ids=["plain", "temp-topk"])
+def test_jacobi_drafts_with_speculative_sampling_match_target(peaked_pair, sampling):
+    """The Jacobi iterate (drafts sampled from the target's previous rows, q = those rows) is lossless."""
+    target, _ = peaked_pair
+    exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True, **sampling))
+    assert_distribution_preserved(draw_with(target, JacobiDrafter(VOCAB), **sampling), exact, num_draws=3000, seed=11)
+
+
+class ArgmaxJacobiDrafter(JacobiDrafter):
+    """Control: carries the argmax of each row but claims q = the row (drafts not sampled from their q)."""
+
+    def propose(self, sequence, max_tokens, sampling, generator, policy):
+        proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
+        return Proposal(tokens=proposal.probs.argmax(-1), probs=proposal.probs)
+
+
+def test_control_jacobi_drafts_not_drawn_from_q_fail(peaked_pair):
+    target, _ = peaked_pair
+    exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
+    with pytest.raises(AssertionError, match="differs from the reference"):
+        assert_distribution_preserved(draw_with(target, ArgmaxJacobiDrafter(VOCAB)), exact, num_draws=3000, seed=11)
 
 
 def test_seeded_runs_repeat(target, small_drafter, prompt):

@@ -1,8 +1,9 @@
 """Drafters: anything that proposes tokens for the target to verify."""
 
 from .base import Drafter
+from .jacobi import JacobiDrafter
 from .model_drafter import ModelDrafter
 from .no_drafter import NoDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "NoDrafter", "PromptLookupDrafter"]
+__all__ = ["Drafter", "JacobiDrafter", "ModelDrafter", "NoDrafter", "PromptLookupDrafter"]

@@ -231,6 +231,17 @@ def test_cli_with_a_janus_drafter(folder, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["method"] == "sd" and out.is_file()
 
 
+@pytest.mark.parametrize("method", ["ar", "sjd"])
+def test_callback_on_round_places_each_round_in_its_image(pipe, method):
+    rounds = []
+    out = pipe(["a red circle", "a blue square"], method=method, generator=seeded(2), progress_bar=False, output_type="np",
+               callback_on_round=lambda index, info: rounds.append(info))
+    rebuilt = torch.full_like(out.tokens.flatten(1), -1)
+    for info in rounds:
+        rebuilt[info.chunk, info.position : info.position + len(info.tokens)] = torch.tensor(info.tokens)
+    assert torch.equal(rebuilt, out.tokens.flatten(1)) and len(rounds) == out.stats.target_forwards
+
+
 def test_ar_generate_with_the_pipeline_target_matches_pipe(pipe):
     """The pipeline's target is a plain JanusCFGTarget: the lower-level API gives the same tokens."""
     out = pipe("a red circle", method="ar", temperature=0, guidance_scale=2.0, progress_bar=False)

@@ -96,6 +96,31 @@ def test_progress_advances_by_committed_tokens(pipe, method):
         assert max(counts) >= 1
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_callback_on_round_sees_every_committed_token_where_it_goes(pipe, method):
+    """Rebuilding the grids from the rounds' (chunk, position, tokens) gives the output exactly."""
+    rounds = []
+    out = pipe(class_labels=[0, 1], method=method, lantern_k=4, num_images=2, generator=seeded(3), output_type="np",
+               progress_bar=False, callback_on_round=lambda index, info: rounds.append((index, info)))
+    assert [index for index, _ in rounds] == list(range(len(rounds))) == list(range(out.stats.target_forwards))
+    rebuilt = torch.full_like(out.tokens.flatten(1), -1)
+    for _, info in rounds:
+        assert 0 <= info.accepted <= info.drafted and len(info.tokens) == info.accepted + 1
+        rebuilt[info.chunk, info.position : info.position + len(info.tokens)] = torch.tensor(info.tokens)
+    assert torch.equal(rebuilt, out.tokens.flatten(1))
+    assert sum(info.accepted for _, info in rounds) == out.stats.accepted
+    assert rounds[-1][1].new_tokens == out.tokens.numel() == 4 * 16
+    # Control: the last round's tokens placed one position off do not rebuild the grid.
+    last = rounds[-1][1]
+    rebuilt[last.chunk, last.position - 1 : last.position - 1 + len(last.tokens)] = torch.tensor(last.tokens[::-1]) + 1
+    assert not torch.equal(rebuilt, out.tokens.flatten(1))
+
+
+def test_callback_on_round_must_be_callable(pipe):
+    with pytest.raises(MMSpecError, match="callback_on_round must be a function"):
+        pipe(class_labels=0, method="ar", progress_bar=False, callback_on_round="print")
+
+
 def test_bad_inputs_are_clear_errors(pipe, folder, tmp_path):
     cases = [
         (dict(prompt="purple hexagon"), "unknown class 'purple hexagon'"),
