@@ -1,18 +1,32 @@
-"""`mmspec transcribe`: speech to text with hybrid decoding (fast draft + Whisper verification)."""
+"""`mmspec transcribe`: speech to text (and subtitles) with hybrid decoding (fast draft + Whisper verification).
+
+    mmspec transcribe talk.mp3                                 # text on stdout, whisper-tiny.en
+    mmspec transcribe talk.mp3 --format srt --out talk.srt     # subtitles, written atomically
+    mmspec transcribe recordings/ --format vtt --out subs/     # every audio file of a folder, one output each
+
+In folder mode a file that fails (corrupt, empty, not audio, too short) is reported on its own line
+and the others still run; the exit status is 2 when any failed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
+from ..errors import MMSpecError
 from .common import LazyChoices, SharedFlags, stats_json
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
+                  ".mp4", ".mkv", ".mov"}
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = commands.add_parser("transcribe", parents=[flags.json],
-                                 help="transcribe speech with hybrid decoding (fast draft + Whisper verification)")
-    parser.add_argument("path", help="audio file (any file PyAV decodes, or the audio track of a video)")
+                                 help="transcribe speech (text or subtitles) with hybrid decoding or greedy Whisper")
+    parser.add_argument("path", help="audio file (any file PyAV decodes, or the audio track of a video), or a folder of them")
     parser.add_argument("--model", default=None,
                         help="zoo name, local folder (transformers or CTranslate2 / faster-whisper) or Hub id of a Whisper model "
                              "(default: whisper-tiny.en)")
@@ -26,6 +40,11 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
+    parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
+                        help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
+    parser.add_argument("--out", default=None,
+                        help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
+                             "(required), one FILE_STEM.FORMAT per audio file")
     parser.set_defaults(func=run)
 
 
@@ -33,22 +52,92 @@ def run(args: argparse.Namespace) -> int:
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
 
+    source = Path(args.path)
+    if not source.exists():
+        raise MMSpecError(f"audio file {args.path!r} does not exist")
+    files = audio_files(source) if source.is_dir() else [source]
+    if source.is_dir() and args.out is None:
+        raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
+    fmt = output_format(args)
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)
     pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder)
+    pipe.check_method(args.method)  # an unavailable method fails once, before any audio
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
-    out = pipe(args.path, method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
-               progress_bar=not args.json)
-    if out.note:
-        print(f"mmspec: {out.note}", file=sys.stderr)
-    if args.json:
-        stats = stats_json(out.stats, decoder_passes=out.decoder_passes, chunks=len(out.chunks),
-                           transcription_time_s=out.total_time_s)
-        print(json.dumps({"text": out.text, "method": out.method, "mode": out.mode, "model": out.model, "note": out.note,
-                          "stats": stats}, indent=2))
-    else:
-        print(out.text)
+    if not source.is_dir():
+        out = transcribe_one(pipe, source, args, progress=not args.json)
+        emit(out, fmt, args.out, source)
         print(f"{out.stats.summary()}; {out.decoder_passes} decoder passes over {len(out.chunks)} chunk(s)", file=sys.stderr)
-    return 0
+        return 0
+    return transcribe_folder(pipe, files, Path(args.out), fmt, args)
+
+
+def audio_files(folder: Path) -> list[Path]:
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
+    if not files:
+        raise MMSpecError(f"the folder {str(folder)!r} holds no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
+    return files
+
+
+def output_format(args: argparse.Namespace) -> str:
+    if args.format is not None:
+        return args.format
+    if args.out is not None and Path(args.out).suffix.lower().lstrip(".") in ("txt", "json", "srt", "vtt"):
+        return Path(args.out).suffix.lower().lstrip(".")
+    return "json" if args.json else "txt"
+
+
+def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bool) -> Any:
+    out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
+               progress_bar=progress)
+    if out.note:
+        print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+    return out
+
+
+def rendered(out: Any, fmt: str, source: Path) -> str:
+    from ..speech.subtitles import render
+
+    stats = stats_json(out.stats, decoder_passes=out.decoder_passes, chunks=len(out.chunks),
+                       transcription_time_s=out.total_time_s)
+    return render(out.segments, fmt, file=str(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
+                  note=out.note, stats=stats)
+
+
+def emit(out: Any, fmt: str, destination: str | None, source: Path) -> None:
+    from ..speech.subtitles import write_atomically
+
+    text = rendered(out, fmt, source)
+    if destination is None:
+        sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+    else:
+        write_atomically(destination, text)
+        print(f"mmspec: wrote {destination}", file=sys.stderr)
+
+
+def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, args: argparse.Namespace) -> int:
+    """Each file on its own: a failure is reported for that file and the rest still run."""
+    from ..speech.subtitles import write_atomically
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise MMSpecError(f"--out {str(out_dir)!r} is a file; a folder of audio needs an output folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for index, path in enumerate(files, 1):
+        print(f"mmspec: [{index}/{len(files)}] {path.name}", file=sys.stderr)
+        target = out_dir / f"{path.stem}.{fmt}"
+        try:
+            out = transcribe_one(pipe, path, args, progress=True)
+            write_atomically(target, rendered(out, fmt, path))
+            results.append({"file": str(path), "output": str(target), "error": None})
+        except MMSpecError as error:
+            print(f"mmspec: error: {path.name}: {error}", file=sys.stderr)
+            results.append({"file": str(path), "output": None, "error": str(error)})
+    failed = [r for r in results if r["error"]]
+    print(f"mmspec: transcribed {len(results) - len(failed)} of {len(results)} file(s) into {out_dir}"
+          + (f"; failed: {', '.join(Path(r['file']).name for r in failed)}" if failed else ""), file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 2 if failed else 0
