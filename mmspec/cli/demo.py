@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
 from ..errors import MMSpecError
 from .common import SharedFlags, set_threads
@@ -22,8 +23,13 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError(f"--port must be in 1..65535, got {args.port}")
     if importlib.util.find_spec("gradio") is None:
         raise MMSpecError("the demo needs gradio, which is not installed: pip install 'mmspec[demo]'")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo does not report usage
     from ..demo import launch
 
     set_threads(args)
-    launch(host=args.host, port=args.port)
+    try:
+        launch(host=args.host, port=args.port)
+    except OSError as error:  # the port is taken, or the address is not this machine's
+        reason = str(error).strip().splitlines()[0].split(". ")[0]
+        raise MMSpecError(f"cannot serve on {args.host}:{args.port}: {reason} (pick another --port)") from None
     return 0
