@@ -58,32 +58,25 @@ def onevision_case(model, frames: int = 4) -> Case:
     return Case("llava-onevision", model, ids, {"pixel_values_videos": pixels(1, frames, 3, 56, 56, seed=2)})
 
 
-def qwen2_vl_image_case(model) -> Case:
+def qwen2_vl_case(model, video: bool) -> Case:
+    """One image (4 merged patches) or one two-frame video (8) between Qwen2-VL's vision start / end tokens."""
     config = model.config
-    image, start, end = config.image_token_id, config.vision_start_token_id, config.vision_end_token_id
+    kind, frames = ("video", 2) if video else ("image", 1)
+    token = config.video_token_id if video else config.image_token_id
     im_start, im_end, user, nl = 151644, 151645, 872, 198
-    ids = text_ids([im_start, user, nl, start], [image] * 4, [end, 3838, 374, 419, 30, im_end, nl, im_start, 77091, nl])
-    inputs = {"pixel_values": pixels(16, 3 * 2 * 14 * 14, seed=3), "image_grid_thw": torch.tensor([[1, 4, 4]]),
-              "mm_token_type_ids": (ids == image).int()}
-    return Case("qwen2-vl-image", model, ids, inputs)
-
-
-def qwen2_vl_video_case(model) -> Case:
-    config = model.config
-    video, start, end = config.video_token_id, config.vision_start_token_id, config.vision_end_token_id
-    im_start, im_end, user, nl = 151644, 151645, 872, 198
-    ids = text_ids([im_start, user, nl, start], [video] * 8, [end, 3838, 374, 419, 30, im_end, nl, im_start, 77091, nl])
-    inputs = {"pixel_values_videos": pixels(32, 3 * 2 * 14 * 14, seed=4), "video_grid_thw": torch.tensor([[2, 4, 4]]),
-              "mm_token_type_ids": 2 * (ids == video).int()}
-    return Case("qwen2-vl-video", model, ids, inputs)
+    ids = text_ids([im_start, user, nl, config.vision_start_token_id], [token] * (4 * frames),
+                   [config.vision_end_token_id, 3838, 374, 419, 30, im_end, nl, im_start, 77091, nl])
+    inputs = {"pixel_values_videos" if video else "pixel_values": pixels(16 * frames, 3 * 2 * 14 * 14, seed=3 + video),
+              f"{kind}_grid_thw": torch.tensor([[frames, 4, 4]]), "mm_token_type_ids": (1 + video) * (ids == token).int()}
+    return Case(f"qwen2-vl-{kind}", model, ids, inputs)
 
 
 VLM_CASES = {
     "llava-1.5": ("llava-1.5-7b-hf", llava_case),
     "llava-next-video": ("LLaVA-NeXT-Video-7B-hf", next_video_case),
     "llava-onevision": ("llava-onevision-qwen2-0.5b-ov-hf", onevision_case),
-    "qwen2-vl-image": ("Qwen2-VL-2B-Instruct", qwen2_vl_image_case),
-    "qwen2-vl-video": ("Qwen2-VL-2B-Instruct", qwen2_vl_video_case),
+    "qwen2-vl-image": ("Qwen2-VL-2B-Instruct", lambda model: qwen2_vl_case(model, video=False)),
+    "qwen2-vl-video": ("Qwen2-VL-2B-Instruct", lambda model: qwen2_vl_case(model, video=True)),
 }
 
 
