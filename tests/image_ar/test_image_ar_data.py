@@ -109,6 +109,15 @@ def test_recipes_never_write_into_the_package_without_into_zoo(recipe, capsys):
     assert sorted((p, p.stat().st_mtime_ns) for p in data.ZOO_DIR.rglob("*")) == files
 
 
+def test_build_defaults_are_the_shipped_build():
+    card = json.loads((data.ZOO_DIR / "zoo_card.json").read_text())
+    shipped = card["rebuild_command"].split()
+    assert shipped[:3] == ["python", "-m", "mmspec.image_ar.recipes.build_shapes_image_ar"]
+    defaults = build_shapes_image_ar.build_parser().parse_args([])
+    for flag, value in zip(shipped[3::2], shipped[4::2]):
+        assert float(getattr(defaults, flag[2:].replace("-", "_"))) == float(value), flag
+
+
 def test_recipe_output_folder_defaults_to_the_working_directory():
     parser = data.recipe_parser("doc", "the model", max_minutes=1.0, batch_size=1, lr=1e-3, warmup=1)
     assert data.parse_recipe_args(parser, []).out == data.NAME  # ./shapes-image-ar
