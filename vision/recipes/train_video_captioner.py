@@ -33,9 +33,10 @@ happens and saves what it has. Then it evaluates ``--eval-n`` held-out videos (g
 captions, 40 new tokens max) and saves fp16 safetensors, the processor and a
 ``zoo_card.json``.
 
-Experimental knobs (not used for the shipped model): ``--content-weight`` up-weights the
-loss on caption words only the video can decide; ``--init-from`` continues from a saved
-captioner folder.
+``--content-weight`` up-weights the loss on caption words only the video can decide;
+``--init-from`` continues from a saved captioner folder. The shipped captioner is the last of a
+chain of runs, each continuing the one before with ``--init-from``: the defaults give a first run,
+and the card's ``rebuild_command`` records the options of the last one.
 """
 
 from __future__ import annotations
