@@ -81,3 +81,16 @@ def test_bench_table_shows_the_spread_and_warns_when_it_is_wide():
     assert report.to_dict()["methods"][1]["wall_time_max_s"] == 1.4 and len(report.to_dict()["warnings"]) == 1
     calm = BenchReport("t", "greedy-loop", [steady], {})  # a failing control: no warning when the spread is narrow
     assert "warning" not in calm.to_table() and calm.to_dict()["warnings"] == []
+
+
+def test_zoo_sizes_count_subfolders(tmp_path, monkeypatch):
+    import mmspec.zoo as zoo
+
+    folder = tmp_path / "toy"
+    (folder / "msd").mkdir(parents=True)
+    (folder / "zoo_card.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"x" * 100)
+    (folder / "msd" / "model.safetensors").write_bytes(b"y" * 1000)  # a drafter shipped with the model
+    monkeypatch.setattr(zoo, "MODELS_DIR", tmp_path)
+    (entry,) = zoo.entries()
+    assert entry.file_size_bytes == 2 + 100 + 1000
