@@ -23,12 +23,13 @@ def acceptance_frame(stats: Any) -> pd.DataFrame:
 
 
 def comparison_markdown(fast: Any, plain: Any, sampled: bool = False) -> str:
-    """The method against plain decoding on the same input: both decoding times, the speed-up, same text or not."""
+    """The method against plain decoding on the same input: both decoding times, the speed-up, same text or not.
+    Pass calls made after a warm-up (the demo times a second run of the method, after plain decoding's)."""
     speed_up = plain.stats.total_time / fast.stats.total_time if fast.stats.total_time > 0 else 0.0
     why = ("sampling: lossless speculative sampling keeps the distribution, not each draw" if sampled
            else "a relaxed method may differ")
     same = "yes" if fast.text == plain.text else f"**no** ({why})"
     return (f"plain decoding (`ar`): {plain.stats.total_time * 1e3:.0f} ms, {plain.stats.target_forwards} target forwards; "
             f"`{fast.method}`: {fast.stats.total_time * 1e3:.0f} ms, {fast.stats.target_forwards} target forwards; "
-            f"speed-up **{speed_up:.2f}x**; same text: {same}\n\n"
+            f"speed-up **{speed_up:.2f}x** (one run each, after a warm-up); same text: {same}\n\n"
             f"plain decoding's text: {plain.text}")

@@ -68,15 +68,9 @@ def step_map(spans: list[tuple[int, int]], grid: tuple[int, int]) -> np.ndarray:
 
 
 def round_spans(rounds: list) -> list[tuple[int, int]]:
-    """(raster position, count) per round of the call's first image: every image method commits a
-    contiguous run of tokens in raster order per target forward, so positions follow from the counts."""
-    spans, filled = [], 0
-    for info in rounds:
-        if info.chunk not in (None, 0):  # the image pipelines number the images of a call as chunks
-            continue
-        spans.append((filled, len(info.tokens)))
-        filled += len(info.tokens)
-    return spans
+    """(raster position, count) per round of the call's first image (the image pipelines number a call's
+    images as chunks and give each round's raster position)."""
+    return [(info.position, len(info.tokens)) for info in rounds if info.chunk in (None, 0)]
 
 
 def step_image(steps: np.ndarray) -> Image.Image:

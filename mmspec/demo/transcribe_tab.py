@@ -73,7 +73,9 @@ def transcribe(audio: str | None, model: str, method: str, compare: bool,
         versus = ""
         if compare:
             progress(None, desc="plain decoding (ar) on the same audio")
-            versus = comparison_markdown(out, pipe(**{**call, "method": "ar"}))
+            plain = pipe(**{**call, "method": "ar"})
+            # Timed again now that both have run once (the streamed run may have paid one-time start-up costs).
+            versus = comparison_markdown(pipe(**call), plain)
         summary = stats_markdown(out.stats, out.method if out.method == "ar" else f"{out.method} ({out.mode})")
         if out.note:
             summary += f"\n\n{out.note}"

@@ -252,8 +252,8 @@ def test_image_tab_shows_an_image_and_its_step_compression(browser_page, server,
     pipe = ImagePipeline.from_pretrained("shapes-image-ar")
     expected = pipe(prompt=pipe.class_names[0], method="sjd", seed=3, progress_bar=False).stats
     assert f"{expected.new_tokens} image tokens in {expected.target_forwards} target forwards" in stats.inner_text()
-    if reports_rounds(pipe):  # the step map needs the image pipeline's per-round callback
-        page.locator("#image-steps img").wait_for()
+    assert reports_rounds(pipe)
+    page.locator("#image-steps img").wait_for()  # the map of the forward that committed each token
     shoot(page, shots, "demo-image.png")
 
 

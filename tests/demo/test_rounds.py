@@ -58,13 +58,13 @@ def test_step_map_places_rounds_at_their_positions():
     pytest.importorskip("gradio")
     from mmspec.demo.image_tab import round_spans, step_map
 
-    rounds = [RoundInfo(tokens=[7], drafted=0, accepted=0, new_tokens=1),
-              RoundInfo(tokens=[7, 7, 7], drafted=3, accepted=2, new_tokens=4),
-              RoundInfo(tokens=[7, 7], drafted=4, accepted=1, new_tokens=6),
-              RoundInfo(tokens=[7, 7, 7], drafted=3, accepted=3, new_tokens=9)]
+    rounds = [RoundInfo(tokens=[7], drafted=0, accepted=0, new_tokens=1, chunk=0, position=0),
+              RoundInfo(tokens=[7, 7, 7], drafted=3, accepted=2, new_tokens=4, chunk=0, position=1),
+              RoundInfo(tokens=[7, 7], drafted=4, accepted=1, new_tokens=6, chunk=0, position=4),
+              RoundInfo(tokens=[7, 7, 7], drafted=3, accepted=3, new_tokens=9, chunk=0, position=6)]
     assert step_map(round_spans(rounds), (3, 3)).tolist() == [[0, 1, 1], [1, 2, 2], [3, 3, 3]]
     # Rounds of a second image (chunk 1) are not drawn on the first one's map.
-    second = [RoundInfo(tokens=[7] * 9, drafted=8, accepted=8, new_tokens=18, chunk=1)]
+    second = [RoundInfo(tokens=[7] * 9, drafted=8, accepted=8, new_tokens=18, chunk=1, position=0)]
     assert step_map(round_spans(rounds + second), (3, 3)).tolist() == [[0, 1, 1], [1, 2, 2], [3, 3, 3]]
 
 
@@ -75,3 +75,22 @@ def test_step_map_refuses_rounds_that_do_not_fill_the_image():
 
     with pytest.raises(MMSpecError, match="committed 4 of the image's 9 tokens"):
         step_map([(0, 1), (1, 3)], (3, 3))
+
+
+def test_step_map_of_a_real_image_has_one_step_per_target_forward():
+    pytest.importorskip("gradio")
+    from mmspec import ImagePipeline
+    from mmspec.demo.image_tab import round_spans, step_map
+
+    pipe = ImagePipeline.from_pretrained("shapes-image-ar")
+    seen: list[RoundInfo] = []
+    out = pipe(prompt=pipe.class_names[0], method="sjd", seed=3, progress_bar=False,
+               callback_on_round=lambda _i, info: seen.append(info))
+    grid = tuple(out.tokens.shape[-2:])
+    steps = step_map(round_spans(seen), grid)
+    assert int(steps.max()) + 1 == out.stats.target_forwards < grid[0] * grid[1]  # several tokens per forward
+    # The rounds' tokens, put where the map says, are the image's tokens.
+    rebuilt = [0] * (grid[0] * grid[1])
+    for info in seen:
+        rebuilt[info.position:info.position + len(info.tokens)] = info.tokens
+    assert rebuilt == out.tokens[0].flatten().tolist()
