@@ -33,3 +33,26 @@ def test_quick_start_captions_the_sample_video_right(capsys):
         assert got[attribute] == truth[attribute], (attribute, result["text"])
     assert result["stats"]["new_tokens"] >= 1 and result["stats"]["mean_accepted_length"] >= 1
     assert "Loading weights" not in captured.err  # transformers' bars stay hidden without --verbose
+
+
+@pytest.mark.skipif("shapes-video-captioner" not in {e.name for e in entries()}, reason="needs the zoo captioner")
+def test_temperature_zero_is_greedy_and_lengths_past_the_context_are_cut(capsys, monkeypatch):
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    calls = []
+    real_call = CaptionPipeline.__call__
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(CaptionPipeline, "__call__", spy)
+    code = main(["caption", str(SAMPLE), "--json", "--temperature", "0", "--max-new-tokens", "1000000000",
+                 "--num-draft-tokens", "1000"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert calls[0]["do_sample"] is False  # temperature 0 = greedy, not sampling at 1.0
+    notes = json.loads(captured.out)["notes"]
+    assert any(note.startswith("max_new_tokens cut from 1000000000 to 214") for note in notes), notes
+    assert any("drafts of 1000 tokens are cut" in note for note in notes), notes
+    assert all(f"mmspec: {note}" in captured.err for note in notes)
