@@ -245,3 +245,27 @@ def test_ctrl_c_while_importing_is_one_line():
     assert process.returncode in (130, -signal.SIGINT), err  # the shell reports either as 130
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "mmspec: interrupted"
 
+
+
+def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
+    import huggingface_hub
+
+    from mmspec import MMSpecError
+    from mmspec.zoo import hub, resolve
+
+    asked = []
+
+    def stalling_hub(repo_id, timeout=None):  # a network that accepts the connection and never answers
+        asked.append(repo_id)
+        time.sleep(30)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "model_info", stalling_hub)
+    monkeypatch.setattr(hub, "HUB_ANSWER_TIMEOUT_S", 0.5)
+    if entries():
+        name = entries()[0].name
+        assert resolve(name) == str(entries()[0].path) and asked == []
+    start = time.perf_counter()
+    with pytest.raises(MMSpecError, match=r"did not answer within 2 s \(offline\? set HF_HUB_OFFLINE=1"):
+        resolve("someone/not-cached-model", "target")
+    assert asked == ["someone/not-cached-model"] and time.perf_counter() - start < 20  # a guard, not a timing claim
