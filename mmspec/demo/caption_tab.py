@@ -71,7 +71,7 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
         limit = int(max_new_tokens)
         progress(0.0, desc=f"{method}: reading the video")
         call = dict(video=path, method=method, max_new_tokens=limit, do_sample=temperature > 0,
-                    temperature=temperature or 1.0, seed=int(seed), progress_bar=False)
+                    temperature=temperature or 1.0, seed=int(seed or 0), progress_bar=False)
         for done_rounds, out in stream_rounds(pipe, **call):
             views = R.round_views(done_rounds, decode)
             committed = done_rounds[-1].new_tokens if done_rounds else 0

@@ -93,7 +93,7 @@ def generate(model: str, label: str, method: str, seed: float, progress: gr.Prog
         progress(None, desc=f"{method}: sampling image tokens")
         rounds: list = []
         extra = {"callback_on_round": lambda _i, info: rounds.append(info)} if reports_rounds(pipe) else {}
-        out = pipe(prompt=label, method=method, seed=int(seed), progress_bar=False, **extra)
+        out = pipe(prompt=label, method=method, seed=int(seed or 0), progress_bar=False, **extra)
         grid = tuple(out.tokens.shape[-2:])
         stats = out.stats
         text = (f"**{method}**: {stats.new_tokens} image tokens in {stats.target_forwards} target forwards: step "
