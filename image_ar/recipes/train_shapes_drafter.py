@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from mmspec.image_ar import LlamaGenForClassConditional
 from mmspec.image_ar.target import guided_logits
-from mmspec.training import TrainingLoop, adamw, optimizer_step
+from mmspec.training import TrainingLoop, adamw, optimizer_step, seed_everything
 
 from . import image_ar_data as data
 from .train_shapes_image_ar import add_gpt_arguments, build_model, code_batches, heldout_loss, load_codes
@@ -73,7 +73,7 @@ def agreement(drafter: LlamaGenForClassConditional, target: LlamaGenForClassCond
 
 def train(args: argparse.Namespace) -> dict:
     data.set_threads(args.threads)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     out = Path(args.out)
     target_dir = Path(args.target) if args.target else out
     vq_dir = Path(args.vq) if args.vq else out / "vq"

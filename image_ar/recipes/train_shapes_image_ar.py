@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from mmspec.image_ar import LlamaGenConfig, LlamaGenForClassConditional, VQModel, ar_generate
 from mmspec.image_ar.judge import load_judge
 from mmspec.sampling import SamplingConfig
-from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
+from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 
@@ -158,7 +158,7 @@ def save_grid(images_uint8: torch.Tensor, path: Path, columns: int = 24) -> None
 
 def train(args: argparse.Namespace) -> dict:
     data.set_threads(args.threads)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     out = Path(args.out)
     vq_dir = Path(args.vq) if args.vq else out / "vq"
     if not (vq_dir / "model.safetensors").is_file():

@@ -34,7 +34,7 @@ from timm.models import save_for_hf
 
 from mmspec.image_ar import VQModel
 from mmspec.image_ar.judge import ImageJudge, frechet_distance_of_features, load_judge
-from mmspec.training import TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
+from mmspec.training import TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 
@@ -77,7 +77,7 @@ def evaluate(judge: ImageJudge, heldout: data.ImageSet, recon: torch.Tensor | No
 
 def train(args: argparse.Namespace) -> dict:
     data.set_threads(args.threads)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     out = Path(args.out)
     vq_dir = Path(args.vq) if args.vq else out / "vq"
     vq = VQModel.from_pretrained(vq_dir, dtype=torch.float32).eval() if (vq_dir / "config.json").is_file() else None

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.image_ar import VQConfig, VQModel
-from mmspec.training import TrainingLoop, adamw, optimizer_step, set_lr, warmup_cosine
+from mmspec.training import TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 
@@ -144,7 +144,7 @@ def evaluate(vq: VQModel, heldout: data.ImageSet, batch_size: int = 128) -> dict
 
 def train(args: argparse.Namespace) -> dict:
     data.set_threads(args.threads)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     out = Path(args.out)
     vq = build_vq(args).train()
     n_params = sum(p.numel() for p in vq.parameters())
