@@ -29,13 +29,12 @@ from tqdm.auto import tqdm
 from .errors import MMSpecError
 
 
-def seed_everything(seed: int, *, numpy: bool = True) -> None:
-    """Seed Python's `random`, NumPy's global generator (when `numpy`) and torch's default generator."""
-    random.seed(seed)
-    if numpy:
-        import numpy as np
+def seed_everything(seed: int) -> None:
+    """Seed Python's `random`, NumPy's global generator and torch's default generator."""
+    import numpy as np  # local: only training needs it here
 
-        np.random.seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
     torch.manual_seed(seed)
 
 
