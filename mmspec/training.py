@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -31,8 +32,6 @@ from .errors import MMSpecError
 
 def seed_everything(seed: int) -> None:
     """Seed Python's `random`, NumPy's global generator and torch's default generator."""
-    import numpy as np  # local: only training needs it here
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
