@@ -40,7 +40,9 @@ CAPTION = [
     (["caption", "{video}", "--model", "{pickle_only}"], "holds only pickle checkpoints (pytorch_model.bin)"),
     (["caption", "{video}", "--model", "{bad_card}"], "zoo_card.json': not valid JSON"),
 ]
-CAPTION_WITH_ZOO = [  # these load the toy captioner (a few seconds each) and fail before decoding
+LONG_PROMPT = "a red circle moves " * 400
+CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail before decoding
+    (["generate", LONG_PROMPT], "tokens, but shapes-caption-lm holds 256 positions: shorten it"),
     (["caption", "{video}", "--frames", "10000"], "10000 frames cannot fit: shapes-video-captioner holds 512 positions"),
     (["caption", "{video}", "--frames", "16"],
      "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),

@@ -32,6 +32,20 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.set_defaults(func=run)
 
 
+def fit_context(model, name: str, prompt_tokens: int, max_new_tokens: int) -> int:
+    """Refuse a prompt the model cannot hold; cut `max_new_tokens` to the positions left, with a note."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if not context:
+        return max_new_tokens
+    if prompt_tokens >= context:
+        raise MMSpecError(f"the prompt is {prompt_tokens} tokens, but {name} holds {context} positions: shorten it")
+    if prompt_tokens + max_new_tokens > context:
+        print(f"mmspec: max_new_tokens cut from {max_new_tokens} to {context - prompt_tokens}: {name} holds {context} "
+              f"positions and the prompt takes {prompt_tokens}", file=sys.stderr)
+        return context - prompt_tokens
+    return max_new_tokens
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -47,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError(f"{args.model!r} has no tokenizer; `mmspec generate` needs one to read the prompt")
     drafter = PromptLookupDrafter() if args.drafter == "prompt-lookup" else load_causal_lm(args.drafter, "drafter")[0]
     input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    max_new_tokens = fit_context(target, args.model, input_ids.shape[1], args.max_new_tokens)
     out = speculative_generate(
-        target, drafter, input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.sample and args.temperature > 0,
+        target, drafter, input_ids, max_new_tokens=max_new_tokens, do_sample=args.sample and args.temperature > 0,
         temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
         policy=make_policy(args.policy, args.num_draft_tokens),
     )
