@@ -295,8 +295,8 @@ class TranscriptionPipeline(SpeculativePipeline):
         check_duration(samples, self.sampling_rate)
         window = int(round(self.chunk_seconds * self.sampling_rate))
         threshold = silence_threshold if silence_threshold is not None else 0.0
-        regions = speech_regions(samples, self.sampling_rate, threshold) if silence_threshold is not None else \
-            [(0, samples.shape[0])]
+        regions = speech_regions(samples, self.sampling_rate, threshold, max_region_s=self.chunk_seconds / 2) \
+            if silence_threshold is not None else [(0, samples.shape[0])]
         windows = plan_windows(regions, window, int(round(window * STRIDE_FRACTION)))
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         stats = SpecStats(method=label)

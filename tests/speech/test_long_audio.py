@@ -98,6 +98,13 @@ def test_regions_and_windows():
                                                                    (17800, 19200)]
     assert speech_regions(np.zeros(rate, np.float32), rate, 1e-3) == []
     assert speech_regions(np.full(3 * rate, 0.2, np.float32), rate, 1e-3) == [(0, 3 * rate)]  # steady sound is kept
+    dipped = np.full(12 * rate, 0.3, np.float32)
+    dipped[7 * rate:7 * rate + 300] = 0.01  # a 0.3 s pause, too short to end a region, deep enough to cut at
+    assert speech_regions(dipped, rate, 1e-3) == [(0, 12 * rate)]
+    parts = speech_regions(dipped, rate, 1e-3, max_region_s=5.0)
+    assert len(parts) == 2 and parts[0][0] == 0 and parts[1][1] == 12 * rate and parts[0][1] == parts[1][0]
+    assert 7 * rate <= parts[0][1] <= 7 * rate + 300
+    assert speech_regions(np.full(12 * rate, 0.3, np.float32), rate, 1e-3, max_region_s=5.0) == [(0, 12 * rate)]  # no dip
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):
