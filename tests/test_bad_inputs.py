@@ -271,3 +271,19 @@ def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
     with pytest.raises(MMSpecError, match=r"did not answer within 2 s \(offline\? set HF_HUB_OFFLINE=1"):
         resolve("someone/not-cached-model", "target")
     assert asked == ["someone/not-cached-model"] and time.perf_counter() - start < 20  # a guard, not a timing claim
+
+
+def test_an_interrupted_write_leaves_no_partial_file(tmp_path):
+    from mmspec.cli.atomic import atomic_write
+
+    out = tmp_path / "x.png"
+
+    def killed_half_way(path):
+        path.write_bytes(b"\x89PNG half an image")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(out, killed_half_way)
+    assert list(tmp_path.iterdir()) == []  # neither x.png nor the temporary file
+    atomic_write(out, lambda path: path.write_bytes(b"whole"))  # the control: a finished write lands
+    assert out.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [out]
