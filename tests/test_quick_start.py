@@ -56,3 +56,11 @@ def test_temperature_zero_is_greedy_and_lengths_past_the_context_are_cut(capsys,
     assert any(note.startswith("max_new_tokens cut from 1000000000 to 214") for note in notes), notes
     assert any("drafts of 1000 tokens are cut" in note for note in notes), notes
     assert all(f"mmspec: {note}" in captured.err for note in notes)
+
+
+@pytest.mark.skipif("shapes-video-captioner" not in {e.name for e in entries()}, reason="needs the zoo captioner")
+def test_a_prompt_holding_the_placeholder_is_used_as_is(capsys):
+    assert main(["caption", str(SAMPLE), "--prompt", "Describe <video> in detail", "--max-new-tokens", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["new_tokens"] >= 1
+    code = main(["caption", str(SAMPLE), "--prompt", "<video> and <video>", "--max-new-tokens", "4"])
+    assert code == 2 and "the prompt holds 2 <video> placeholders; one video is given" in capsys.readouterr().err
