@@ -120,7 +120,19 @@ TRAIN = [
     (["train-fast-decoder", "--target", "x", "--data", "{data}", "--out", "{tmp}/d", "--lr", NAN], "argument --lr"),
     (["train-fast-decoder", "--target", "x", "--data", "{data}", "--out", "{video}"], "exists and is not a folder"),
 ]
-TABLES = {"caption": CAPTION, "generate": GENERATE, "generate-image": GENERATE_IMAGE, "bench": BENCH, "train": TRAIN}
+TRANSCRIBE = [
+    (["transcribe", "{tmp}/missing.wav"], "does not exist"),
+    (["transcribe", "{video}", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+]
+DEMO = [
+    (["demo", "--port", "-1"], "--port must be in 1..65535"),
+    (["demo", "--port", "99999"], "--port must be in 1..65535"),
+]
+ZOO = [
+    (["zoo", "list", "--format", "x"], "unrecognized arguments"),
+]
+TABLES = {"caption": CAPTION, "generate": GENERATE, "generate-image": GENERATE_IMAGE, "transcribe": TRANSCRIBE,
+          "bench": BENCH, "train": TRAIN, "demo": DEMO, "zoo": ZOO}
 ROWS = [pytest.param(argv, expected, id=f"{verb}:{' '.join(argv[1:])[:60]}")
         for verb, table in TABLES.items() for argv, expected in table]
 needs_zoo = pytest.mark.skipif(not entries(), reason="needs the zoo")
