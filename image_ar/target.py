@@ -142,6 +142,10 @@ class GuidedImageTarget(Target):
     sequence, so the core's `truncate(length - rejected)` rolls back exactly the rejected drafts.
     """
 
+    # The method's own guidance and sampling decide; a Janus checkpoint's text generation config
+    # (its guidance_scale, text sampling settings) is not applied to the image head.
+    reads_generation_config = False
+
     def __init__(self, cfg: CFGTarget) -> None:
         super().__init__(cfg.model)
         self.cfg = cfg

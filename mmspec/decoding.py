@@ -109,7 +109,8 @@ class SpeculativeDecoder:
             raise MMSpecError(f"batch size {input_ids.shape[0]} is not supported yet: pass one sequence (batch size 1)")
         if eos_token_id is not None:
             kwargs["eos_token_id"] = eos_token_id  # a setting like any other: min-length processors use it
-        settings, model_inputs = resolve_generation(self.target.model, kwargs, known_inputs=self.target.input_names())
+        settings, model_inputs = resolve_generation(self.target.model, kwargs, known_inputs=self.target.input_names(),
+                                                    shipped=self.target.reads_generation_config)
         if sampling is not None:
             settings.sampling = sampling
             settings.config.do_sample = sampling.do_sample

@@ -122,8 +122,14 @@ class GenerationSettings:
             self.config.min_length = prompt_length + self.config.min_new_tokens
 
 
-def merged_generation_config(model: PreTrainedModel, base: GenerationConfig | None, settings: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]]:
-    """generate's own merge (call > `base` or the model's config > global defaults); returns the rest of `settings`."""
+def merged_generation_config(model: PreTrainedModel, base: GenerationConfig | None, settings: dict[str, Any],
+                             shipped: bool = True) -> tuple[GenerationConfig, dict[str, Any]]:
+    """generate's own merge (call > `base` or the model's config > global defaults); returns the rest of `settings`.
+
+    `shipped=False` leaves the model's own generation config out (call > `base` > global defaults)."""
+    if not shipped:
+        config = copy.deepcopy(base if base is not None else GenerationConfig())
+        return config, config.update(**settings)
     if not hasattr(model, "_prepare_generation_config"):
         config = GenerationConfig.from_model_config(model.config) if base is None else base
         config = copy.deepcopy(config)
@@ -188,12 +194,15 @@ def resolve_generation(
     *,
     eos_token_id: int | Iterable[int] | None = None,
     known_inputs: Iterable[str] | None = None,
+    shipped: bool = True,
 ) -> tuple[GenerationSettings, dict[str, Any]]:
     """Split a call's keyword arguments into generation settings and model inputs, as `generate` does.
 
     Returns the resolved settings and the model inputs. Raises `MMSpecError` naming any argument
     that is neither (a typo, `foo=1`) or a setting that cannot be honoured (`num_beams=4`).
     `known_inputs` overrides the accepted model-input names (targets that take extra inputs).
+    `shipped=False` ignores the model's own `generation_config` (targets whose model's `generate`
+    settings do not drive this decoding, e.g. an image head under a text model's config).
     """
     arguments = dict(arguments)
     for name in UNSUPPORTED_CALL_ARGUMENTS:
@@ -209,7 +218,7 @@ def resolve_generation(
     settings = {k: v for k, v in arguments.items() if k in fields}
     inputs = {k: v for k, v in arguments.items() if k not in settings}
     # A setting passed as None means "not set", as in generate.
-    config, leftover = merged_generation_config(model, base, {k: v for k, v in settings.items() if v is not None})
+    config, leftover = merged_generation_config(model, base, {k: v for k, v in settings.items() if v is not None}, shipped)
     inputs.update({k: v for k, v in leftover.items() if k not in settings})
     check_supported(config)
     accepted = set(known_inputs) if known_inputs is not None else model_input_names(model)
@@ -227,7 +236,7 @@ def resolve_generation(
     default_max_length = (
         settings.get("max_length") is None
         and (base is None or base.max_length is None)
-        and getattr(getattr(model, "generation_config", None), "max_length", None) is None
+        and (not shipped or getattr(getattr(model, "generation_config", None), "max_length", None) is None)
     )
     resolved = GenerationSettings(
         config=config, sampling=sampling_of(config), stop_ids=stop_ids_of(config, eos_token_id),

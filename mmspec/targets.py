@@ -39,6 +39,10 @@ class Target(CachedModel):
     with the token prefix that row follows.
     """
 
+    # Whether the model's shipped `generation_config` (sampling, penalties, ...) applies to this
+    # decoding, as in its `generate`; False for targets whose settings come from elsewhere.
+    reads_generation_config: bool = True
+
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, role="target")
         self.output_hidden_states = output_hidden_states

@@ -5,7 +5,8 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import JanusCFGTarget, ar_generate, jacobi_generate, janus_generate, sjd_accept
+from mmspec.image_ar import (GuidedImageDrafter, JanusCFGTarget, ar_generate, draft_generate, jacobi_generate, janus_generate,
+                             sjd_accept)
 from mmspec.testing import reload_from_disk
 
 from .tiny_janus import BOI, BOS, PAD, tiny_janus
@@ -133,3 +134,23 @@ def test_gsd_latents_are_what_the_language_model_reads_for_each_code(janus):
                                  generator=torch.Generator().manual_seed(5))
         assert torch.equal(runs[latents], direct.tokens), latents
     assert not torch.equal(runs["embeddings"], runs["codebook"])
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd", "sd"])
+def test_shipped_text_generation_settings_do_not_reach_the_image_methods(method):
+    """A checkpoint's generation config (guidance_scale, text sampling settings, penalties) is Janus' text side:
+    the image methods take the scale and sampling from the call, so the same seed gives the same image."""
+    plain, shipped = tiny_janus(), tiny_janus()
+    config = shipped.generation_config
+    config.guidance_scale, config.do_sample, config.temperature, config.repetition_penalty = 2.0, True, 0.5, 1.5
+    runs = []
+    for model in (plain, shipped):
+        target = JanusCFGTarget(model, PROMPTS, 2.0)
+        if method == "sd":
+            drafter = JanusCFGTarget(tiny_janus(seed=1), PROMPTS, 2.0)
+            runs.append(draft_generate(target, GuidedImageDrafter(drafter), [0, 1], num_draft_tokens=3, sampling=SAMPLE,
+                                       generator=torch.Generator().manual_seed(4)).tokens)
+        else:
+            runs.append(janus_generate(model, PROMPTS, method=method, guidance_scale=2.0, sampling=SAMPLE,
+                                       generator=torch.Generator().manual_seed(4)).tokens)
+    assert torch.equal(runs[0], runs[1])
