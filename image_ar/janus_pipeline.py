@@ -267,10 +267,12 @@ class JanusImagePipeline(SpeculativePipeline):
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
         # None and sampling: a private generator seeded from torch's global seed (torch.manual_seed repeats runs).
         generator = self.generator_for(generator, seed, needed=sampling.do_sample)
-        total = len(conditions) * self.target.num_tokens
-        with self.progress_bar(total=total, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
+        per_image = self.target.num_tokens
+        with self.progress_bar(total=len(conditions) * per_image, desc=f"image ({method})", unit="tok",
+                               enabled=progress_bar) as bar:
+            on_round = per_image_rounds(self.round_reporter(callback_on_round, bar), per_image)
             out = self.runner.run(config, conditions, sampling=sampling, generator=generator, guidance_scale=scale,
-                                  on_round=per_image_rounds(self.round_reporter(callback_on_round, bar), self.target.num_tokens))
+                                  on_round=on_round)
         images = convert(self.target.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=[], method=method, model=self.model_name,
                                      stats=out.stats, prompts=[prompts[i] for i in conditions],

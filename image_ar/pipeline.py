@@ -34,7 +34,8 @@ from typing import Any, Sequence
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, _saved_class_name, resolve_dtype, saved_pipeline_folder
+from mmspec.pipelines import (DrafterFactory, RoundCallback, SpeculativePipeline, _saved_class_name, resolve_dtype,
+                              saved_pipeline_folder)
 from mmspec.sampling import SamplingConfig
 from mmspec.zoo import resolve
 
@@ -320,10 +321,11 @@ class SpeculativeImagePipeline(SpeculativePipeline):
         # None and sampling: a private generator seeded from torch's global seed (torch.manual_seed repeats runs).
         generator = self.generator_for(generator, seed, needed=sampling.do_sample)
         scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
-        total = len(labels) * self.runner.target.num_tokens
-        with self.progress_bar(total=total, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
+        per_image = self.runner.target.num_tokens
+        with self.progress_bar(total=len(labels) * per_image, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
+            on_round = per_image_rounds(self.round_reporter(callback_on_round, bar), per_image)
             out = self.runner.run(config, labels, sampling=sampling, generator=generator, guidance_scale=scale,
-                                  on_round=per_image_rounds(self.round_reporter(callback_on_round, bar), self.runner.target.num_tokens))
+                                  on_round=on_round)
         images = convert(self.vq.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=labels, method=method,
                                      model=self.model_name, stats=out.stats,
