@@ -74,7 +74,7 @@ from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, speech_model_path, zoo_entry
 from .subtitles import Segment
-from .target import WhisperTarget
+from .target import WhisperTarget, check_language_and_task
 
 FAST_DECODER_FOLDER = "fast_decoder"
 FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER}  # kind -> subfolder, default first
@@ -290,9 +290,10 @@ class TranscriptionPipeline(SpeculativePipeline):
             raise MMSpecError("mode 'relaxed' applies to hybrid decoding only; method 'ar' is plain greedy decoding")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_language_and_task(self.model, language, task)
         reporter = self.round_reporter(callback_on_round)
         samples = load_audio(audio, self.sampling_rate, source_sampling_rate=sampling_rate)
-        check_duration(samples, self.sampling_rate)
+        check_duration(samples, self.sampling_rate, f"audio {str(audio)!r}" if isinstance(audio, (str, Path)) else "the audio")
         window = int(round(self.chunk_seconds * self.sampling_rate))
         threshold = silence_threshold if silence_threshold is not None else 0.0
         regions = speech_regions(samples, self.sampling_rate, threshold, max_region_s=self.chunk_seconds / 2) \
@@ -364,10 +365,10 @@ class TranscriptionPipeline(SpeculativePipeline):
         return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes)
 
 
-def check_duration(samples: np.ndarray, sampling_rate: int) -> None:
+def check_duration(samples: np.ndarray, sampling_rate: int, what: str = "the audio") -> None:
     seconds = samples.shape[0] / sampling_rate
     if seconds < MIN_AUDIO_S:
-        raise MMSpecError(f"the audio lasts {seconds:.2f} s: too short to hold speech (at least {MIN_AUDIO_S} s)")
+        raise MMSpecError(f"{what} lasts {seconds:.2f} s: too short to hold speech (at least {MIN_AUDIO_S} s)")
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -116,6 +116,16 @@ def _english_only(language: str | None, task: str | None) -> tuple[None, None]:
     return None, None
 
 
+def check_language_and_task(model: PreTrainedModel, language: str | None, task: str | None) -> None:
+    """Refuse a language or task the model cannot do, before any audio is read (one clear `MMSpecError`)."""
+    if task is not None and task not in TASKS:
+        raise MMSpecError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    if getattr(model.generation_config, "is_multilingual", None) is False:
+        _english_only(language, task)
+    elif language is not None:
+        language_id(model, language)
+
+
 def whisper_prompt_ids(
     model: PreTrainedModel,
     model_inputs: dict[str, Any] | None = None,

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from .common import LazyChoices, SharedFlags, stats_json
+from .common import LazyChoices, SharedFlags, set_threads, stats_json
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
                   ".mp4", ".mkv", ".mov"}
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
-    parser = commands.add_parser("transcribe", parents=[flags.json],
+    parser = commands.add_parser("transcribe", parents=[flags.json, flags.threads],
                                  help="transcribe speech (text or subtitles) with hybrid decoding or greedy Whisper")
     parser.add_argument("path", help="audio file (any file PyAV decodes, or the audio track of a video), or a folder of them")
     parser.add_argument("--model", default=None,
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
 
+    set_threads(args)
     source = Path(args.path)
     if not source.exists():
         raise MMSpecError(f"audio file {args.path!r} does not exist")

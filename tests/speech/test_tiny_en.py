@@ -90,9 +90,11 @@ def test_tiny_en_refuses_hybrid_with_one_clear_line(tiny_en):
     assert "\n" not in str(error.value)
 
 
-def test_tiny_en_refuses_other_languages(tiny_en):
+def test_tiny_en_refuses_other_languages_before_reading_audio(tiny_en):
     with pytest.raises(MMSpecError, match="English-only"):
-        tiny_en(str(EVERYDAY), language="de", progress_bar=False)
+        tiny_en("no-such-file.wav", language="de", progress_bar=False)
+    with pytest.raises(MMSpecError, match="cannot translate"):
+        tiny_en("no-such-file.wav", task="translate", progress_bar=False)
 
 
 def test_cli_transcribes_with_tiny_en_by_default(capsys):
