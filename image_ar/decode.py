@@ -1,11 +1,11 @@
 """Every image method through the core loop (`mmspec.decoding.SpeculativeDecoder`), one grid per condition.
 
-    method    drafter (mmspec.drafters contract)           rule (mmspec.rules contract)
-    ar        NoDrafter                                    target_choice (the target's own token)
-    sd        GuidedImageDrafter (a small guided LlamaGen)  speculative_sampling / greedy_match
-    sjd       GridJacobiDrafter (the previous iterate)      on_target_probabilities(sjd_accept)
-    gsd       GridJacobiDrafter                            on_target_probabilities(gsd_accept)
-    lantern   either of the two drafters                   LANTERN's relaxed acceptance
+    method    drafter (mmspec.drafters contract)             rule (mmspec.rules contract)
+    ar        NoDrafter                                      target_choice (the target's own token)
+    sd        GuidedImageDrafter (a small guided LlamaGen)   speculative_sampling / greedy_match
+    sjd       GridJacobiDrafter (the previous iterate)       on_target_probabilities(sjd_accept)
+    gsd       GridJacobiDrafter                              on_target_probabilities(gsd_accept)
+    lantern   either of the two drafters                     lantern_rule / on_target_probabilities(lantern_accept)
 
 `decode_grids` runs one of these pairs over a list of conditions (images one at a time, batch 1) and
 sums the stats; `image_ar.methods.MethodRunner` picks the pair for a method name.

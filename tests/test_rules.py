@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from mmspec import Proposal, SamplingConfig, greedy_match, speculative_sampling
-from mmspec.rules import leading_true_count
+from mmspec.rules import leading_true_count, on_target_probabilities, target_choice
+from mmspec.sampling import choose_next, probabilities
+from mmspec.types import Verdict
 from mmspec.testing import chi_square
 
 SAMPLE = SamplingConfig(do_sample=True)
@@ -103,3 +105,28 @@ def test_sampling_rule_repeats_with_seed(seed):
     runs = [speculative_sampling(proposal, logits, SAMPLE, torch.Generator().manual_seed(seed)) for _ in range(2)]
     assert runs[0].num_accepted.tolist() == runs[1].num_accepted.tolist()
     assert runs[0].next_token.tolist() == runs[1].next_token.tolist()
+
+
+@pytest.mark.parametrize("sampling", [SAMPLE, SamplingConfig(), SamplingConfig(do_sample=True, temperature=0.7, top_k=3)])
+def test_target_choice_is_choose_next_and_accepts_nothing(sampling):
+    logits = torch.randn(1, 3, 6, generator=torch.Generator().manual_seed(1))
+    verdict = target_choice(Proposal(tokens=torch.tensor([[1, 2]])), logits, sampling, torch.Generator().manual_seed(7))
+    expected = choose_next(logits[:, 0], sampling, torch.Generator().manual_seed(7))
+    assert verdict.num_accepted.tolist() == [0] and torch.equal(verdict.next_token, expected)
+
+
+def test_rules_on_probabilities_see_warped_or_one_hot_p_and_hand_it_on():
+    logits = torch.randn(1, 3, 6, generator=torch.Generator().manual_seed(2))
+    seen = []
+
+    def rule(draft_tokens, draft_probs, target_probs, generator):
+        seen.append(target_probs)
+        return Verdict(num_accepted=torch.tensor([0]), next_token=torch.tensor([0]))
+
+    proposal = Proposal(tokens=torch.tensor([[1, 2]]))
+    warped = SamplingConfig(do_sample=True, temperature=0.5, top_p=0.8)
+    sampled = on_target_probabilities(rule)(proposal, logits, warped, None)
+    greedy = on_target_probabilities(rule)(proposal, logits, SamplingConfig(), None)
+    assert torch.equal(seen[0], probabilities(logits, warped)) and sampled.target_probs is seen[0]
+    assert torch.equal(greedy.target_probs, torch.nn.functional.one_hot(logits.argmax(-1), 6).float())
+    assert not torch.equal(seen[0], logits.softmax(-1))  # control: the warping is applied
