@@ -1,0 +1,64 @@
+"""CoDe, collaborative decoding of VAR (Chen et al. 2024, arXiv 2411.17787; czg1225/CoDe, MIT).
+
+A large drafter VAR generates the first `draft_steps` scales (the low-frequency content) with its own
+key/value cache; a small refiner VAR then reads the drafter's token maps in ONE block-causal prefill
+pass that builds its own cache and samples the next scale, and generates the remaining scales itself.
+Both share one VQ-VAE (the training-free mode pairs two independently trained VARs on it). There is no
+verification: the output is the refiner's continuation, not the drafter's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.errors import MMSpecError
+
+from .var import VAR, VARSampling, VARState
+from .var_vq import VQVAE
+
+
+@dataclass
+class CoDeOutput:
+    """Images [B, 3, H, W] in [0, 1], the token maps per scale, and who ran what."""
+
+    images: torch.Tensor
+    token_maps: list[torch.Tensor]
+    f_hat: torch.Tensor
+    stats: dict
+
+
+def check_draft_steps(draft_steps: int, num_scales: int) -> None:
+    if isinstance(draft_steps, bool) or not isinstance(draft_steps, int) or not 1 <= draft_steps <= num_scales - 1:
+        raise MMSpecError(f"draft_steps must be in 1..{num_scales - 1} (the drafter runs that many of the "
+                          f"{num_scales} scales, the refiner the rest), got {draft_steps}")
+
+
+def code_generate(drafter: VAR, refiner: VAR, vq: VQVAE, labels: torch.Tensor | Sequence[int], draft_steps: int,
+                  sampling: VARSampling | None = None, generator: torch.Generator | None = None,
+                  decode: bool = True) -> CoDeOutput:
+    """The drafter runs scales 0..N-1, the refiner scales N..end (N = `draft_steps`, CoDe's `exit_num`)."""
+    sampling = sampling or VARSampling()
+    num_scales = len(drafter.patch_nums)
+    check_draft_steps(draft_steps, num_scales)
+    if refiner.patch_nums != drafter.patch_nums:
+        raise MMSpecError(f"drafter and refiner scales differ: {drafter.patch_nums} vs {refiner.patch_nums}")
+    if refiner.num_classes != drafter.num_classes:
+        raise MMSpecError(f"drafter has {drafter.num_classes} classes, refiner {refiner.num_classes}")
+    state: VARState = drafter.begin(labels)
+    drafter.run_scales(state, vq, 0, draft_steps, sampling, generator, name="drafter")
+    state.cache = None  # the drafter's cache is of no use to the refiner; free it before the refiner runs
+    state.f_hat = state.f_hat.to(refiner.device)
+    state.labels = state.labels.to(refiner.device)
+    state.inputs = [x.to(refiner.device) for x in state.inputs]
+    refiner.run_scales(state, vq, draft_steps, num_scales, sampling, generator, name="refiner")
+    images = state.f_hat
+    if decode:
+        with torch.no_grad():
+            images = vq.fhat_to_img(state.f_hat.to(vq.device, vq.dtype)).add(1).mul(0.5)
+    stats = {"draft_steps": draft_steps,
+             "forwards": {"drafter": state.forwards.get("drafter", 0), "refiner": state.forwards.get("refiner", 0)},
+             "scales": {"drafter": state.scales_by.get("drafter", 0), "refiner": state.scales_by.get("refiner", 0)}}
+    return CoDeOutput(images=images, token_maps=state.token_maps, f_hat=state.f_hat, stats=stats)
