@@ -127,7 +127,11 @@ def test_long_audio_windows_overlap_and_each_equals_greedy(pipe, tmp_path):
     assert all(b[0] - a[0] == RATE - 2 * stride and a[1] - b[0] == 2 * stride for a, b in zip(bounds, bounds[1:-1]))
     greedy_loop = pipe(path, method="ar", max_new_tokens=MAX_NEW, progress_bar=False)
     assert [c.tokens for c in out.chunks] == [c.tokens for c in greedy_loop.chunks]  # lossless window by window
-    for chunk, (start, end) in zip(out.chunks[:-1], bounds):  # and full windows are the model's own generate
+    ended = [(c, b) for c, b in zip(out.chunks, bounds) if c.tokens[-1] == pipe.model.generation_config.eos_token_id]
+    assert len(ended) >= 2
+    # ...and each is the model's own generate. (A window that reaches max_new_tokens without end-of-text is left
+    # out: there transformers' Whisper generate starts a second decoding pass, see speech/bench.py.)
+    for chunk, (start, end) in ended:
         assert chunk.tokens == greedy(pipe, audio[start:end], MAX_NEW)
     for name in ("new_tokens", "target_forwards", "drafter_forwards", "drafted", "accepted", "rounds"):
         assert getattr(out.stats, name) == sum(getattr(c.stats, name) for c in out.chunks), name
