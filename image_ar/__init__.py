@@ -1,8 +1,10 @@
-"""Visual autoregressive models (LlamaGen-style) and their speculative methods: SJD, GSD, LANTERN."""
+"""Visual autoregressive models (LlamaGen-style) and their speculative methods: SJD, GSD, LANTERN;
+next-scale VAR with CoDe."""
 
 from transformers import AutoConfig, AutoModel
 
 from .bench import bench_image
+from .code import CoDeOutput, code_generate
 from .decode import ar_generate, decode_grids
 from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
 from .jacobi import GridJacobiDrafter, jacobi_generate
@@ -22,6 +24,8 @@ from .rules import (
     sjd_accept,
 )
 from .target import CFGTarget, GuidedImageTarget, ImageTokensOutput
+from .var import VAR, VARSampling, VARState, tiny_var
+from .var_vq import VQVAE, tiny_var_vq
 from .vq import VQConfig, VQModel, tiny_vq
 
 for _config, _model in ((LlamaGenConfig, LlamaGenForClassConditional), (VQConfig, VQModel)):
@@ -33,6 +37,7 @@ for _config, _model in ((LlamaGenConfig, LlamaGenForClassConditional), (VQConfig
 
 __all__ = [
     "CFGTarget",
+    "CoDeOutput",
     "Decision",
     "GridJacobiDrafter",
     "GuidedImageDrafter",
@@ -49,10 +54,15 @@ __all__ = [
     "MethodConfig",
     "MethodRunner",
     "SpeculativeImagePipeline",
+    "VAR",
+    "VARSampling",
+    "VARState",
+    "VQVAE",
     "VQConfig",
     "VQModel",
     "ar_generate",
     "bench_image",
+    "code_generate",
     "decode_grids",
     "draft_generate",
     "gsd_accept",
@@ -65,5 +75,7 @@ __all__ = [
     "lantern_rule",
     "sjd_accept",
     "tiny_llamagen",
+    "tiny_var",
+    "tiny_var_vq",
     "tiny_vq",
 ]
