@@ -207,6 +207,34 @@ class VAR(ModelMixin, ConfigMixin):
         self.head_nm = AdaLNBeforeHead(embed_dim, embed_dim, norm_eps)
         self.head = nn.Linear(embed_dim, vocab_size)
 
+    def init_weights(self, init_adaln: float = 0.5, init_adaln_gamma: float = 1e-5, init_head: float = 0.02,
+                     init_std: float = -1.0) -> VAR:
+        """The official training init (`build_vae_var`): truncated normals, a small head, near-zero residual gates.
+
+        `init_std` < 0 means sqrt(1 / 3C). The gates (gamma1, gamma2: the first 2C rows of each block's
+        ada_lin) start at `init_adaln_gamma` times the init, so every block begins close to the identity.
+        """
+        std = math.sqrt(1 / self.C / 3) if init_std < 0 else init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(module.weight.data, std=std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.data.zero_()
+        self.head.weight.data.mul_(init_head)
+        self.head_nm.ada_lin[-1].weight.data.mul_(init_adaln)
+        self.head_nm.ada_lin[-1].bias.data.zero_()
+        for block in self.blocks:
+            block.attn.proj.weight.data.div_(math.sqrt(2 * self.depth))
+            block.ffn.fc2.weight.data.div_(math.sqrt(2 * self.depth))
+            if block.shared_aln:
+                block.ada_gss.data[:, :, 2:].mul_(init_adaln)
+                block.ada_gss.data[:, :, :2].mul_(init_adaln_gamma)
+            else:
+                block.ada_lin[-1].weight.data[2 * self.C:].mul_(init_adaln)
+                block.ada_lin[-1].weight.data[: 2 * self.C].mul_(init_adaln_gamma)
+                block.ada_lin[-1].bias.data.zero_()
+        return self
+
     # ---- the network ------------------------------------------------------------------------------
 
     def embed(self, labels: torch.Tensor, inputs_BlCv: torch.Tensor | None, start: int, stop: int) -> torch.Tensor:

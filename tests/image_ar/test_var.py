@@ -270,3 +270,35 @@ def test_no_tensor_or_draw_lands_on_the_default_device(var, vq):
     with default_device_elsewhere(var, vq):
         images = var.autoregressive_infer_cfg(vq, 2, [0, 1], generator=seeded_generator("cpu", 7), top_k=4)
     assert images.device.type == "cpu" and torch.equal(images, expected)
+
+
+# ---- diffusers model plumbing ----------------------------------------------------------------------
+
+def test_save_and_load_pretrained_round_trip(var, vq, tmp_path):
+    var.save_pretrained(tmp_path / "var")
+    vq.save_pretrained(tmp_path / "vq")
+    var2, vq2 = VAR.from_pretrained(tmp_path / "var").eval(), VQVAE.from_pretrained(tmp_path / "vq").eval()
+    assert var2.patch_nums == PATCH_NUMS and vq2.v_patch_nums == PATCH_NUMS
+    run = lambda m, q: m.autoregressive_infer_cfg(q, 1, 2, generator=seeded_generator("cpu", 4))  # noqa: E731
+    assert torch.equal(run(var, vq), run(var2, vq2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_generate(vq, dtype):
+    model = var_of(vq).to(dtype)
+    half_vq = tiny_var_vq(seed=0).to(dtype)
+    images = model.autoregressive_infer_cfg(half_vq, 2, [0, 1], generator=seeded_generator("cpu", 0), top_k=4)
+    assert images.dtype == dtype and torch.isfinite(images.float()).all()
+
+
+def test_the_official_init_starts_every_block_near_the_identity(vq):
+    model = var_of(vq).init_weights()
+    C = model.C
+    gates = model.blocks[0].ada_lin[-1].weight[: 2 * C]
+    assert gates.abs().max() < 1e-5 and model.blocks[0].ada_lin[-1].weight[2 * C:].abs().max() > 1e-3
+    labels = torch.tensor([1])
+    _, inputs = teacher_inputs(vq, B=1)
+    x = model.embed(labels, inputs, 0, len(PATCH_NUMS))
+    cond = model.class_emb(labels)
+    after = model.blocks[0](x, cond, model.attn_bias_for_masking, None)
+    assert torch.allclose(after, x, atol=1e-4)
