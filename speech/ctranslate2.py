@@ -350,7 +350,11 @@ def whisper_generation_fields(tokenizer: Any, settings: dict[str, Any], vocab_si
         return_timestamps=False,
     )
     if multilingual:
-        fields["lang_to_id"] = {f"<|{code}|>": _token_id(tokenizer, f"<|{code}|>") for code in LANGUAGES}
+        vocabulary = tokenizer.get_vocab()  # older multilingual models lack the newest language tokens (<|yue|>)
+        fields["lang_to_id"] = {f"<|{code}|>": int(vocabulary[f"<|{code}|>"]) for code in LANGUAGES
+                                if f"<|{code}|>" in vocabulary}
+        if not fields["lang_to_id"]:
+            raise MMSpecError("a multilingual Whisper tokenizer without language tokens")
         fields["task_to_id"] = {task: _token_id(tokenizer, f"<|{task}|>") for task in ("transcribe", "translate")}
     return fields
 

@@ -166,3 +166,21 @@ def test_real_tiny_en_transcribes_the_shipped_sample():
     text = processor.tokenizer.decode(sequences[0], skip_special_tokens=True)
     assert corpus_wer([truth["speech-everyday.flac"]], [text]) <= 0.15, text
     assert json.loads((folder / "config.json").read_text())["suppress_ids_begin"] == model.generation_config.begin_suppress_tokens
+
+
+def test_multilingual_vocabulary_gets_language_and_task_tables(tmp_path):
+    from tokenizers import AddedToken
+    from transformers import WhisperTokenizerFast
+
+    from mmspec.speech.ctranslate2 import ENGLISH_ONLY_VOCAB, whisper_generation_fields
+
+    from .ct2_writer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens([AddedToken("<|fr|>", special=True)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    fast = WhisperTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), unk_token="<|endoftext|>")
+    fields = whisper_generation_fields(fast, {}, ENGLISH_ONLY_VOCAB + 1)
+    assert fields["is_multilingual"] is True and fields["lang_to_id"] == {"<|en|>": 258, "<|fr|>": fast.convert_tokens_to_ids("<|fr|>")}
+    assert fields["task_to_id"] == {"transcribe": 260, "translate": 259}  # <|yue|> and other absent languages are left out
+    assert whisper_generation_fields(fast, {}, ENGLISH_ONLY_VOCAB)["is_multilingual"] is False
