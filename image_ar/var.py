@@ -26,7 +26,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, probabilities, sample
+from mmspec.sampling import SamplingConfig, probabilities, randint, sample
 
 from .var_vq import VQVAE
 
@@ -336,10 +336,13 @@ class VAR(ModelMixin, ConfigMixin):
                 self._take(state, vq, si, logits, sampling, generator)
         return state
 
-    def autoregressive_infer_cfg(self, vq: VQVAE, B: int, label_B: torch.Tensor | Sequence[int] | int,
+    def autoregressive_infer_cfg(self, vq: VQVAE, B: int, label_B: torch.Tensor | Sequence[int] | int | None,
                                  generator: torch.Generator | None = None, cfg: float = 1.5, top_k: int = 0,
                                  top_p: float = 0.0, temperature: float | Sequence[float] = 1.0) -> torch.Tensor:
-        """Images [B, 3, H, W] in [0, 1] of classes `label_B` (one int is repeated B times), as the official."""
+        """Images [B, 3, H, W] in [0, 1] of classes `label_B`, as the official: one int is repeated B times,
+        None draws B classes uniformly with the generator."""
+        if label_B is None:
+            label_B = randint(self.num_classes, (B,), generator, self.device)
         labels = [label_B] * B if isinstance(label_B, int) else label_B
         state = self.begin(labels)
         if state.labels.shape[0] != B:

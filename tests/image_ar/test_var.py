@@ -302,3 +302,28 @@ def test_the_official_init_starts_every_block_near_the_identity(vq):
     cond = model.class_emb(labels)
     after = model.blocks[0](x, cond, model.attn_bias_for_masking, None)
     assert torch.allclose(after, x, atol=1e-4)
+
+
+def test_without_labels_the_classes_are_drawn_with_the_generator(var, vq):
+    run = lambda seed: var.autoregressive_infer_cfg(vq, 4, None, generator=seeded_generator("cpu", seed))  # noqa: E731
+    assert torch.equal(run(5), run(5))
+
+
+# ---- the published configurations (built on "meta": no memory) -------------------------------------
+
+@pytest.mark.parametrize(("depth", "millions"), [(16, 310), (20, 600), (24, 1000), (30, 2000)])
+def test_the_official_builds_have_the_published_parameter_counts(depth, millions):
+    """build_vae_var: C = 64 depth, depth heads, 4096 codes of 32 channels, 1000 classes (VAR paper: 310M .. 2.0B)."""
+    with torch.device("meta"):
+        model = VAR(vocab_size=4096, Cvae=32, num_classes=1000, depth=depth, embed_dim=64 * depth, num_heads=depth)
+    count = sum(p.numel() for p in model.parameters()) / 1e6
+    assert float(f"{count:.2g}") == millions, count  # the paper rounds to two significant digits
+    assert model.L == 680 and model.attn_bias_for_masking.shape == (1, 1, 680, 680)
+
+
+def test_the_official_vq_vae_build_is_256_pixels_with_16x_downsampling():
+    with torch.device("meta"):
+        vq = VQVAE()  # vae_ch160v4096z32: ch 160, ch_mult (1, 1, 2, 2, 4), z 32, 4096 codes, 4 shared phi
+    assert (vq.downsample, vq.image_size, vq.Cvae, vq.vocab_size) == (16, 256, 32, 4096)
+    assert vq.state_dict()["quantize.ema_vocab_hit_SV"].shape == (10, 4096)
+    assert vq.state_dict()["encoder.down.4.attn.1.qkv.weight"].shape == (3 * 640, 640, 1, 1)
