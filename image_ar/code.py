@@ -49,7 +49,7 @@ def code_generate(drafter: VAR, refiner: VAR, vq: VQVAE, labels: torch.Tensor | 
         raise MMSpecError(f"drafter has {drafter.num_classes} classes, refiner {refiner.num_classes}")
     state: VARState = drafter.begin(labels)
     drafter.run_scales(state, vq, 0, draft_steps, sampling, generator, name="drafter")
-    state.cache = None  # the drafter's cache is of no use to the refiner; free it before the refiner runs
+    state.cache = state.cache_owner = None  # the drafter's cache is of no use to the refiner; free it before the refiner runs
     state.f_hat = state.f_hat.to(refiner.device)
     state.labels = state.labels.to(refiner.device)
     state.inputs = [x.to(refiner.device) for x in state.inputs]

@@ -63,10 +63,8 @@ class SelfAttention(nn.Module):
             if cache:
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
             cache[:] = [k, v]
-        scores = (q * self.scale) @ k.transpose(-2, -1)
-        if attn_bias is not None:
-            scores = scores + attn_bias
-        out = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, L, C)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=self.scale)
+        out = out.transpose(1, 2).reshape(B, L, C)
         return self.proj(out)
 
 
@@ -136,7 +134,7 @@ class VARState:
     token_maps: list[torch.Tensor] = field(default_factory=list)
     inputs: list[torch.Tensor] = field(default_factory=list)
     cache: list[list] | None = None
-    cache_owner: int | None = None
+    cache_owner: nn.Module | None = None
     forwards: dict[str, int] = field(default_factory=dict)
     scales_by: dict[str, int] = field(default_factory=dict)
 
@@ -318,11 +316,11 @@ class VAR(ModelMixin, ConfigMixin):
         guided = sampling.cfg != 0
         labels = self._cfg_labels(state) if guided else state.labels
         copies = 2 if guided else 1
-        own_cache = state.cache is not None and state.cache_owner == id(self)
+        own_cache = state.cache is not None and state.cache_owner is self
         with torch.no_grad():
             for si in range(start, stop):
                 if si == start and not own_cache:  # prefill this model's cache over scales 0..si
-                    state.cache, state.cache_owner = [[] for _ in self.blocks], id(self)
+                    state.cache, state.cache_owner = [[] for _ in self.blocks], self
                     inputs = torch.cat(state.inputs, dim=1).repeat(copies, 1, 1) if si else None
                     x = self.embed(labels, inputs, 0, si + 1)
                     end = x.shape[1]

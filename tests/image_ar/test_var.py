@@ -327,3 +327,19 @@ def test_the_official_vq_vae_build_is_256_pixels_with_16x_downsampling():
     assert (vq.downsample, vq.image_size, vq.Cvae, vq.vocab_size) == (16, 256, 32, 4096)
     assert vq.state_dict()["quantize.ema_vocab_hit_SV"].shape == (10, 4096)
     assert vq.state_dict()["encoder.down.4.attn.1.qkv.weight"].shape == (3 * 640, 640, 1, 1)
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_running_the_scales_in_two_calls_continues_the_own_cache(var, vq, split):
+    sampling = VARSampling(cfg=1.5, top_k=8)
+    whole = var.begin([1, 2])
+    var.run_scales(whole, vq, 0, 4, sampling, seeded_generator("cpu", 9))
+    parts = var.begin([1, 2])
+    generator = seeded_generator("cpu", 9)
+    var.run_scales(parts, vq, 0, split, sampling, generator)
+    cache = parts.cache
+    assert cache[0][0].shape[2] == var.begin_ends[split - 1][1]
+    var.run_scales(parts, vq, split, 4, sampling, generator)
+    assert parts.cache is cache and cache[0][0].shape[2] == L  # the second call went on from it, no new prefill
+    assert all(torch.equal(a, b) for a, b in zip(whole.token_maps, parts.token_maps))
+    assert parts.forwards == {"var": 4}
