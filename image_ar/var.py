@@ -313,6 +313,8 @@ class VAR(ModelMixin, ConfigMixin):
         if state.done != start:
             raise MMSpecError(f"the state has {state.done} scales done, cannot run from scale {start}")
         self.check_vq(vq)
+        if not isinstance(sampling.temperature, (int, float)) and len(sampling.temperature) != len(self.patch_nums):
+            raise MMSpecError(f"{len(sampling.temperature)} temperatures for {len(self.patch_nums)} scales")
         guided = sampling.cfg != 0
         labels = self._cfg_labels(state) if guided else state.labels
         copies = 2 if guided else 1

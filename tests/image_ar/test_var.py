@@ -256,6 +256,10 @@ def test_bad_settings_are_refused(var, vq):
         var.begin([5])
     with pytest.raises(MMSpecError, match="labels for a batch"):
         var.autoregressive_infer_cfg(vq, 3, [1, 2])
+    with pytest.raises(MMSpecError, match="3 temperatures for 4 scales"):
+        var.run_scales(var.begin([1]), vq, 0, 4, VARSampling(temperature=(1.0, 1.0, 1.0)))
+    with pytest.raises(MMSpecError, match="top_k"):
+        var.run_scales(var.begin([1]), vq, 0, 4, VARSampling(top_k=-2))
     with pytest.raises(MMSpecError, match="scales done"):
         var.run_scales(var.begin([1]), vq, 1, 4, VARSampling())
     other = VQVAE(vocab_size=32, z_channels=8, ch=16, v_patch_nums=PATCH_NUMS, ch_mult=(1, 2), num_res_blocks=1,
