@@ -87,11 +87,13 @@ class BenchReport:
                 "warnings": self.warnings()}
 
     def warnings(self) -> list[str]:
-        """A line for each method whose wall times spread too widely over repetitions to trust its speed-up."""
+        """One line naming every method whose wall times spread too widely over repetitions to trust its speed-up."""
         wide = [r for r in self.results if r.spread > UNTRUSTED_SPREAD]
-        return [f"{r.name}: wall times {min(r.wall_times):.3f}-{max(r.wall_times):.3f} s over {len(r.wall_times)} "
-                f"repetitions (spread {r.spread:.0%} of the median): its speed-up is not reliable; rerun on an idle "
-                "machine or with more --repeats" for r in wide]
+        if not wide:
+            return []
+        rows = ", ".join(f"{r.name} ({r.spread:.0%})" for r in wide)
+        return [f"wall times spread by more than {UNTRUSTED_SPREAD:.0%} of the median over repetitions for {rows}: "
+                "those speed-ups are not reliable; rerun on an idle machine or with more --repeats"]
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
