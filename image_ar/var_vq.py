@@ -244,6 +244,21 @@ class VectorQuantizer2(nn.Module):
             f_hat = f_hat + self.codes_to_fhat_step(si, idx)
         return f_hat
 
+    def forward(self, f: torch.Tensor, beta: float = 0.25) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Training quantisation: (f_hat with a straight-through gradient to f, the VQ loss, the codes).
+
+        As the official: the loss averages over scales beta ||sg(f_hat_s) - f||^2 (commitment, to the
+        encoder) + ||f_hat_s - sg(f)||^2 (to the codebook and phi), f_hat_s the sum after scale s.
+        """
+        f = f.float()
+        f_no_grad = f.detach()
+        codes = self.f_to_idxBl(f_no_grad)
+        f_hat, loss = torch.zeros_like(f_no_grad), f.new_zeros(())
+        for si, idx in enumerate(codes):
+            f_hat = f_hat + self.codes_to_fhat_step(si, idx)
+            loss = loss + beta * F.mse_loss(f_hat.detach(), f) + F.mse_loss(f_hat, f_no_grad)
+        return (f_hat.detach() - f_no_grad) + f, loss / len(codes), codes
+
     def f_to_idxBl(self, f: torch.Tensor) -> list[torch.Tensor]:
         """Residual quantisation of a latent [B, Cvae, last, last] into one code map [B, pn^2] per scale."""
         B, C, H, W = f.shape
@@ -291,9 +306,18 @@ class VQVAE(ModelMixin, ConfigMixin):
     def image_size(self) -> int:
         return self.v_patch_nums[-1] * self.downsample
 
-    def img_to_idxBl(self, images: torch.Tensor) -> list[torch.Tensor]:
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training pass: (the reconstruction in [-1, 1] scale, unclamped; the VQ loss)."""
+        self._check_size(images)
+        f_hat, vq_loss, _ = self.quantize(self.quant_conv(self.encoder(images)))
+        return self.decoder(self.post_quant_conv(f_hat.to(images.dtype))), vq_loss
+
+    def _check_size(self, images: torch.Tensor) -> None:
         if images.shape[-1] != self.image_size or images.shape[-2] != self.image_size:
             raise MMSpecError(f"images must be {self.image_size}x{self.image_size}, got {tuple(images.shape[-2:])}")
+
+    def img_to_idxBl(self, images: torch.Tensor) -> list[torch.Tensor]:
+        self._check_size(images)
         return self.quantize.f_to_idxBl(self.quant_conv(self.encoder(images)))
 
     def fhat_to_img(self, f_hat: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ def test_a_refiner_with_the_drafters_weights_gives_the_drafters_own_output(draft
     labels = [1, 4, 0]
     reference = alone(drafter, vq, labels, seed=11)
     out = code_generate(drafter, twin, vq, labels, draft_steps, SAMPLING, seeded_generator("cpu", 11))
-    assert all(torch.equal(a, b) for a, b in zip(out.token_maps, reference.token_maps))
+    assert all(torch.equal(a, b) for a, b in zip(out.token_maps, reference.token_maps, strict=True))
     expected = vq.fhat_to_img(reference.f_hat).add(1).mul(0.5)
     assert torch.allclose(out.images, expected, atol=1e-5)
 
@@ -63,7 +63,7 @@ def test_a_different_refiner_keeps_the_drafted_scales_and_changes_the_rest(draft
     labels = [1, 4, 0]
     reference = alone(drafter, vq, labels, seed=11)
     out = code_generate(drafter, refiner, vq, labels, draft_steps, SAMPLING, seeded_generator("cpu", 11))
-    assert all(torch.equal(a, b) for a, b in zip(out.token_maps[:draft_steps], reference.token_maps[:draft_steps]))
+    assert all(torch.equal(a, b) for a, b in zip(out.token_maps[:draft_steps], reference.token_maps[:draft_steps], strict=True))
     later = torch.cat(out.token_maps[draft_steps:], dim=1)
     assert not torch.equal(later, torch.cat(reference.token_maps[draft_steps:], dim=1))
     assert out.images.shape == (3, 3, 8, 8)

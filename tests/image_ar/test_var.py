@@ -226,12 +226,12 @@ def test_greedy_generation_is_the_argmax_of_the_guided_teacher_forced_logits(var
     state = var.begin(labels)
     var.run_scales(state, vq, 0, 4, VARSampling(cfg=3.0, do_sample=False))
     logits = guided_teacher_logits(var, vq, labels, state.token_maps, cfg=3.0)
-    assert [torch.equal(lg.argmax(-1), tok) for lg, tok in zip(logits, state.token_maps)] == [True] * 4
+    assert [torch.equal(lg.argmax(-1), tok) for lg, tok in zip(logits, state.token_maps, strict=True)] == [True] * 4
     assert torch.allclose(state.f_hat, vq.quantize.idxBl_to_fhat(state.token_maps), atol=1e-6)
     assert state.forwards == {"var": 4}
     # Control: a constant guidance (no ramp) is not what was generated.
     flat = [lg.argmax(-1) for lg in guided_teacher_logits(var, vq, labels, state.token_maps, cfg=300.0)]
-    assert not all(torch.equal(a, b) for a, b in zip(flat, state.token_maps))
+    assert not all(torch.equal(a, b) for a, b in zip(flat, state.token_maps, strict=True))
 
 
 def test_sampling_is_seeded_and_the_seed_matters(var, vq):
@@ -248,7 +248,7 @@ def test_top_k_one_is_greedy(var, vq):
     var.run_scales(sampled, vq, 0, 4, VARSampling(cfg=1.0, top_k=1), seeded_generator("cpu", 5))
     greedy = var.begin([3])
     var.run_scales(greedy, vq, 0, 4, VARSampling(cfg=1.0, do_sample=False))
-    assert all(torch.equal(a, b) for a, b in zip(sampled.token_maps, greedy.token_maps))
+    assert all(torch.equal(a, b) for a, b in zip(sampled.token_maps, greedy.token_maps, strict=True))
 
 
 def test_bad_settings_are_refused(var, vq):
@@ -345,5 +345,22 @@ def test_running_the_scales_in_two_calls_continues_the_own_cache(var, vq, split)
     assert cache[0][0].shape[2] == var.begin_ends[split - 1][1]
     var.run_scales(parts, vq, split, 4, sampling, generator)
     assert parts.cache is cache and cache[0][0].shape[2] == L  # the second call went on from it, no new prefill
-    assert all(torch.equal(a, b) for a, b in zip(whole.token_maps, parts.token_maps))
+    assert all(torch.equal(a, b) for a, b in zip(whole.token_maps, parts.token_maps, strict=True))
     assert parts.forwards == {"var": 4}
+
+
+def test_the_training_pass_is_straight_through_and_trains_encoder_codebook_and_phi():
+    vq = tiny_var_vq(seed=4).train()
+    images = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(6)) * 2 - 1
+    f = vq.quant_conv(vq.encoder(images)).detach().requires_grad_(True)
+    f_hat, loss, codes = vq.quantize(f)
+    assert all(torch.equal(a, b) for a, b in zip(codes, vq.quantize.f_to_idxBl(f), strict=True))
+    assert torch.allclose(f_hat, vq.quantize.idxBl_to_fhat(codes), atol=1e-6)
+    (f_hat * torch.arange(f_hat.numel(), device="cpu").view_as(f_hat)).sum().backward(retain_graph=True)
+    assert torch.equal(f.grad, torch.arange(f.numel(), device="cpu").view_as(f).float())  # identity gradient
+    recon, vq_loss = vq(images)
+    assert recon.shape == images.shape and vq_loss > 0
+    (torch.nn.functional.mse_loss(recon, images) + vq_loss).backward()
+    for name in ("encoder.conv_in.weight", "quantize.embedding.weight", "quantize.quant_resi.qresi_ls.0.weight",
+                 "decoder.conv_out.weight"):
+        assert vq.get_parameter(name).grad.abs().sum() > 0, name
