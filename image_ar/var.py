@@ -15,6 +15,7 @@ Official builds: embed_dim = 64 depth, num_heads = depth, attn_l2_norm, mlp_rati
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -175,8 +176,8 @@ class VAR(ModelMixin, ConfigMixin):
         self.patch_nums = tuple(patch_nums)
         self.L = sum(pn * pn for pn in self.patch_nums)
         self.first_l = self.patch_nums[0] ** 2
-        ends = torch.tensor([pn * pn for pn in self.patch_nums], device="cpu").cumsum(0).tolist()
-        self.begin_ends = [(end - pn * pn, end) for end, pn in zip(ends, self.patch_nums)]
+        ends = itertools.accumulate(pn * pn for pn in self.patch_nums)
+        self.begin_ends = [(end - pn * pn, end) for end, pn in zip(ends, self.patch_nums, strict=True)]
         self.num_stages_minus_1 = len(self.patch_nums) - 1
 
         init_std = math.sqrt(1 / embed_dim / 3)
