@@ -32,6 +32,7 @@ CAPTION = [
     (["caption", "{video}", "--temperature", "-1"], "argument --temperature: expected a number >= 0"),
     (["caption", "{video}", "--seed", BIG_SEED], "argument --seed: expected an integer in 0..18446744073709551615"),
     (["caption", "{video}", "--seed", "-1"], "argument --seed"),
+    (["caption", "{video}", "--threads", "-1"], "argument --threads"),
     (["caption", "{video}", "--frames", "0"], "argument --frames: expected an integer >= 1"),
     (["caption", "{video}", "--max-new-tokens", "0"], "argument --max-new-tokens"),
     (["caption", "{video}", "--num-draft-tokens", "0"], "argument --num-draft-tokens"),
@@ -52,6 +53,7 @@ GENERATE = [
     (["generate", "hi", "--top-p", "2"], "argument --top-p: expected a number in [0, 1]"),
     (["generate", "hi", "--top-k", "0"], "argument --top-k"),
     (["generate", "hi", "-k", "-3"], "argument --num-draft-tokens/-k"),
+    (["generate", "hi", "--threads", "-1"], "argument --threads"),
     (["generate", "hi", "--max-new-tokens", "0"], "argument --max-new-tokens"),
     (["generate", "hi", "--seed", BIG_SEED], "argument --seed"),
     (["generate", "hi", "--model", "{tmp}/missing/model"], "cannot load the target"),
@@ -65,6 +67,7 @@ GENERATE_IMAGE = [
     (["generate-image", "red circle", "--out", "{tmp}/x.txt"], "needs an image suffix"),
     (["generate-image", "red circle", "--temperature", NAN], "argument --temperature: expected a finite number"),
     (["generate-image", "red circle", "--seed", BIG_SEED], "argument --seed"),
+    (["generate-image", "red circle", "--threads", "-1"], "argument --threads"),
     (["generate-image", "red circle", "--top-k", "0"], "argument --top-k"),
     (["generate-image", "red circle", "--lantern-delta", NAN], "argument --lantern-delta: expected a finite number"),
 ]

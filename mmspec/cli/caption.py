@@ -13,12 +13,13 @@ from .common import (
     LazyChoices,
     SharedFlags,
     announce_zoo_default,
+    set_threads,
     stats_json,
 )
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
-    parser = commands.add_parser("caption", parents=[flags.seed, flags.json],
+    parser = commands.add_parser("caption", parents=[flags.seed, flags.threads, flags.json],
                                  help="caption a video or an image, speculatively (lossless)")
     parser.add_argument("path", type=checks.existing_file, help="video (any file PyAV decodes) or image file")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id (default: the toy captioner)")
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
+
+    set_threads(args)
 
     if args.model is None:
         announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of one moving shape")

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import MMSpecError
 from . import checks
-from .common import SharedFlags, stats_json
+from .common import SharedFlags, set_threads, stats_json
 
 
 def add_pair_args(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def add_pair_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
-    parser = commands.add_parser("generate", parents=[flags.seed, flags.json],
+    parser = commands.add_parser("generate", parents=[flags.seed, flags.threads, flags.json],
                                  help="speculative text generation with a target and a drafter; prints stats")
     add_pair_args(parser)
     parser.add_argument("prompt", help="text to continue")
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..policies import make_policy
     from ..zoo import load_causal_lm
 
+    set_threads(args)
     if not args.prompt.strip():
         raise MMSpecError("the prompt is empty")
     target, tokenizer = load_causal_lm(args.model, "target")

@@ -15,12 +15,13 @@ from .common import (
     LazyChoices,
     SharedFlags,
     announce_zoo_default,
+    set_threads,
     stats_json,
 )
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
-    parser = commands.add_parser("generate-image", parents=[flags.seed, flags.json],
+    parser = commands.add_parser("generate-image", parents=[flags.seed, flags.threads, flags.json],
                                  help="generate an image of a class (or from text, with Janus) with an AR image model, "
                                       "speculatively")
     parser.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+
+    set_threads(args)
 
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
