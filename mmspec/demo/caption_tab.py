@@ -2,58 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import gradio as gr
 
 from ..errors import MMSpecError
 from . import rounds as R
-from .display import acceptance_frame, comparison_markdown, stats_markdown
-from .models import caption_pipeline, sample_assets, zoo_models
+from .display import acceptance_frame, stats_markdown
+from .models import caption_pipeline
+from .round_tab import add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs
 from .streaming import stream_rounds
 from .uploads import LIMITS_NOTE, checked_upload, page_message
 
 
 def build() -> None:
-    models = zoo_models("caption")
-    first = caption_pipeline(models[0]) if models else None
     gr.Markdown("Caption a video with a video-language model. Green: draft tokens the target accepted; blue: the "
                 "target's own token (after all drafts were accepted); red: the target's correction where it rejected "
                 f"a draft. {LIMITS_NOTE}")
     with gr.Row():
         with gr.Column():
             video = gr.Video(label="video", sources=["upload"], include_audio=True, elem_id="caption-video")
-            assets = sample_assets()
-            if assets is not None and (assets / "shapes.mp4").is_file():
-                gr.Examples([[str(assets / "shapes.mp4")]], inputs=[video], label="sample")
-            model = gr.Dropdown(models, value=models[0] if models else None, label="model", elem_id="caption-model")
-            method = gr.Dropdown(first.available_methods if first else [], value=first.default_method if first else None,
-                                 label="method", elem_id="caption-method")
+            add_samples(video, "shapes.mp4", "sample")
+            model, method = model_and_method("caption", caption_pipeline)
             max_new_tokens = gr.Slider(4, 96, value=48, step=1, label="max new tokens", elem_id="caption-max-tokens")
             temperature = gr.Slider(0, 1.5, value=0, step=0.1, label="temperature (0: greedy)",
                                     elem_id="caption-temperature")
             seed = gr.Number(0, precision=0, label="seed (sampling)", elem_id="caption-seed")
-            compare = gr.Checkbox(False, label="compare with plain decoding", elem_id="caption-compare")
-            run = gr.Button("Caption", variant="primary", elem_id="caption-run")
+            compare, run = compare_and_run("caption", "Caption")
         with gr.Column():
-            shown = gr.HighlightedText(label="caption, round by round", color_map=R.COLORS, show_legend=True,
-                                       combine_adjacent=False, elem_id="caption-rounds")
-            text = gr.Textbox(label="caption", interactive=False, elem_id="caption-text")
-            stats = gr.Markdown(elem_id="caption-stats")
+            shown, text, stats = round_outputs("caption", "caption", "round by round")
             chart = gr.BarPlot(x="draft position", y="acceptance", y_lim=[0, 1], label="acceptance per draft position",
                                elem_id="caption-acceptance")
             versus = gr.Markdown(elem_id="caption-compare-result")
-    model.change(_methods_of, inputs=[model], outputs=[method])
     run.click(caption, inputs=[video, model, method, max_new_tokens, temperature, seed, compare],
               outputs=[shown, text, stats, chart, versus])
-
-
-def _methods_of(name: str) -> Any:
-    try:
-        pipe = caption_pipeline(name)
-    except MMSpecError as error:
-        raise gr.Error(str(error)) from None
-    return gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method)
 
 
 def caption(video: str | None, model: str, method: str, max_new_tokens: float, temperature: float, seed: float,
@@ -80,10 +62,7 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
                 yield R.highlighted(views), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         versus = ""
         if compare:
-            progress(0.5, desc="plain decoding (ar) on the same video")
-            plain = pipe(**{**call, "method": "ar"})
-            # Timed again now that both have run once (the streamed run may have paid one-time start-up costs).
-            versus = comparison_markdown(pipe(**call), plain, sampled=temperature > 0)
+            versus = comparison_with_plain(pipe, call, progress, 0.5, "video", sampled=temperature > 0)
         yield R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus
     except MMSpecError as error:
         raise gr.Error(page_message(error, path)) from None

@@ -2,54 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import gradio as gr
 
 from ..errors import MMSpecError
 from . import rounds as R
-from .display import comparison_markdown, stats_markdown
-from .models import sample_assets, transcription_pipeline, zoo_models
+from .display import stats_markdown
+from .models import transcription_pipeline
+from .round_tab import add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs
 from .streaming import stream_rounds
 from .uploads import LIMITS_NOTE, check_audio_length, checked_upload, page_message
 
 
 def build() -> None:
-    models = zoo_models("transcribe")
-    first = transcription_pipeline(models[0]) if models else None
     gr.Markdown("Transcribe speech. In `hybrid` decoding a light fast decoder drafts the whole transcript in one pass "
                 "and the big decoder verifies it: green is what it kept of the draft, red its corrections, blue its own "
                 f"tokens after a draft was used up. The table lists every decoder pass. {LIMITS_NOTE}")
     with gr.Row():
         with gr.Column():
             audio = gr.Audio(label="audio", sources=["upload", "microphone"], type="filepath", elem_id="transcribe-audio")
-            assets = sample_assets()
-            samples = [[str(p)] for p in sorted(assets.glob("speech-*.flac"))] if assets is not None else []
-            if samples:
-                gr.Examples(samples, inputs=[audio], label="samples")
-            model = gr.Dropdown(models, value=models[0] if models else None, label="model", elem_id="transcribe-model")
-            method = gr.Dropdown(first.available_methods if first else [], value=first.default_method if first else None,
-                                 label="method", elem_id="transcribe-method")
-            compare = gr.Checkbox(False, label="compare with plain decoding", elem_id="transcribe-compare")
-            run = gr.Button("Transcribe", variant="primary", elem_id="transcribe-run")
+            add_samples(audio, "speech-*.flac", "samples")
+            model, method = model_and_method("transcribe", transcription_pipeline)
+            compare, run = compare_and_run("transcribe", "Transcribe")
         with gr.Column():
-            shown = gr.HighlightedText(label="transcript, pass by pass", color_map=R.COLORS, show_legend=True,
-                                       combine_adjacent=False, elem_id="transcribe-rounds")
-            text = gr.Textbox(label="transcript", interactive=False, elem_id="transcribe-text")
-            stats = gr.Markdown(elem_id="transcribe-stats")
+            shown, text, stats = round_outputs("transcribe", "transcript", "pass by pass")
             table = gr.Dataframe(headers=R.TABLE_HEADERS, label="decoder passes", interactive=False, wrap=True,
                                  elem_id="transcribe-table")
             versus = gr.Markdown(elem_id="transcribe-compare-result")
-    model.change(_methods_of, inputs=[model], outputs=[method])
     run.click(transcribe, inputs=[audio, model, method, compare], outputs=[shown, text, stats, table, versus])
-
-
-def _methods_of(name: str) -> Any:
-    try:
-        pipe = transcription_pipeline(name)
-    except MMSpecError as error:
-        raise gr.Error(str(error)) from None
-    return gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method)
 
 
 def transcribe(audio: str | None, model: str, method: str, compare: bool,
@@ -72,10 +53,7 @@ def transcribe(audio: str | None, model: str, method: str, compare: bool,
                 yield R.highlighted(views), gr.skip(), gr.skip(), R.table_rows(views), gr.skip()
         versus = ""
         if compare:
-            progress(None, desc="plain decoding (ar) on the same audio")
-            plain = pipe(**{**call, "method": "ar"})
-            # Timed again now that both have run once (the streamed run may have paid one-time start-up costs).
-            versus = comparison_markdown(pipe(**call), plain)
+            versus = comparison_with_plain(pipe, call, progress, None, "audio")
         summary = stats_markdown(out.stats, out.method if out.method == "ar" else f"{out.method} ({out.mode})")
         if out.note:
             summary += f"\n\n{out.note}"
