@@ -126,6 +126,15 @@ def choose(page, elem_id: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+def fill_caption_form(page, url: str, video: Path, method: str, max_new_tokens: int) -> None:
+    """Open the Caption tab, upload `video` and set the method and the token limit."""
+    open_tab(page, url, "Caption")
+    page.locator("#caption-video input[type=file]").set_input_files(str(video))
+    choose(page, "caption-method", method)
+    page.locator("#caption-max-tokens input[type=number]").fill(str(max_new_tokens))
+    page.locator("#caption-max-tokens input[type=number]").press("Enter")
+
+
 def value_of(page, elem_id: str) -> str:
     """The text a Textbox shows, once it shows any."""
     box = page.locator(f"#{elem_id} textarea")
@@ -170,21 +179,14 @@ def test_corrupt_upload_gives_one_clear_message_and_the_app_keeps_serving(browse
     message.first.wait_for()
     assert "/tmp" not in message.first.inner_text()  # the server's temporary path is not shown
     # The server still answers: the same page, a good upload, a result.
-    open_tab(page, server, "Caption")
-    page.locator("#caption-video input[type=file]").set_input_files(str(VIDEO))
-    choose(page, "caption-method", "ar")
-    page.locator("#caption-max-tokens input[type=number]").fill("4")
+    fill_caption_form(page, server, VIDEO, "ar", 4)
     page.locator("#caption-run").click()
     assert value_of(page, "caption-text")
 
 
 def test_caption_tab_shows_what_the_pipeline_returns(browser_page, server, captioner, shots):
     page = browser_page
-    open_tab(page, server, "Caption")
-    page.locator("#caption-video input[type=file]").set_input_files(str(VIDEO))
-    choose(page, "caption-method", "msd")
-    page.locator("#caption-max-tokens input[type=number]").fill(str(MAX_NEW_TOKENS))
-    page.locator("#caption-max-tokens input[type=number]").press("Enter")
+    fill_caption_form(page, server, VIDEO, "msd", MAX_NEW_TOKENS)
     page.locator("#caption-compare input").check()
     page.locator("#caption-run").click()
     shown = value_of(page, "caption-text")
@@ -205,10 +207,7 @@ def test_caption_tab_shows_what_the_pipeline_returns(browser_page, server, capti
 
 def test_a_sampled_caption_is_the_pipelines_for_the_same_seed(browser_page, server, captioner):
     page = browser_page
-    open_tab(page, server, "Caption")
-    page.locator("#caption-video input[type=file]").set_input_files(str(VIDEO))
-    choose(page, "caption-method", "text")
-    page.locator("#caption-max-tokens input[type=number]").fill(str(MAX_NEW_TOKENS))
+    fill_caption_form(page, server, VIDEO, "text", MAX_NEW_TOKENS)
     page.locator("#caption-temperature input[type=number]").fill("1.5")
     page.locator("#caption-seed input").fill("5")
     page.locator("#caption-run").click()
