@@ -75,14 +75,10 @@ class Shape:
     to_colour: str | None = None  # for motion == "changing"
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown shape kind {self.kind!r}; expected one of {sorted(KINDS)}")
-        if self.colour not in COLOURS:
-            raise ValueError(f"unknown colour {self.colour!r}; expected one of {sorted(COLOURS)}")
-        if self.size not in SIZES:
-            raise ValueError(f"unknown size {self.size!r}; expected one of {sorted(SIZES)}")
-        if self.motion not in MOTIONS:
-            raise ValueError(f"unknown motion {self.motion!r}; expected one of {sorted(MOTIONS)}")
+        for what, value, known in (("shape kind", self.kind, KINDS), ("colour", self.colour, COLOURS),
+                                   ("size", self.size, SIZES), ("motion", self.motion, MOTIONS)):
+            if value not in known:
+                raise ValueError(f"unknown {what} {value!r}; expected one of {sorted(known)}")
         if self.motion == "moving" and self.direction not in DIRECTIONS:
             raise ValueError("a moving shape needs a direction (left/right/up/down)")
         if self.motion == "changing" and (self.to_colour not in COLOURS or self.to_colour == self.colour):
