@@ -250,13 +250,13 @@ class VAR(ModelMixin, ConfigMixin):
         return x + self.lvl_embed(self.lvl_1L[:, begin:end]) + self.pos_1LC[:, begin:end]
 
     def transformer(self, x: torch.Tensor, labels: torch.Tensor, attn_bias: torch.Tensor | None,
-                    cache: list[list] | None) -> torch.Tensor:
-        """Logits [B, l, V] (float32) of embedded positions x [B, l, C] under the class condition."""
+                    cache: list[list] | None, logits_from: int = 0) -> torch.Tensor:
+        """Logits [B, l - logits_from, V] (float32) of embedded positions x [B, l, C] under the class condition."""
         cond = self.class_emb(labels)
         cond_or_gss = self.shared_ada_lin(cond)
         for i, block in enumerate(self.blocks):
             x = block(x, cond_or_gss, attn_bias, None if cache is None else cache[i])
-        return self.head(self.head_nm(x, cond)).float()
+        return self.head(self.head_nm(x[:, logits_from:], cond)).float()
 
     def forward(self, label_B: torch.Tensor, x_BLCv_wo_first_l: torch.Tensor | None) -> torch.Tensor:
         """Teacher forcing over all scales: logits [B, L, V]. (Class dropout for training is the caller's.)"""
@@ -319,7 +319,9 @@ class VAR(ModelMixin, ConfigMixin):
         guided = sampling.cfg != 0
         labels = self._cfg_labels(state) if guided else state.labels
         copies = 2 if guided else 1
-        own_cache = state.cache is not None and state.cache_owner is self
+        # The cache goes on only if this model made it, with the same rows (CFG doubles the batch).
+        own_cache = (state.cache is not None and state.cache_owner is self
+                     and state.cache[0][0].shape[0] == labels.shape[0])
         with torch.no_grad():
             for si in range(start, stop):
                 if si == start and not own_cache:  # prefill this model's cache over scales 0..si
@@ -328,7 +330,7 @@ class VAR(ModelMixin, ConfigMixin):
                     x = self.embed(labels, inputs, 0, si + 1)
                     end = x.shape[1]
                     bias = self.attn_bias_for_masking[:, :, :end, :end]
-                    logits = self.transformer(x, labels, bias, state.cache)[:, self.begin_ends[si][0]:]
+                    logits = self.transformer(x, labels, bias, state.cache, logits_from=self.begin_ends[si][0])
                 else:
                     inputs = state.inputs[si - 1].repeat(copies, 1, 1)
                     logits = self.transformer(self.embed(labels, inputs, si, si + 1), labels, None, state.cache)

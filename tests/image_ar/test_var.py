@@ -364,3 +364,14 @@ def test_the_training_pass_is_straight_through_and_trains_encoder_codebook_and_p
     for name in ("encoder.conv_in.weight", "quantize.embedding.weight", "quantize.quant_resi.qresi_ls.0.weight",
                  "decoder.conv_out.weight"):
         assert vq.get_parameter(name).grad.abs().sum() > 0, name
+
+
+def test_a_continuation_without_guidance_prefills_again(var, vq):
+    """A cache built with CFG rows cannot serve an unguided continuation: it is rebuilt, not misused."""
+    state = var.begin([1, 2])
+    var.run_scales(state, vq, 0, 2, VARSampling(cfg=1.5), seeded_generator("cpu", 1))
+    guided_cache = state.cache
+    var.run_scales(state, vq, 2, 4, VARSampling(cfg=0.0, do_sample=False))
+    assert state.cache is not guided_cache and state.cache[0][0].shape[0] == 2
+    logits = var(torch.tensor([1, 2]), vq.quantize.idxBl_to_var_input(state.token_maps))
+    assert torch.equal(logits[:, 14:].argmax(-1), state.token_maps[3])
