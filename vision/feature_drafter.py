@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
@@ -88,6 +88,40 @@ def eagle_loss(
         "token_loss": token_loss.detach(),
         "token_accuracy": accuracy.detach(),
     }
+
+
+# The decoder-layer fields a feature drafter's config shares with the target's text model.
+LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "hidden_act", "rms_norm_eps", "max_position_embeddings")
+
+
+def target_layer_shape(text_config: Any) -> dict[str, Any]:
+    """`LAYER_FIELDS` of the target's text model (`config.get_text_config()`): a drafter layer is sized like it."""
+    heads = text_config.num_attention_heads
+    return dict(
+        hidden_size=text_config.hidden_size,
+        intermediate_size=text_config.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+        hidden_act=getattr(text_config, "hidden_act", "silu"),
+        rms_norm_eps=getattr(text_config, "rms_norm_eps", 1e-6),
+        max_position_embeddings=text_config.max_position_embeddings,
+    )
+
+
+def plain_rope_parameters(text_config: Any) -> dict[str, Any]:
+    """The target's RoPE settings without M-RoPE's (Qwen2-VL): a drafter's positions are sequence indices."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    for key in ("mrope_section", "mrope_interleaved"):
+        rope.pop(key, None)
+    return rope or {"rope_type": "default", "rope_theta": float(getattr(text_config, "rope_theta", 10000.0))}
+
+
+def drafter_layer_config(config: Any, **settings: Any) -> LlamaConfig:
+    """The `LlamaConfig` a drafter's decoder layer and rotary embedding are built from: its config's
+    `LAYER_FIELDS` plus `settings`."""
+    return LlamaConfig(**{name: getattr(config, name) for name in LAYER_FIELDS}, **settings)
 
 
 class FeatureDrafterModel(PreTrainedModel):

@@ -48,7 +48,8 @@ from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..errors import MMSpecError
-from .feature_drafter import DistillBatch, FeatureDrafterModel, eagle_loss, uniform_noise_like
+from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
+                              plain_rope_parameters, target_layer_shape, uniform_noise_like)
 
 
 # ---- pure tensor functions -------------------------------------------------------------------
@@ -168,18 +169,7 @@ class FlashConfig(PreTrainedConfig):
 
     def layer_config(self) -> LlamaConfig:
         """The `LlamaConfig` the single decoder layer and its rotary embedding are built from."""
-        config = LlamaConfig(
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            hidden_act=self.hidden_act,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_parameters=dict(self.rope_parameters),
-            max_position_embeddings=self.max_position_embeddings,
-            num_hidden_layers=1,
-        )
+        config = drafter_layer_config(self, rope_parameters=dict(self.rope_parameters), num_hidden_layers=1)
         config._attn_implementation = self._attn_implementation if self._attn_implementation in ("eager", "sdpa") else "sdpa"
         return config
 
@@ -219,21 +209,9 @@ class FlashDrafterModel(FeatureDrafterModel):
         **options: Any,
     ) -> "FlashDrafterModel":
         """A fresh drafter shaped like the target's text model (`config.get_text_config()`)."""
-        rope = dict(getattr(text_config, "rope_parameters", None) or {})
-        for key in ("mrope_section", "mrope_interleaved"):  # the drafter uses plain 1-D RoPE
-            rope.pop(key, None)
-        if not rope:
-            rope = {"rope_type": "default", "rope_theta": float(getattr(text_config, "rope_theta", 10000.0))}
         config = FlashConfig(
-            hidden_size=text_config.hidden_size,
-            intermediate_size=text_config.intermediate_size,
-            num_attention_heads=text_config.num_attention_heads,
-            num_key_value_heads=getattr(text_config, "num_key_value_heads", None),
-            head_dim=getattr(text_config, "head_dim", None),
-            hidden_act=getattr(text_config, "hidden_act", "silu"),
-            rms_norm_eps=getattr(text_config, "rms_norm_eps", 1e-6),
-            rope_parameters=rope,
-            max_position_embeddings=text_config.max_position_embeddings,
+            **target_layer_shape(text_config),
+            rope_parameters=plain_rope_parameters(text_config),
             vocab_size=text_config.vocab_size,
             num_queries=num_queries,
             semi_ar_tokens=semi_ar_tokens,

@@ -32,7 +32,8 @@ from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
-from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, eagle_loss, load_drafter_model,
+from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
+                              eagle_loss, load_drafter_model, plain_rope_parameters, target_layer_shape,
                               uniform_noise_like)
 
 
@@ -82,19 +83,10 @@ class MSDConfig(PretrainedConfig):
     @classmethod
     def from_text_config(cls, text_config: PretrainedConfig, **options: Any) -> "MSDConfig":
         """Size the drafter like the target's language model; `options` override any field."""
-        rope = getattr(text_config, "rope_parameters", None) or {}
-        heads = text_config.num_attention_heads
+        rope = plain_rope_parameters(text_config)
         fields = dict(
-            hidden_size=text_config.hidden_size,
-            intermediate_size=text_config.intermediate_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(text_config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
-            hidden_act=getattr(text_config, "hidden_act", "silu"),
-            rms_norm_eps=getattr(text_config, "rms_norm_eps", 1e-6),
-            # Plain 1-D RoPE even for M-RoPE targets (Qwen2-VL): the drafter's positions are sequence indices.
+            **target_layer_shape(text_config),
             rope_theta=float(rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))),
-            max_position_embeddings=text_config.max_position_embeddings,
             target_vocab_size=text_config.vocab_size,
             target_model_type=getattr(text_config, "model_type", None),
         )
@@ -103,18 +95,11 @@ class MSDConfig(PretrainedConfig):
 
     def layer_config(self) -> LlamaConfig:
         """The LlamaConfig the decoder layer and rotary embedding are built from."""
-        config = LlamaConfig(
+        config = drafter_layer_config(
+            self,
             vocab_size=self.target_vocab_size or 1,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            hidden_act=self.hidden_act,
-            rms_norm_eps=self.rms_norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            max_position_embeddings=self.max_position_embeddings,
             attention_bias=self.attention_bias,
         )
         # Additive float masks (below) work with both; sdpa is the faster one.
