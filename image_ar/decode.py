@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from mmspec.decoding import SpeculativeDecoder
+from mmspec.decoding import RoundHook, SpeculativeDecoder
 from mmspec.drafters import Drafter, NoDrafter
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
 from mmspec.rules import AcceptanceRule, target_choice
@@ -26,9 +26,6 @@ from mmspec.stats import SpecStats
 
 from .llamagen import LlamaGenForClassConditional
 from .target import CFGTarget, GuidedImageTarget, ImageTokensOutput
-
-RoundHook = Callable[[torch.LongTensor, int, int], None]
-
 
 def as_cfg_target(model: CFGTarget | LlamaGenForClassConditional, guidance_scale: float) -> CFGTarget:
     return model if isinstance(model, CFGTarget) else CFGTarget(model, guidance_scale)
@@ -50,8 +47,9 @@ def decode_grids(
     """One token grid per condition (class label, or Janus prompt index) through the core loop.
 
     Stats are summed over the images; `stats.tau` is the step compression (tokens / target forwards).
-    `on_tokens(n)` gets the count committed each round; `on_round(tokens, drafted, accepted)` the
-    tokens themselves (the core loop's hooks; images follow each other, `target.num_tokens` each).
+    `on_tokens(n)` gets the count committed each round; `on_round(tokens, drafted, accepted, proposed)`
+    the tokens themselves and the round's drafted image tokens (the core loop's hooks; images follow
+    each other, `target.num_tokens` each).
     """
     decoder = SpeculativeDecoder(GuidedImageTarget(target), drafter, policy=policy, rule=rule, method=method)
     device = target.model.device

@@ -203,8 +203,8 @@ class MethodRunner:
         """Token grids [N, h, w] for the labels, and the summed stats (`stats.method` = config.method).
 
         Every method runs through the core loop (`decode.decode_grids`) with the drafter, rule and
-        draft-length policy of `loop_parts`. `on_tokens(n)` and `on_round(tokens, drafted, accepted)`
-        are the core loop's per-round hooks. `observe(q, p)`, for LANTERN only, is called at every
+        draft-length policy of `loop_parts`. `on_tokens(n)` and `on_round(tokens, drafted, accepted,
+        proposed)` are the core loop's per-round hooks. `observe(q, p)`, for LANTERN only, is called at every
         sampled acceptance step with the first draft's draft distribution q [B, V] and the target's
         p [B, V] (the bench measures the exact output law from them; `rules.lantern_output_law`).
         """

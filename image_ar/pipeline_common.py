@@ -36,13 +36,13 @@ class ImageGenerationOutput(ImagePipelineOutput):
     settings: dict[str, Any] | None = None
 
 
-def per_image_rounds(reporter: RoundReporter, tokens_per_image: int) -> Callable[[torch.Tensor, int, int], None]:
+def per_image_rounds(reporter: RoundReporter, tokens_per_image: int) -> Callable[[torch.Tensor, int, int, torch.Tensor], None]:
     """The core loop's `on_round` hook for a call that makes several images one after the other: each
     round is reported with `chunk` = the image's index in the call (and `position` = where in its grid)."""
 
-    def on_round(tokens: torch.Tensor, drafted: int, accepted: int) -> None:
+    def on_round(tokens: torch.Tensor, drafted: int, accepted: int, proposed: torch.Tensor) -> None:
         reporter.chunk = reporter.new_tokens // tokens_per_image
-        reporter(tokens, drafted, accepted)
+        reporter(tokens, drafted, accepted, proposed)
 
     return on_round
 

@@ -11,6 +11,7 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -25,6 +26,11 @@ from .rules import AcceptanceRule, default_rule
 from .sampling import SamplingConfig, choose_next, seeded_generator
 from .stats import SpecStats
 from .targets import Target, as_target
+
+
+# on_round(tokens, drafted, accepted, proposed): the tokens committed, the draft count, how many drafts were
+# kept, and the drafts themselves (1-D, before verification; empty for the prefill's token).
+RoundHook = Callable[[torch.LongTensor, int, int, torch.LongTensor], None]
 
 
 @dataclass
@@ -87,7 +93,7 @@ class SpeculativeDecoder:
         generator: torch.Generator | None = None,
         eos_token_id: int | Iterable[int] | None = None,
         on_tokens: Callable[[int], None] | None = None,
-        on_round: Callable[[torch.LongTensor, int, int], None] | None = None,
+        on_round: RoundHook | Callable[[torch.LongTensor, int, int], None] | None = None,
         **kwargs: Any,
     ) -> SpeculativeOutput:
         """Decode up to `max_new_tokens` as the target's `generate` would, with speculation.
@@ -98,8 +104,11 @@ class SpeculativeDecoder:
         `generation_config`) and model inputs (`pixel_values`, `attention_mask`, `input_features`,
         ...). Anything else is refused. An explicit `sampling` replaces do_sample / temperature /
         top-k / top-p. `on_tokens(n)` is called with the count committed each round;
-        `on_round(tokens, drafted, accepted)` with the tokens themselves (1-D, on the model's device)
-        and the round's draft count and accepted count (the prefill's first token: 0, 0).
+        `on_round(tokens, drafted, accepted, proposed)` with the tokens themselves (1-D, on the model's
+        device), the round's draft count and accepted count, and the drafts the drafter proposed, before
+        verification (1-D; `proposed[:accepted]` are the kept ones, `proposed[accepted:]` the rejected
+        ones; the prefill's first token: 0, 0 and no drafts). A hook taking only the first three
+        arguments is called with those.
         """
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -119,7 +128,7 @@ class SpeculativeDecoder:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
             generator = seeded_generator(self.target.model.device)
         self.on_tokens = on_tokens
-        self.on_round = on_round
+        self.on_round = with_proposal(on_round)
         self.streamer = settings.streamer
         rule = self.rule or default_rule(sampling)
         policy = self.policy.fresh()
@@ -163,7 +172,7 @@ class SpeculativeDecoder:
                     self.drafter.on_target_prefill(sequence, step)
                     first = choose_next(step.logits[:, -1], sampling, generator)
                     sequence = torch.cat([sequence, first[:, None]], dim=1)
-                    self._announce(first)
+                    self._announce(first, first[:0])
                     done = int(first[0]) in stops
 
             while not done and sequence.shape[1] - prompt_length < max_new_tokens:
@@ -182,12 +191,12 @@ class SpeculativeDecoder:
         stats.drafter_forwards = self.drafter.forwards - forwards_before
         return SpeculativeOutput(sequences=sequence, stats=stats)
 
-    def _announce(self, new_tokens: torch.LongTensor, drafted: int = 0, accepted: int = 0) -> None:
-        """Tell the progress callbacks and the streamer about tokens just committed (1-D)."""
+    def _announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
+        """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""
         if self.on_tokens is not None:
             self.on_tokens(new_tokens.shape[0])
         if self.on_round is not None:
-            self.on_round(new_tokens, drafted, accepted)
+            self.on_round(new_tokens, int(proposed.shape[0]), accepted, proposed)
         if self.streamer is not None:
             self.streamer.put(new_tokens[None].cpu())
 
@@ -198,7 +207,7 @@ class SpeculativeDecoder:
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, done = self._truncate_at_stop(new_tokens, stops)
         sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-        self._announce(new_tokens, proposal.length, accepted)
+        self._announce(new_tokens, proposal.tokens[0], accepted)
         # The cache now holds every committed token but the newest; drop the rejected drafts.
         self.target.truncate(self.target.length - (proposal.length - accepted))
         self.drafter.observe(sequence, verdict, step)
@@ -219,6 +228,20 @@ class SpeculativeDecoder:
             if token in stops:
                 return new_tokens[: i + 1], True
         return new_tokens, False
+
+
+def with_proposal(on_round: Callable[..., None] | None) -> RoundHook | None:
+    """`on_round` as the loop calls it, with the round's drafts as a fourth argument; a hook written for
+    three arguments (tokens, drafted, accepted) is called without them."""
+    if on_round is None:
+        return None
+    try:
+        inspect.signature(on_round).bind(None, None, None, None)
+    except TypeError:
+        return lambda tokens, drafted, accepted, _proposed: on_round(tokens, drafted, accepted)
+    except ValueError:  # no signature to read (some builtins): call it as documented
+        pass
+    return on_round
 
 
 def speculative_generate(

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -108,6 +108,10 @@ class RoundInfo:
             the first round of a decode is the prefill's first token unless drafts rode along with it.
         drafted: draft tokens proposed this round (0 for the prefill's token).
         accepted: how many of them the target accepted.
+        proposed: the draft token ids the drafter proposed this round, before verification (empty for
+            the prefill's token): `proposed[:accepted]` are kept (they begin `tokens`), and where a round
+            rejects, `proposed[accepted]` is the draft the target replaced by `tokens[accepted]`. For image
+            methods these are the drafted image tokens (the Jacobi iterate, or the small model's).
         new_tokens: tokens committed so far in this call (all chunks).
         chunk: which chunk of the input is being decoded (pipelines that cut their input, e.g. long
             audio; the image pipelines: which image of the call), else None.
@@ -121,10 +125,11 @@ class RoundInfo:
     new_tokens: int
     chunk: int | None = None
     position: int = 0
+    proposed: list[int] = field(default_factory=list)
 
 
 class RoundReporter:
-    """Turns the core loop's `on_round(tokens, drafted, accepted)` into a progress-bar update and a
+    """Turns the core loop's `on_round(tokens, drafted, accepted, proposed)` into a progress-bar update and a
     `callback_on_round(round_index, RoundInfo)` call; the round index runs on across chunks."""
 
     def __init__(self, callback: RoundCallback | None = None, bar: Any = None) -> None:
@@ -138,7 +143,7 @@ class RoundReporter:
         self._counted_chunk: int | None = None
         self._chunk_start = 0  # new_tokens when the current chunk began
 
-    def __call__(self, tokens: torch.Tensor, drafted: int, accepted: int) -> None:
+    def __call__(self, tokens: torch.Tensor, drafted: int, accepted: int, proposed: torch.Tensor | None = None) -> None:
         count = int(tokens.shape[0])
         if self.chunk != self._counted_chunk:
             self._counted_chunk, self._chunk_start = self.chunk, self.new_tokens
@@ -148,7 +153,8 @@ class RoundReporter:
             self.bar.update(count)
         if self.callback is not None:
             info = RoundInfo(tokens=tokens.tolist(), drafted=drafted, accepted=accepted, new_tokens=self.new_tokens,
-                             chunk=self.chunk, position=position)
+                             chunk=self.chunk, position=position,
+                             proposed=proposed.tolist() if proposed is not None else [])
             self.callback(self.rounds, info)
         self.rounds += 1
 

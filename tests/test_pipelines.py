@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ from PIL import Image
 from transformers import AutoConfig
 
 from mmspec import MMSpecError
-from mmspec.pipelines import RoundInfo, SpeculativePipeline, SpeculativePipelineOutput, TextPipelineOutput, resolve_dtype
+from mmspec.pipelines import RoundInfo, RoundReporter, SpeculativePipeline, SpeculativePipelineOutput, TextPipelineOutput, resolve_dtype
 from mmspec.speech import AR_FAST_DECODER_FOLDER, load_audio
 from mmspec.speech.pipeline import TranscriptionOutput, TranscriptionPipeline
 from mmspec.vision.pipeline import CaptionOutput, CaptionPipeline
@@ -41,6 +42,58 @@ STATS = ("new_tokens", "target_forwards", "drafter_forwards", "rounds", "drafted
 
 def same_stats(a, b):
     return all(getattr(a, name) == getattr(b, name) for name in STATS)
+
+
+def assert_proposals_explain_rounds(rounds: list[RoundInfo], controls: bool = True) -> None:
+    """Each round's draft (`proposed`) begins with the kept tokens; where the target rejected a draft, its
+    token there differs from the draft (the correction). Greedy decoding, so a correction always differs.
+    `controls`: the rounds must hold both a kept and a rejected draft (else the checks prove little)."""
+    for info in rounds:
+        assert len(info.proposed) == info.drafted  # none for the prefill's own token
+        assert info.proposed[:info.accepted] == info.tokens[:info.accepted]
+        if info.accepted < info.drafted and len(info.tokens) > info.accepted:
+            assert info.proposed[info.accepted] != info.tokens[info.accepted]
+    if controls:
+        assert any(info.accepted < info.drafted for info in rounds), "control: no round rejected a draft"
+        assert any(info.accepted > 0 for info in rounds), "control: no round kept a draft"
+
+
+# --- the core loop's round hook ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def confident_pair():
+    """A tiny LM with peaked next-token choices and a model drafter that is a slightly perturbed copy of it:
+    the drafter agrees with the target on some tokens and not on others (kept and rejected drafts both occur)."""
+    from mmspec.testing import tiny_llama
+
+    target = tiny_llama(num_layers=2, seed=0)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(30)
+        drafter = copy.deepcopy(target)
+        noise = torch.Generator().manual_seed(0)
+        for name, weight in drafter.named_parameters():
+            if "layers.1." in name:
+                weight.add_(torch.randn(weight.shape, generator=noise) * 0.02)
+    return target, drafter
+
+
+def test_round_hook_gets_each_rounds_proposal(confident_pair, prompt):
+    from mmspec.decoding import speculative_generate
+
+    target, drafter = confident_pair
+    seen: list[RoundInfo] = []
+    reporter = RoundReporter(lambda _index, info: seen.append(info))
+    out = speculative_generate(target, drafter, prompt, max_new_tokens=24, num_draft_tokens=4, on_round=reporter)
+    plain = target.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert out.sequences.tolist() == plain.tolist()  # lossless, with the hook
+    assert [t for info in seen for t in info.tokens] == out.sequences[0, prompt.shape[1]:].tolist()
+    assert_proposals_explain_rounds(seen)
+    # A hook written for three arguments (tokens, drafted, accepted) still works, and sees the same rounds.
+    old_style: list[tuple[list[int], int, int]] = []
+    again = speculative_generate(target, drafter, prompt, max_new_tokens=24, num_draft_tokens=4,
+                                 on_round=lambda tokens, drafted, accepted: old_style.append((tokens.tolist(), drafted, accepted)))
+    assert again.sequences.tolist() == out.sequences.tolist()
+    assert old_style == [(info.tokens, info.drafted, info.accepted) for info in seen]
 
 
 # --- the caption pipeline ------------------------------------------------------------------------
@@ -160,6 +213,11 @@ def test_caption_callback_on_round(captioner, frames):
     assert sum(info.drafted for _, info in rounds) == out.stats.drafted
     assert sum(info.accepted for _, info in rounds) == out.stats.accepted
     assert rounds[-1][1].new_tokens == out.stats.new_tokens and rounds[0][1].chunk is None
+    assert_proposals_explain_rounds([info for _, info in rounds], controls=False)  # random target: drafts rarely kept
+    # The callback changes nothing: the same caption as without it, and as plain decoding.
+    assert out.sequences.tolist() == captioner(video=frames, max_new_tokens=MAX_NEW, method="text",
+                                               progress_bar=False).sequences.tolist()
+    assert out.text == captioner(video=frames, max_new_tokens=MAX_NEW, method="ar", progress_bar=False).text
     with pytest.raises(MMSpecError, match="callback_on_round must be a function"):
         captioner(video=frames, max_new_tokens=2, callback_on_round="print", progress_bar=False)
 
@@ -288,6 +346,8 @@ def test_transcription_callback_on_round(transcriber, clip_samples):
         assert [t for _, info in rounds if info.chunk == number for t in info.tokens] == chunk.tokens
     assert sum(info.drafted for _, info in rounds) == out.stats.drafted
     assert rounds[-1][1].new_tokens == out.stats.new_tokens
+    for _, info in rounds:  # the fast decoder's draft begins with what the big decoder kept of it
+        assert len(info.proposed) == info.drafted and info.proposed[:info.accepted] == info.tokens[:info.accepted]
 
 
 # --- the package ---------------------------------------------------------------------------------

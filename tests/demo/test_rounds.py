@@ -94,3 +94,7 @@ def test_step_map_of_a_real_image_has_one_step_per_target_forward():
     for info in seen:
         rebuilt[info.position:info.position + len(info.tokens)] = info.tokens
     assert rebuilt == out.tokens[0].flatten().tolist()
+    # Each round's proposal (the Jacobi iterate's drafted image tokens) begins with the tokens it kept.
+    for info in seen:
+        assert len(info.proposed) == info.drafted and info.proposed[:info.accepted] == info.tokens[:info.accepted]
+    assert any(info.accepted > 0 for info in seen)
