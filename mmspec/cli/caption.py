@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from . import checks
+from . import checks, folder_runs
 from .common import (
     IMAGE_SUFFIXES,
     LazyChoices,
@@ -21,7 +22,8 @@ from .common import (
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = commands.add_parser("caption", parents=[flags.seed, flags.threads, flags.json],
                                  help="caption a video or an image, speculatively (lossless)")
-    parser.add_argument("path", type=checks.existing_file, help="video (any file PyAV decodes) or image file")
+    parser.add_argument("path", type=folder_runs.file_or_folder,
+                        help="video (any file PyAV decodes) or image file, or a folder of them (with --out FILE.jsonl)")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id (default: the toy captioner)")
     parser.add_argument("--drafter", default=None,
                         help="drafter of the chosen method: a text LM for text (default: the model's zoo pair), a trained "
@@ -37,6 +39,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=64)
     parser.add_argument("--temperature", type=checks.non_negative_float, default=None,
                         help="sample at this temperature (default and 0: greedy)")
+    folder_runs.add_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -48,11 +51,10 @@ def media_kind(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
     set_threads(args)
+    folder = folder_runs.plan(args.path, args.out, IMAGE_SUFFIXES | folder_runs.VIDEO_SUFFIXES, args.retry_failed)
 
     if args.model is None:
         announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of one moving shape")
@@ -62,10 +64,9 @@ def run(args: argparse.Namespace) -> int:
                                            feature_drafters=feature, num_draft_tokens=args.num_draft_tokens)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
-    media = {media_kind(args.path): args.path}
-    out = pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
-               fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
-               generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json)
+    if folder is not None:
+        return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned")
+    out = caption_one(pipe, args.path, args, progress_bar=not args.json)
     for note in out.notes or []:
         print(f"mmspec: {note}", file=sys.stderr)
     if args.json:
@@ -76,3 +77,18 @@ def run(args: argparse.Namespace) -> int:
         print(out.text)
         print(out.stats.summary(), file=sys.stderr)
     return 0
+
+
+def caption_one(pipe: Any, path: str, args: argparse.Namespace, progress_bar: bool) -> Any:
+    import torch
+
+    media = {media_kind(path): path}
+    return pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
+                fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
+                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar)
+
+
+def caption_record(pipe: Any, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One line of a folder run's results file (the seed restarts per file: a file's caption does not depend on the others)."""
+    out = caption_one(pipe, path, args, progress_bar=False)
+    return {"text": out.text, "method": out.method, "model": out.model, "notes": out.notes or [], "stats": stats_json(out.stats)}

@@ -1,0 +1,156 @@
+"""Folder mode: run a verb over every file of a folder into one JSON-lines file, resumable, on one or many processes.
+
+    mmspec caption videos/ --out captions.jsonl
+    accelerate launch --multi_gpu --num_processes 2 -m mmspec caption videos/ --out captions.jsonl   # CPU too
+    torchrun --nproc_per_node 2 -m mmspec caption videos/ --out captions.jsonl
+
+One line per file (`{"file": NAME, ..., "error": null}` or `{"file": NAME, "error": MESSAGE}`), written and
+fsync'd as soon as that file finishes; a re-run skips files already recorded (`--retry-failed`: those that
+failed too). Under a distributed launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left
+to do between the processes; each appends to its own part file and the main process merges the parts into
+the results file, ordered by file name, so the result equals a one-process run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import batch_files
+from ..errors import MMSpecError
+
+VIDEO_SUFFIXES = {".mp4", ".m4v", ".mkv", ".mov", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
+
+
+def file_or_folder(text: str) -> str:
+    """argparse type: an existing, readable file or folder."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"file not found: {text!r}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
+    return text
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, metavar="FILE.jsonl",
+                        help="results file, one JSON line per input file; required for a folder. Resumable: a re-run "
+                             "skips files already in it")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --out: run again the files whose line records an error")
+
+
+class FolderRun:
+    """The files to run and where their records go; built before any model loads, so bad input fails fast."""
+
+    def __init__(self, files: list[Path], out: Path, retry_failed: bool) -> None:
+        self.files, self.out, self.retry_failed = files, out, retry_failed
+        self.names = [f.name for f in files]
+
+    def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed") -> int:
+        """Run `record_for(path)` on every file not yet recorded; a file that raises is recorded with its error.
+
+        Returns the exit status: 0, or 2 if any file's record (new or earlier) is an error.
+        """
+        state = _distributed_state()
+        rank, size = (state.process_index, state.num_processes) if state else (0, 1)
+        if rank == 0:  # leftovers of a killed run (a torn line, part files) are folded in before the work is split
+            batch_files.merge(self.out, self.names)
+        _barrier(state)
+        done = {r["file"]: r for r in batch_files.read_records(self.out)}
+        todo = [f for f in self.files
+                if f.name not in done or (self.retry_failed and done[f.name].get("error") is not None)]
+        if state is not None:
+            with state.split_between_processes(todo) as share:
+                mine = list(share)
+        else:
+            mine = todo
+        skipped = len(self.files) - len(todo)
+        if rank == 0 and skipped:
+            print(f"mmspec: {skipped} of {len(self.files)} file(s) already in {self.out}; skipping them", file=sys.stderr)
+        target = self.out if state is None else batch_files.part_path(self.out, rank)
+        with batch_files.RecordWriter(target) as writer:
+            for path in _progress(mine, rank, size):
+                writer.write(_record(path, record_for))
+        if size > 1:
+            print(f"mmspec: process {rank} of {size} {verb} {len(mine)} file(s)", file=sys.stderr)
+        _barrier(state)
+        if rank == 0:
+            records = batch_files.merge(self.out, self.names)
+        _barrier(state)  # every process exits with the merged result's status
+        if rank != 0:
+            records = batch_files.read_records(self.out)
+        wanted = set(self.names)
+        failed = [r["file"] for r in records if r["file"] in wanted and r.get("error") is not None]
+        if rank == 0:
+            print(f"mmspec: {verb} {len(self.files) - len(failed)} of {len(self.files)} file(s) into {self.out}"
+                  + (f"; {len(failed)} failed ({', '.join(failed)}): see their \"error\" in {self.out}" if failed else ""),
+                  file=sys.stderr)
+        return 2 if failed else 0
+
+
+def plan(path: str, out: str | None, suffixes: set[str], retry_failed: bool = False) -> FolderRun | None:
+    """A FolderRun for a folder (or for one file with --out), or None for one file printed to stdout."""
+    source = Path(path)
+    if not source.is_dir() and out is None:
+        if retry_failed:
+            raise MMSpecError("--retry-failed needs --out FILE.jsonl")
+        return None
+    if out is None:
+        raise MMSpecError(f"a folder needs --out FILE.jsonl: one JSON line per file of {path!r} is written there")
+    results = Path(out)
+    if results.suffix.lower() != ".jsonl":
+        raise MMSpecError(f"--out {out!r} needs the suffix .jsonl (one JSON line per input file)")
+    if results.is_dir():
+        raise MMSpecError(f"--out {out!r} is a folder; name a FILE.jsonl")
+    if not results.parent.is_dir():
+        raise MMSpecError(f"cannot write {out!r}: no folder {str(results.parent)!r}")
+    if not os.access(results.parent, os.W_OK):
+        raise MMSpecError(f"cannot write to {str(results.parent)!r} (permission denied)")
+    if source.is_dir():
+        files = batch_files.list_files(source, suffixes)
+        if not files:
+            raise MMSpecError(f"the folder {path!r} holds no input files ({', '.join(sorted(suffixes))})")
+    else:
+        files = [source]
+    batch_files.read_records(results)  # a results file that is not ours fails now, before any model loads
+    return FolderRun(files, results, retry_failed)
+
+
+def _record(path: Path, record_for: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return {"file": path.name, **record_for(path), "error": None}
+    except MMSpecError as error:
+        message = str(error)
+    except Exception as error:  # noqa: BLE001 - one file's failure (a decoder's, torch's) must not stop the others
+        message = f"{type(error).__name__}: {error}"
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"mmspec: error: {path.name}: {message}", file=sys.stderr)  # on its own line, above the progress bar
+    return {"file": path.name, "error": message}
+
+
+def _progress(files: list[Path], rank: int, size: int) -> Any:
+    from tqdm.auto import tqdm
+
+    label = "files" if size == 1 else f"files (process 0 of {size})"
+    return tqdm(files, desc=label, unit="file", file=sys.stderr, disable=rank != 0 or not files, dynamic_ncols=True)
+
+
+def _distributed_state() -> Any:
+    """accelerate's PartialState under a distributed launcher (WORLD_SIZE > 1), else None (no process group)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from accelerate import PartialState
+
+    # cpu=True: the processes only meet at barriers (gloo), whatever device the pipelines run on.
+    return PartialState(cpu=True)
+
+
+def _barrier(state: Any) -> None:
+    if state is not None:
+        state.wait_for_everyone()
