@@ -14,6 +14,16 @@ no-timestamps) and applying the target's token suppression, so that a copy of a 
 reproduces the target's greedy transcript exactly. The hypothesis excludes the prompt and the
 end-of-text token, like the CTC hypothesis; `HybridDrafter` then verifies it unchanged.
 
+Two options make it cheap on a real Whisper (tiny.en: a 51864 x 384 output head costs ~40% of a
+whole 4-layer decoder step on a CPU):
+- `shares_target_embeddings`: the token embedding and output head ARE the target's (bound at load
+  time by `attach_ar_fast_decoder`, never saved), so a checkpoint holds only the layer, positions
+  and final norm (a few MB);
+- `draft_vocab`: a reduced drafting vocabulary (FR-Spec, Zhao et al., arXiv 2502.14856): drafting
+  projects onto these token ids only (the rows of the shared head), e.g. 4096 instead of 51864. The
+  target still verifies over its full vocabulary, so hybrid strict stays lossless; a token outside
+  the list is simply never drafted.
+
 Because it is a plain `WhisperForCausalLM` (saved with `save_pretrained`), the same weights also
 serve as the assistant of transformers' assisted generation
 (`whisper.generate(input_features, assistant_model=ar_fast_decoder)`), which hands the assistant
@@ -48,10 +58,16 @@ class ARFastDecoder(WhisperForCausalLM):
       - `draft_prompt_ids`: the forced prompt it continues (the target's, as seen in training);
       - `draft_suppress_tokens`, `draft_begin_suppress_tokens`: the target's suppression lists.
     `ARHybridDrafter` replaces all three per utterance with the bound target's own values.
+      - `shares_target_embeddings`: embeddings and head come from the target (`attach_ar_fast_decoder`);
+      - `draft_vocab`: token ids drafting projects onto (None: the whole vocabulary).
     """
+
+    # With shared embeddings the checkpoint has no embedding/head: they are bound from the target.
+    _keys_to_ignore_on_load_missing = [r"model\.decoder\.embed_tokens\.weight", r"proj_out\.weight"]
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
+        self._draft_head: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (source weight, rows, ids)
         self.prompt_ids: list[int] | None = None  # set per utterance by ARHybridDrafter
         self.suppress_tokens: list[int] | None = None
         self.begin_suppress_tokens: list[int] | None = None
@@ -63,12 +79,15 @@ class ARFastDecoder(WhisperForCausalLM):
 
     @classmethod
     def for_target(cls, target_model: PreTrainedModel, *, num_layers: int = 1, init_layer: int = 0,
-                   prompt_ids: Sequence[int] | None = None) -> "ARFastDecoder":
+                   prompt_ids: Sequence[int] | None = None, share_embeddings: bool = False,
+                   draft_vocab: Sequence[int] | None = None) -> "ARFastDecoder":
         """A fresh fast decoder sized for `target_model`, initialised from its decoder.
 
-        Embeddings, learned positions, the final layer norm and the LM head are copied; each of the
-        `num_layers` layers is a copy of the target's decoder layer `init_layer` (default 0, the first:
-        it reads the raw token embeddings, as the fast decoder's only layer does; -1 is the last).
+        Learned positions and the final layer norm are copied; embeddings and the LM head are copied
+        too, or with `share_embeddings` ARE the target's (not saved; see the module docstring). Each
+        of the `num_layers` layers is a copy of the target's decoder layer `init_layer` (default 0,
+        the first: it reads the raw token embeddings, as the fast decoder's only layer does; -1 is
+        the last). `draft_vocab`: the reduced drafting vocabulary (token ids), or None.
         """
         decoder = getattr(getattr(target_model, "model", None), "decoder", None)
         if decoder is None or not hasattr(decoder, "layers"):
@@ -92,6 +111,8 @@ class ARFastDecoder(WhisperForCausalLM):
         config.suppress_tokens = None
         config.begin_suppress_tokens = None
         config.forced_decoder_ids = None
+        config.shares_target_embeddings = bool(share_embeddings)
+        config.draft_vocab = check_draft_vocab(draft_vocab, config.vocab_size)
         model = cls(config).to(dtype=target_model.dtype, device=target_model.device)
         source = decoder.state_dict()
         state = {k: v for k, v in source.items() if not k.startswith("layers.")}
@@ -105,7 +126,42 @@ class ARFastDecoder(WhisperForCausalLM):
             decoder_start_token_id=generation.decoder_start_token_id, eos_token_id=generation.eos_token_id,
             pad_token_id=generation.pad_token_id, bos_token_id=generation.bos_token_id,
         )
+        if share_embeddings:
+            model.share_target_embeddings(target_model)
         return model.eval()
+
+    # --- shared embeddings, reduced vocabulary --------------------------------------------------
+
+    @property
+    def shares_target_embeddings(self) -> bool:
+        return bool(getattr(self.config, "shares_target_embeddings", False))
+
+    def share_target_embeddings(self, target_model: PreTrainedModel) -> None:
+        """Use the target's token embedding and output head modules (the same tensors, no copy)."""
+        self.model.decoder.embed_tokens = target_model.get_decoder().embed_tokens
+        self.proj_out = target_model.get_output_embeddings()
+        self._draft_head = None
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """As transformers', but without the target's embedding and head when they are shared."""
+        if self.shares_target_embeddings and kwargs.get("state_dict") is None:
+            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items()
+                                    if k not in ("model.decoder.embed_tokens.weight", "proj_out.weight")}
+        super().save_pretrained(save_directory, *args, **kwargs)
+
+    def draft_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(head weight rows drafting projects onto, their token ids or None for the whole vocabulary)."""
+        vocab = getattr(self.config, "draft_vocab", None)
+        weight = self.proj_out.weight
+        if not vocab:
+            return weight, None
+        cached = self._draft_head
+        if cached is None or cached[0] is not weight or cached[1].dtype != weight.dtype or cached[1].device != weight.device:
+            ids = torch.tensor(vocab, dtype=torch.long, device=weight.device)
+            # One contiguous [K, D] copy, made once: slicing per step would cost more than it saves.
+            cached = (weight, weight.detach()[ids].contiguous(), ids)
+            self._draft_head = cached
+        return cached[1], cached[2]
 
     # --- drafting -----------------------------------------------------------------------------
 
@@ -152,10 +208,19 @@ class ARFastDecoder(WhisperForCausalLM):
         suppress, begin = self._suppression()
         stops = self._stop_ids()
         tokens = torch.tensor([prompt] * batch, dtype=torch.long, device=self.device)
+        head, vocab_ids = self.draft_head()
+        if vocab_ids is not None:
+            # Suppression and stops in the reduced vocabulary's positions (tokens outside it are never drafted).
+            position = {int(t): i for i, t in enumerate(vocab_ids.tolist())}
+            suppress = [position[t] for t in suppress if t in position]
+            begin = [position[t] for t in begin if t in position]
+            stops = {position[t] for t in stops if t in position}
+            if not stops:
+                raise MMSpecError("the draft vocabulary lacks end-of-text: the fast decoder could never end a hypothesis")
         suppress_ids = torch.tensor(suppress, dtype=torch.long, device=self.device)  # built once, not per step
         done = [False] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
-        step_logits = self._lean_steps(states) if lean else self._transformers_steps(states)
+        step_logits = self._lean_steps(states, head) if lean else self._transformers_steps(states, head, vocab_ids)
         step_input = tokens
         self.last_steps = 0
         for step in range(max(0, limit)):
@@ -173,25 +238,26 @@ class ARFastDecoder(WhisperForCausalLM):
                 if token in stops:
                     done[row] = True
                 else:
-                    out[row].append(token)
+                    out[row].append(token if vocab_ids is None else int(vocab_ids[token]))
             if all(done):
                 break
-            step_input = choice[:, None]
+            step_input = (choice if vocab_ids is None else vocab_ids[choice])[:, None]
         return out
 
-    def _lean_steps(self, states: torch.Tensor) -> Callable[[torch.LongTensor], torch.Tensor]:
-        runner = LeanWhisperDecoder(self.model.decoder, self.proj_out)
+    def _lean_steps(self, states: torch.Tensor, head: torch.Tensor) -> Callable[[torch.LongTensor], torch.Tensor]:
+        runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
         state = runner.start(states)
         return lambda ids: runner.step(state, ids)
 
-    def _transformers_steps(self, states: torch.Tensor) -> Callable[[torch.LongTensor], torch.Tensor]:
+    def _transformers_steps(self, states: torch.Tensor, head: torch.Tensor,
+                            vocab_ids: torch.Tensor | None) -> Callable[[torch.LongTensor], torch.Tensor]:
         cache = None
 
         def step(ids: torch.LongTensor) -> torch.Tensor:
             nonlocal cache
             result = self(input_ids=ids, encoder_outputs=states, past_key_values=cache, use_cache=True)
             cache = result.past_key_values
-            return result.logits[:, -1]
+            return result.logits[:, -1] if vocab_ids is None else result.logits[:, -1, vocab_ids]
 
         return step
 
@@ -275,6 +341,28 @@ class ARHybridDrafter(HybridDrafter):
         if self._last is not None:
             self._rejected = int(verdict.num_accepted[0]) < self._last[1]
         super().observe(sequence, verdict, target_step)
+
+
+def check_draft_vocab(draft_vocab: Sequence[int] | None, vocab_size: int) -> list[int] | None:
+    """A reduced drafting vocabulary as a list of distinct ids inside the vocabulary (None: the whole one)."""
+    if draft_vocab is None:
+        return None
+    ids = [int(t) for t in draft_vocab]
+    if not ids:
+        raise MMSpecError("the draft vocabulary is empty")
+    if len(set(ids)) != len(ids):
+        raise MMSpecError("the draft vocabulary lists a token id twice")
+    if not all(0 <= t < vocab_size for t in ids):
+        raise MMSpecError(f"the draft vocabulary holds token ids outside 0..{vocab_size - 1}")
+    return ids
+
+
+def attach_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -> ARFastDecoder:
+    """Check that the fast decoder fits `model`, then bind the target's embedding and head if it shares them."""
+    check_ar_fast_decoder(fast_decoder, model)
+    if fast_decoder.shares_target_embeddings:
+        fast_decoder.share_target_embeddings(model)
+    return fast_decoder
 
 
 def check_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -> None:

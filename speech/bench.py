@@ -51,7 +51,7 @@ from ..decoding import SpeculativeDecoder
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError
 from ..stats import SpecStats
-from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
 from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
@@ -272,7 +272,7 @@ def bench_speech(
     if ctc_fast_decoder is not None:
         check_fast_decoder(ctc_fast_decoder, model)
     if ar_fast_decoder is not None:
-        check_ar_fast_decoder(ar_fast_decoder, model)
+        attach_ar_fast_decoder(ar_fast_decoder, model)
     with quiet_transformers():
         items = prepare_items(model, processor, clips)
         decoder_counter = ForwardCounter(model.get_decoder())
@@ -368,7 +368,7 @@ def run_speech_bench(
     progress: bool = True,
 ) -> SpeechBenchReport:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench."""
-    from .models import speech_model_path
+    from .models import fast_decoder_root, speech_model_path
 
     if n < 1:
         raise MMSpecError(f"--n must be >= 1, got {n}")
@@ -380,8 +380,9 @@ def run_speech_bench(
             raise MMSpecError(f"no --data given and {model_name!r} ships no held-out clips ({data}/metadata.jsonl is missing); "
                               "pass --data DIR, a folder with metadata.jsonl and its clips")
     clips = read_clip_folder(data)[:n]
-    ctc = _optional(fast_decoder, Path(path) / FAST_DECODER_FOLDER, load_fast_decoder)
-    ar = _optional(ar_fast_decoder, Path(path) / AR_FAST_DECODER_FOLDER, load_fast_decoder)
+    root = fast_decoder_root(model_name, path)
+    ctc = _optional(fast_decoder, root / FAST_DECODER_FOLDER, load_fast_decoder)
+    ar = _optional(ar_fast_decoder, root / AR_FAST_DECODER_FOLDER, load_fast_decoder)
     if ctc is not None and not isinstance(ctc, CTCFastDecoder):
         raise MMSpecError("--fast-decoder holds an AR fast decoder; pass it as --ar-fast-decoder")
     if ar is not None and not isinstance(ar, ARFastDecoder):

@@ -48,13 +48,16 @@ class LeanWhisperDecoder:
     Args:
         decoder: a transformers `WhisperDecoder` (e.g. `model.model.decoder` of a `WhisperForCausalLM`).
         proj_out: the output projection (`model.proj_out`; tied to the token embeddings in Whisper).
+        head_weight: rows to project onto instead of `proj_out.weight` (a reduced drafting vocabulary;
+            logits then follow these rows' order, with no bias).
     """
 
-    def __init__(self, decoder: nn.Module, proj_out: nn.Linear) -> None:
+    def __init__(self, decoder: nn.Module, proj_out: nn.Linear, head_weight: torch.Tensor | None = None) -> None:
         activation = getattr(decoder.config, "activation_function", "gelu")
         if activation != "gelu":
             raise MMSpecError(f"the lean decoder implements Whisper's GELU MLP, not {activation!r}")
         self.decoder, self.proj_out = decoder, proj_out
+        self.head_weight = head_weight
         self.heads = decoder.config.decoder_attention_heads
         self.embed_scale = math.sqrt(decoder.config.d_model) if decoder.config.scale_embedding else 1.0
 
@@ -103,4 +106,7 @@ class LeanWhisperDecoder:
             x = _norm(h, layer.final_layer_norm)
             h = h + _linear(F.gelu(_linear(x, layer.fc1)), layer.fc2)
         state.length += n
-        return F.linear(_norm(h[:, -1], self.decoder.layer_norm), self.proj_out.weight, self.proj_out.bias)
+        last = _norm(h[:, -1], self.decoder.layer_norm)
+        if self.head_weight is not None and self.head_weight is not self.proj_out.weight:
+            return F.linear(last, self.head_weight)
+        return F.linear(last, self.proj_out.weight, self.proj_out.bias)

@@ -48,3 +48,13 @@ def speech_model_path(name_or_path: str | os.PathLike) -> str:
     if is_ct2_whisper_folder(name):
         return name
     return resolve(name)
+
+
+def fast_decoder_root(name_or_path: str | os.PathLike, model_path: str | os.PathLike) -> Path:
+    """The folder holding a model's fast decoders (`fast_decoder/`, `ar_fast_decoder/`): the zoo entry's own
+    folder for a model whose weights come from a pip package (its fast decoders ship with mmspec), else the
+    model folder."""
+    entry = zoo_entry(str(name_or_path))
+    if entry is not None and entry.card.get("weights_package"):
+        return entry.path
+    return Path(model_path)

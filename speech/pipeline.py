@@ -67,12 +67,12 @@ from ..pipelines import (
 from ..stats import SpecStats
 from ..zoo import entries, folder_card
 from .audio import AudioSource, load_audio
-from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, check_ar_fast_decoder
+from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
-from .models import DEFAULT_ASR_MODEL, speech_model_path, zoo_entry
+from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
 from .subtitles import Segment
 from .target import WhisperTarget, check_language_and_task
 
@@ -149,7 +149,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             raise MMSpecError(f"the processor must hold a feature extractor and a tokenizer (a WhisperProcessor), "
                               f"got {type(processor).__name__}")
         if isinstance(fast_decoder, ARFastDecoder):
-            check_ar_fast_decoder(fast_decoder, model)
+            attach_ar_fast_decoder(fast_decoder, model)
         elif fast_decoder is not None:
             check_fast_decoder(fast_decoder, model)
         self.check_draft_tokens(num_draft_tokens)
@@ -198,13 +198,14 @@ class TranscriptionPipeline(SpeculativePipeline):
             return cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
         path = speech_model_path(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device)
+        root = fast_decoder_root(name, path)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
-            kind, fast_decoder = fast_decoder, Path(path) / FAST_DECODER_FOLDERS[fast_decoder]
+            kind, fast_decoder = fast_decoder, root / FAST_DECODER_FOLDERS[fast_decoder]
             if not fast_decoder.is_dir():
-                raise MMSpecError(f"{name!r} has no {kind} fast decoder (no {FAST_DECODER_FOLDERS[kind]}/ subfolder in {path}); "
+                raise MMSpecError(f"{name!r} has no {kind} fast decoder (no {FAST_DECODER_FOLDERS[kind]}/ subfolder in {root}); "
                                   f"train one with `mmspec train-fast-decoder --kind {kind}`")
         if fast_decoder is None:
-            fast_decoder = default_fast_decoder_folder(Path(path))
+            fast_decoder = default_fast_decoder_folder(root)
         if fast_decoder is not None:
             fast_decoder = _loaded_fast_decoder(fast_decoder).to(device=device, dtype=dtype)
         return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)

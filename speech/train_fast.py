@@ -212,20 +212,33 @@ def train_ar_fast_decoder(
     warmup_steps: int | None = None,
     seed: int = 0,
     init_layer: int = 0,
+    share_embeddings: bool = False,
+    draft_vocab_size: int | None = None,
     progress_bar: bool = True,
 ) -> tuple[ARFastDecoder, list[float]]:
     """Distil an `ARFastDecoder` on cached encoder states; returns (fast decoder, loss per step).
 
     Teacher forcing: input = prompt + labels + end-of-text; the loss covers the positions that
-    predict the labels and the end-of-text (never the forced prompt).
+    predict the labels and the end-of-text (never the forced prompt). A fresh decoder may share
+    the target's (frozen) embedding and head (`share_embeddings`) and draft over a reduced
+    vocabulary of `draft_vocab_size` ids (`draft_vocabulary`); with a reduced vocabulary the loss
+    is the cross-entropy over it, and label tokens outside it are left out of the loss.
     """
     if not examples:
         raise MMSpecError("the training set is empty")
     _check_settings(steps, batch_size, learning_rate)
     prompts = Counter(tuple(e.prompt) for e in examples)
-    fast_decoder = fast_decoder or ARFastDecoder.for_target(target_model, init_layer=init_layer,
-                                                            prompt_ids=list(prompts.most_common(1)[0][0]))
     eos = min(_eos_ids(target_model))
+    if fast_decoder is None:
+        vocab = None if draft_vocab_size is None else draft_vocabulary(
+            examples, draft_vocab_size, model_vocab_size(target_model), _eos_ids(target_model))
+        fast_decoder = ARFastDecoder.for_target(target_model, init_layer=init_layer, prompt_ids=list(prompts.most_common(1)[0][0]),
+                                                share_embeddings=share_embeddings, draft_vocab=vocab)
+    head, vocab_ids = fast_decoder.draft_head()
+    head = head.detach()  # the target's frozen head (or the decoder's own, copied): never trained here
+    if vocab_ids is not None:
+        reduced = torch.full((model_vocab_size(target_model),), -100, dtype=torch.long)
+        reduced[vocab_ids.cpu()] = torch.arange(len(vocab_ids))
     pad = target_model.generation_config.pad_token_id
     pad = eos if pad is None else int(pad)
 
@@ -239,14 +252,46 @@ def train_ar_fast_decoder(
             start = len(examples[i].prompt)
             # logits at position j predict token j + 1; right padding never leaks back (causal).
             targets[r, start - 1 : len(row) - 1] = torch.tensor(row[start:])
-        states = torch.stack([examples[i].states for i in indices])
-        logits = fast_decoder(input_ids=ids.to(fast_decoder.device), encoder_outputs=states.to(fast_decoder.device)).logits
+        states = torch.stack([examples[i].states for i in indices]).to(device=fast_decoder.device, dtype=fast_decoder.dtype)
+        if vocab_ids is None:
+            logits = fast_decoder(input_ids=ids.to(fast_decoder.device), encoder_outputs=states).logits
+        else:
+            hidden = fast_decoder.model.decoder(input_ids=ids.to(fast_decoder.device), encoder_hidden_states=states).last_hidden_state
+            logits = nn.functional.linear(hidden, head)
+            targets = torch.where(targets >= 0, reduced[targets.clamp(min=0)], targets)
         return nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten().to(logits.device), ignore_index=-100)
 
     warmup = warmup_steps if warmup_steps is not None else min(100, steps // 10)
     losses = fit(fast_decoder, batch_loss, len(examples), steps, batch_size=batch_size, learning_rate=learning_rate,
                   warmup_steps=warmup, seed=seed, progress_bar=progress_bar, desc="train AR fast decoder")
     return fast_decoder, losses
+
+
+def draft_vocabulary(examples: Sequence[Example], size: int, vocab_size: int, keep: set[int] | Sequence[int] = ()) -> list[int]:
+    """A reduced drafting vocabulary (FR-Spec style): the `size` most frequent tokens of the labels.
+
+    `keep` (end-of-text) always comes first. When the labels hold fewer distinct tokens than `size`,
+    the rest is filled with the lowest remaining ids: in a byte-pair vocabulary (Whisper's is GPT-2's)
+    ids follow merge order, so low ids are the frequent sub-words of general text.
+    """
+    if not 0 < size <= vocab_size:
+        raise MMSpecError(f"the draft vocabulary size must be in 1..{vocab_size}, got {size}")
+    counts = Counter(t for e in examples for t in e.labels)
+    chosen = list(dict.fromkeys(int(t) for t in keep))
+    taken = set(chosen)
+    for token, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        if token not in taken:
+            chosen.append(token)
+            taken.add(token)
+    token = 0
+    while len(chosen) < size and token < vocab_size:
+        if token not in taken:
+            chosen.append(token)
+            taken.add(token)
+        token += 1
+    return chosen[:size]
 
 
 def train_ctc_fast_decoder(
@@ -334,7 +379,7 @@ def train_from_folder(
     instead of a fresh one initialised from the target.
     """
     from .models import speech_model_path
-    from .ar_fast_decoder import check_ar_fast_decoder
+    from .ar_fast_decoder import attach_ar_fast_decoder
     from .pipeline import check_fast_decoder, load_fast_decoder, load_whisper
 
     if kind not in KINDS:
@@ -351,7 +396,7 @@ def train_from_folder(
         p.requires_grad_(False)  # the big model is frozen: only the fast decoder trains
     # Per kind: the class a saved decoder must be, its fit-to-this-model check, its trainer.
     decoder_class, check_fit, trainer = {
-        "ar": (ARFastDecoder, check_ar_fast_decoder, train_ar_fast_decoder),
+        "ar": (ARFastDecoder, attach_ar_fast_decoder, train_ar_fast_decoder),
         "ctc": (CTCFastDecoder, check_fast_decoder, train_ctc_fast_decoder),
     }[kind]
     start: Any = None

@@ -67,7 +67,8 @@ def test_lean_steps_match_the_transformers_forward(whisper, layers):
         for p in fast.parameters():
             p.add_(0.02 * torch.randn_like(p))
     states = torch.cat([encoder_outputs_of(whisper, {"input_features": features(s)}).last_hidden_state for s in (0, 1)])
-    lean, reference = fast._lean_steps(states), fast._transformers_steps(states)
+    head = fast.proj_out.weight
+    lean, reference = fast._lean_steps(states, head), fast._transformers_steps(states, head, None)
     prompt = torch.tensor([[119, 120, 123, 124]] * 2)
     torch.testing.assert_close(lean(prompt), reference(prompt), rtol=1e-4, atol=1e-4)
     for token in (5, 17, 42):
