@@ -56,9 +56,8 @@ def test_cli_missing_prompts_file(capsys, tmp_path):
 
     if not entries():
         pytest.skip("needs the zoo")
-    with pytest.raises(SystemExit) as exit_:
-        main(["bench", "text", "--prompts", str(tmp_path / "missing.txt")])
-    assert exit_.value.code == 2 and "argument --prompts: file not found" in capsys.readouterr().err
+    code = main(["bench", "text", "--prompts", str(tmp_path / "missing.txt")])
+    assert code == 2 and "argument --prompts: file not found" in capsys.readouterr().err
 
 
 def test_cli_zoo_list_json(capsys):

@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         # Parsing may import a pipeline module (choices of --method): Ctrl-C there is still a clean exit.
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exit_:  # argparse's one-line errors (2), --help and --version (0): a status, like a verb's
+            return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
         if not args.verbose:
             common.quiet_libraries()
         return run_verb(args, argv)  # a bench also appends its results (mmspec.bench.results)

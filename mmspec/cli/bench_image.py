@@ -28,7 +28,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
     parser.add_argument("--seed", type=checks.seed, default=0, help="image i of every method is seeded with seed + i")
-    parser.add_argument("--guidance-scale", type=checks.non_negative_float, default=None)
+    parser.add_argument("--guidance-scale", type=checks.finite_float, default=None)
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
     parser.add_argument("--window", type=checks.positive_int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
     parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=4, help="drafter tokens per round")

@@ -32,7 +32,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
-    parser.add_argument("--guidance-scale", type=checks.non_negative_float, default=None, help="classifier-free guidance (default: the model card's)")
+    parser.add_argument("--guidance-scale", type=checks.finite_float, default=None, help="classifier-free guidance (default: the model card's)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
     parser.add_argument("--top-k", type=checks.positive_int, default=None)
     parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")

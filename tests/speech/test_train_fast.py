@@ -126,11 +126,11 @@ def test_cli_trains_saves_and_reloads(asr, data, tmp_path, capsys, kind, labels,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--data", "{tmp}/missing"], "data folder '{tmp}/missing' does not exist"),
+    (["--data", "{tmp}/missing"], "argument --data: folder not found: '{tmp}/missing'"),
     (["--data", "{tmp}/empty"], "has no metadata.jsonl"),
     (["--target", "{tmp}/no-model"], "cannot load the"),
     (["--out", "{asr}"], "holds a Whisper model; write the fast decoder to a subfolder"),
-    (["--steps", "0"], "steps must be >= 1"),
+    (["--steps", "0"], "argument --steps: expected an integer >= 1"),
 ])
 def test_cli_errors(asr, data, tmp_path, capsys, argv, message):
     (tmp_path / "empty").mkdir()

@@ -155,9 +155,9 @@ def test_cli_trains_a_drafter(target_dir, data_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("problem, message", [
-    ("missing-data", "distillation data folder not found"),
+    ("missing-data", "argument --data: folder not found"),
     ("empty-data", "no metadata.json"),
-    ("unknown-kind", "unknown drafter kind"),
+    ("unknown-kind", "argument --kind: invalid choice: 'medusa'"),
     ("missing-target", "model folder not found"),
 ])
 def test_cli_bad_input(problem, message, target_dir, data_dir, tmp_path, capsys):
