@@ -10,15 +10,16 @@ from ..errors import MMSpecError
 from . import rounds as R
 from .display import acceptance_frame, stats_markdown
 from .models import caption_pipeline
-from .round_tab import add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs
+from .round_tab import (add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs,
+                        rounds_table)
 from .streaming import stream_rounds
 from .uploads import LIMITS_NOTE, checked_upload, page_message
 
 
 def build() -> None:
-    gr.Markdown("Caption a video with a video-language model. Green: draft tokens the target accepted; blue: the "
-                "target's own token (after all drafts were accepted); red: the target's correction where it rejected "
-                f"a draft. {LIMITS_NOTE}")
+    gr.Markdown("Caption a video with a video-language model. Green: draft tokens the target accepted; grey: the "
+                "drafts it rejected; red: the target's correction in their place; blue: the target's own token (after "
+                f"all drafts were accepted). The table lists every round. {LIMITS_NOTE}")
     with gr.Row():
         with gr.Column():
             video = gr.Video(label="video", sources=["upload"], include_audio=True, elem_id="caption-video")
@@ -34,8 +35,9 @@ def build() -> None:
             chart = gr.BarPlot(x="draft position", y="acceptance", y_lim=[0, 1], label="acceptance per draft position",
                                elem_id="caption-acceptance")
             versus = gr.Markdown(elem_id="caption-compare-result")
+    table = rounds_table("caption", "rounds")
     run.click(caption, inputs=[video, model, method, max_new_tokens, temperature, seed, compare],
-              outputs=[shown, text, stats, chart, versus])
+              outputs=[shown, text, stats, chart, versus, table])
 
 
 def caption(video: str | None, model: str, method: str, max_new_tokens: float, temperature: float, seed: float,
@@ -59,10 +61,11 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
             committed = done_rounds[-1].new_tokens if done_rounds else 0
             progress(min(committed / limit, 1.0), desc=f"{method}: {committed} tokens decoded")
             if out is None:
-                yield R.highlighted(views), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                yield R.highlighted(views), gr.skip(), gr.skip(), gr.skip(), gr.skip(), R.table_rows(views)
         versus = ""
         if compare:
             versus = comparison_with_plain(pipe, call, progress, 0.5, "video", sampled=temperature > 0)
-        yield R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus
+        yield (R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus,
+               R.table_rows(views))
     except MMSpecError as error:
         raise gr.Error(page_message(error, path)) from None

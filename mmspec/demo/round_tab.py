@@ -59,6 +59,12 @@ def round_outputs(prefix: str, what: str, rounds_label: str) -> tuple[Any, Any, 
     return shown, text, stats
 
 
+def rounds_table(prefix: str, label: str) -> Any:
+    """One row per round: what was drafted, kept and rejected, and the target's token that replaced the rejected drafts."""
+    return gr.Dataframe(headers=R.TABLE_HEADERS, label=label, interactive=False, wrap=True, elem_id=f"{prefix}-table",
+                        column_widths=["7%", "7%", "6%", "8%", "22%", "20%", "15%", "15%"])
+
+
 def comparison_with_plain(pipe: Any, call: dict[str, Any], progress: Any, fraction: float | None, media: str,
                           sampled: bool = False) -> str:
     """Plain decoding (`ar`) on the same input against the method, as markdown."""

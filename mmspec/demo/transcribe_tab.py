@@ -10,15 +10,17 @@ from ..errors import MMSpecError
 from . import rounds as R
 from .display import stats_markdown
 from .models import transcription_pipeline
-from .round_tab import add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs
+from .round_tab import (add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs,
+                        rounds_table)
 from .streaming import stream_rounds
 from .uploads import LIMITS_NOTE, check_audio_length, checked_upload, page_message
 
 
 def build() -> None:
     gr.Markdown("Transcribe speech. In `hybrid` decoding a light fast decoder drafts the whole transcript in one pass "
-                "and the big decoder verifies it: green is what it kept of the draft, red its corrections, blue its own "
-                f"tokens after a draft was used up. The table lists every decoder pass. {LIMITS_NOTE}")
+                "and the big decoder verifies it: green is what it kept of the draft, grey the draft it rejected, red "
+                "its correction in place of that, blue its own tokens after a draft was used up. The table lists every "
+                f"decoder pass: the fast decoder's draft, the kept part, the rejected part and the correction. {LIMITS_NOTE}")
     with gr.Row():
         with gr.Column():
             audio = gr.Audio(label="audio", sources=["upload", "microphone"], type="filepath", elem_id="transcribe-audio")
@@ -27,9 +29,8 @@ def build() -> None:
             compare, run = compare_and_run("transcribe", "Transcribe")
         with gr.Column():
             shown, text, stats = round_outputs("transcribe", "transcript", "pass by pass")
-            table = gr.Dataframe(headers=R.TABLE_HEADERS, label="decoder passes", interactive=False, wrap=True,
-                                 elem_id="transcribe-table")
             versus = gr.Markdown(elem_id="transcribe-compare-result")
+    table = rounds_table("transcribe", "decoder passes")
     run.click(transcribe, inputs=[audio, model, method, compare], outputs=[shown, text, stats, table, versus])
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from mmspec.demo.rounds import REJECTED_COLUMN
+
 pytest.importorskip("gradio")
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -142,6 +144,23 @@ def value_of(page, elem_id: str) -> str:
     return box.input_value()
 
 
+def table_column(page, elem_id: str, column: int, rows: int) -> list[str]:
+    """One column of a Dataframe's body, stripped, once the table shows `rows` rows (it fills in as rounds stream).
+    Gradio draws the cells as `[data-row][data-col]` elements (its `<table>` is a hidden one for measuring)."""
+    table = page.locator(f"#{elem_id}")
+    table.locator(f'[data-row="{rows - 1}"][data-col="{column}"]').wait_for()
+    assert table.locator(f'[data-row="{rows}"]').count() == 0, "the table shows more rows than the call had rounds"
+    return [table.locator(f'[data-row="{row}"][data-col="{column}"]').inner_text().strip() for row in range(rows)]
+
+
+def rejected_drafts_reported(pipe, decode, **call) -> list[str]:
+    """Per round, the drafts the target rejected as the pipeline's callback reports them (its `proposed` ids past
+    the kept ones), as text."""
+    rounds = []
+    pipe(**call, progress_bar=False, callback_on_round=lambda _i, info: rounds.append(info))
+    return [decode(info.proposed[info.accepted:]).strip() for info in rounds]
+
+
 def shoot(page, shots: Path, name: str) -> None:
     """A full-page screenshot, stored as a small palette PNG (the README shows these)."""
     from PIL import Image
@@ -199,9 +218,15 @@ def test_caption_tab_shows_what_the_pipeline_returns(browser_page, server, capti
     assert "same text: yes" in comparison.inner_text()  # msd is lossless
     stats = page.locator("#caption-stats").inner_text()
     assert f"tau {expected.stats.tau:.2f}" in stats and f"{expected.stats.target_forwards} target forwards" in stats
-    # The rounds: accepted drafts and target tokens, coloured, reading as the caption.
+    # The rounds: accepted drafts, rejected drafts and target tokens, coloured.
     rounds = page.locator("#caption-rounds")
-    assert "accepted draft" in rounds.inner_text()
+    assert "accepted draft" in rounds.inner_text() and "rejected draft" in rounds.inner_text()
+    # The table's rejected drafts are those the pipeline's callback reports for the same call.
+    tokenizer = captioner.processor.tokenizer
+    reported = rejected_drafts_reported(captioner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                        video=str(VIDEO), method="msd", max_new_tokens=MAX_NEW_TOKENS)
+    assert any(reported)  # control: some draft was rejected
+    assert table_column(page, "caption-table", REJECTED_COLUMN, len(reported)) == reported
     shoot(page, shots, "demo-caption.png")
 
 
@@ -232,7 +257,17 @@ def test_transcribe_tab_shows_what_the_pipeline_returns(browser_page, server, re
     page.locator("#transcribe-compare-result").get_by_text("speed-up").wait_for()
     assert "same text: yes" in page.locator("#transcribe-compare-result").inner_text()  # strict hybrid is lossless
     table = page.locator("#transcribe-table").inner_text()
-    assert "kept" in table and "rejected" in table
+    assert "kept" in table and "rejected draft text" in table
+    # The fast decoder's rejected drafts, as the page shows them, are those the pipeline's callback reports.
+    def decode(ids: list[int]) -> str:
+        return recogniser.tokenizer.decode(ids, skip_special_tokens=True)
+
+    reported = rejected_drafts_reported(recogniser, decode, audio=str(AUDIO), method="hybrid")
+    assert any(reported)  # control: the fast decoder's draft was corrected somewhere
+    shown_rejected = table_column(page, "transcribe-table", REJECTED_COLUMN, len(reported))
+    assert shown_rejected == reported
+    corrections = table_column(page, "transcribe-table", REJECTED_COLUMN + 1, len(reported))
+    assert all(c != r for c, r in zip(corrections, reported) if r)  # a correction is not the draft it replaced
     shoot(page, shots, "demo-transcribe.png")
 
 

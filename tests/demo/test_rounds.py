@@ -24,7 +24,22 @@ def test_segments_label_drafts_corrections_and_own_tokens():
     ]
     views = R.round_views(rounds, letters)
     assert R.highlighted(views) == [("a", R.OWN), ("bc", R.DRAFT), ("d", R.OWN), ("e", R.DRAFT), ("f", R.CORRECTION)]
-    assert R.table_rows(views)[2] == [2, 3, 1, 2, "e", "f"]
+    assert R.table_rows(views)[2] == [2, 3, 1, 2, "e", "e", "", "f"]  # no proposal reported: no rejected text
+
+
+def test_rejected_drafts_show_before_the_correction_that_replaced_them():
+    rounds = [
+        RoundInfo(tokens=[0], drafted=0, accepted=0, new_tokens=1),
+        RoundInfo(tokens=[1, 2, 3], drafted=2, accepted=2, new_tokens=4, proposed=[1, 2]),  # all kept, bonus token
+        RoundInfo(tokens=[4, 5], drafted=3, accepted=1, new_tokens=6, proposed=[4, 9, 8]),  # "e" kept, "ji" rejected
+    ]
+    views = R.round_views(rounds, letters)
+    assert R.highlighted(views) == [("a", R.OWN), ("bc", R.DRAFT), ("d", R.OWN), ("e", R.DRAFT), ("ji", R.REJECTED),
+                                    ("f", R.CORRECTION)]
+    assert R.table_rows(views)[2] == [2, 3, 1, 2, "eji", "e", "ji", "f"]
+    assert R.table_rows(views)[1][R.REJECTED_COLUMN] == ""
+    # The rejected drafts are not part of the output: the other segments read as it.
+    assert "".join(text for text, label in R.highlighted(views) if label != R.REJECTED) == letters(range(6))
 
 
 def test_chunks_restart_decoding_and_join_with_a_space():
@@ -44,14 +59,14 @@ def test_round_text_reads_as_the_pipelines_caption():
     def decode(ids: list[int]) -> str:
         return pipe.processor.tokenizer.decode(ids, skip_special_tokens=True)
 
-    segments = R.highlighted(R.round_views(seen, decode))
+    segments = [(text, label) for text, label in R.highlighted(R.round_views(seen, decode)) if label != R.REJECTED]
     assert "".join(text for text, _ in segments).strip() == out.text
     assert sum(1 for _, label in segments if label == R.DRAFT) <= out.stats.rounds
     # Control: rounds of another call do not read as this caption.
     other: list[RoundInfo] = []
     pipe(video=str(VIDEO), method="text", max_new_tokens=4, progress_bar=False,
          callback_on_round=lambda _i, info: other.append(info))
-    assert "".join(t for t, _ in R.highlighted(R.round_views(other, decode))).strip() != out.text
+    assert "".join(t for t, label in R.highlighted(R.round_views(other, decode)) if label != R.REJECTED).strip() != out.text
 
 
 def test_step_map_places_rounds_at_their_positions():
