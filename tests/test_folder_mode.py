@@ -83,10 +83,11 @@ def test_one_line_per_file_sorted_and_a_corrupt_file_is_an_error_line(reference,
 
 def test_failures_are_counted_at_the_end(folder, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
-    assert caption(folder, out) == 2
-    err = capsys.readouterr().err
-    assert "mmspec: error: clip02b.mp4: cannot read video" in err
-    assert "captioned 5 of 6 file(s)" in err and "1 failed (clip02b.mp4)" in err
+    assert caption(folder, out, "--json") == 2
+    captured = capsys.readouterr()
+    assert "mmspec: error: clip02b.mp4: cannot read video" in captured.err
+    assert "captioned 5 of 6 file(s)" in captured.err and "1 failed (clip02b.mp4)" in captured.err
+    assert json.loads(captured.out) == {"out": str(out), "files": 6, "failed": ["clip02b.mp4"]}
 
 
 def test_rerun_skips_recorded_files_and_leaves_their_lines_alone(folder, reference, tmp_path, capsys):

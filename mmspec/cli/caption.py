@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
     if folder is not None:
-        return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned")
+        return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned", as_json=args.json)
     out = caption_one(pipe, args.path, args, progress_bar=not args.json)
     for note in out.notes or []:
         print(f"mmspec: {note}", file=sys.stderr)

@@ -14,6 +14,7 @@ the results file, ordered by file name, so the result equals a one-process run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -51,10 +52,11 @@ class FolderRun:
         self.files, self.out, self.retry_failed = files, out, retry_failed
         self.names = [f.name for f in files]
 
-    def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed") -> int:
+    def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed", as_json: bool = False) -> int:
         """Run `record_for(path)` on every file not yet recorded; a file that raises is recorded with its error.
 
-        Returns the exit status: 0, or 2 if any file's record (new or earlier) is an error.
+        Returns the exit status: 0, or 2 if any file's record (new or earlier) is an error. `as_json`: also print
+        a summary object on stdout (the results file, its number of files, the failed ones).
         """
         state = _distributed_state()
         rank, size = (state.process_index, state.num_processes) if state else (0, 1)
@@ -90,6 +92,8 @@ class FolderRun:
             print(f"mmspec: {verb} {len(self.files) - len(failed)} of {len(self.files)} file(s) into {self.out}"
                   + (f"; {len(failed)} failed ({', '.join(failed)}): see their \"error\" in {self.out}" if failed else ""),
                   file=sys.stderr)
+            if as_json:
+                print(json.dumps({"out": str(self.out), "files": len(self.files), "failed": failed}, indent=2))
         return 2 if failed else 0
 
 
