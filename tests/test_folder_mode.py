@@ -191,3 +191,28 @@ def test_accelerate_two_processes_merge_to_the_one_process_result(folder, refere
     swapped = comparable(out)
     swapped[0], swapped[-1] = swapped[-1], swapped[0]
     assert swapped != comparable(reference)
+
+
+def test_transcribe_a_folder_into_json_lines(tmp_path, capsys):
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    assets = Path(__file__).parents[1] / "demos" / "assets"
+    for name in ("speech-everyday.flac", "speech-shapes.flac"):
+        (folder / name).write_bytes((assets / name).read_bytes())
+    (folder / "bad.wav").write_bytes(os.urandom(2000))
+    out = tmp_path / "transcripts.jsonl"
+    argv = ["transcribe", str(folder), "--model", "shapes-whisper-asr", "--out", str(out), "--threads", "1"]
+    assert main(argv) == 2
+    records = [json.loads(line) for line in lines(out)]
+    assert [r["file"] for r in records] == ["bad.wav", "speech-everyday.flac", "speech-shapes.flac"]
+    assert "cannot read audio" in records[0]["error"]
+    capsys.readouterr()
+    assert main(["transcribe", str(folder / "speech-shapes.flac"), "--model", "shapes-whisper-asr", "--format", "json",
+                 "--threads", "1"]) == 0
+    alone = json.loads(capsys.readouterr().out)  # the line holds what --format json prints for the file alone
+    assert records[2]["text"] == alone["text"] and records[2]["segments"] == alone["segments"]
+    assert records[2]["error"] is None and records[2]["stats"]["new_tokens"] == alone["stats"]["new_tokens"]
+    before = out.read_bytes()
+    assert main(argv) == 2 and out.read_bytes() == before  # resumable: nothing left to do
+    assert main([*argv, "--format", "srt"]) == 2
+    assert "--format srt does not apply" in capsys.readouterr().err

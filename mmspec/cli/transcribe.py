@@ -3,6 +3,7 @@
     mmspec transcribe talk.mp3                                 # text on stdout, whisper-tiny.en
     mmspec transcribe talk.mp3 --format srt --out talk.srt     # subtitles, written atomically
     mmspec transcribe recordings/ --format vtt --out subs/     # every audio file of a folder, one output each
+    mmspec transcribe recordings/ --out transcripts.jsonl      # one JSON line per file, resumable (folder_runs)
 
 In folder mode a file that fails (corrupt, empty, not audio, too short) is reported on its own line
 and the others still run; the exit status is 2 when any failed.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
+from . import folder_runs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
@@ -44,7 +46,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
-                             "(required), one FILE_STEM.FORMAT per audio file")
+                             "(required), one FILE_STEM.FORMAT per audio file, or a FILE.jsonl: one JSON line per audio "
+                             "file, resumable (a re-run skips files already in it)")
     parser.set_defaults(func=run)
 
 
@@ -56,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
     source = Path(args.path)
     if not source.exists():
         raise MMSpecError(f"audio file {args.path!r} does not exist")
+    jsonl = None
+    if args.out is not None and Path(args.out).suffix.lower() == ".jsonl":
+        if args.format not in (None, "json"):
+            raise MMSpecError(f"--out {args.out!r} holds JSON lines; --format {args.format} does not apply")
+        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES)
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
@@ -67,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     pipe.check_method(args.method)  # an unavailable method fails once, before any audio
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
+    if jsonl is not None:
+        return jsonl.run(lambda path: transcript_record(pipe, path, args), verb="transcribed", as_json=args.json)
     if not source.is_dir():
         out = transcribe_one(pipe, source, args, progress=not args.json)
         emit(out, fmt, args.out, source)
@@ -105,6 +115,13 @@ def rendered(out: Any, fmt: str, source: Path) -> str:
                        transcription_time_s=out.total_time_s)
     return render(out.segments, fmt, file=str(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
                   note=out.note, stats=stats)
+
+
+def transcript_record(pipe: Any, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One line of a JSON-lines results file: the `--format json` object of the file (its "file" set by the folder run)."""
+    record = json.loads(rendered(transcribe_one(pipe, path, args, progress=False), "json", path))
+    record.pop("file", None)
+    return record
 
 
 def emit(out: Any, fmt: str, destination: str | None, source: Path) -> None:
