@@ -112,6 +112,10 @@ class ARFastDecoder(WhisperForCausalLM):
         config.begin_suppress_tokens = None
         config.forced_decoder_ids = None
         config.shares_target_embeddings = bool(share_embeddings)
+        if share_embeddings:
+            # Both come from the target at load time: nothing in the checkpoint to tie (transformers
+            # would call a checkpoint without either "corrupted").
+            config.tie_word_embeddings = False
         config.draft_vocab = check_draft_vocab(draft_vocab, config.vocab_size)
         model = cls(config).to(dtype=target_model.dtype, device=target_model.device)
         source = decoder.state_dict()
@@ -358,8 +362,11 @@ def check_draft_vocab(draft_vocab: Sequence[int] | None, vocab_size: int) -> lis
 
 
 def attach_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -> ARFastDecoder:
-    """Check that the fast decoder fits `model`, then bind the target's embedding and head if it shares them."""
+    """Check that the fast decoder fits `model`, move it to the model's dtype and device (checkpoints ship
+    in float16), then bind the target's embedding and head if it shares them."""
     check_ar_fast_decoder(fast_decoder, model)
+    if fast_decoder.dtype != model.dtype or fast_decoder.device != model.device:
+        fast_decoder.to(dtype=model.dtype, device=model.device)
     if fast_decoder.shares_target_embeddings:
         fast_decoder.share_target_embeddings(model)
     return fast_decoder
