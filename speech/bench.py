@@ -46,7 +46,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..bench.harness import BenchReport, ForwardCounter, quiet_transformers, run_benchmark
+from ..bench.harness import BenchReport, ForwardCounter, quiet_transformers, run_benchmark, span
 from ..decoding import SpeculativeDecoder
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError
@@ -193,6 +193,7 @@ class SpeechMethodRow:
     transcription_speed_up: float
     identical_to_greedy: bool
     mismatched_outputs: int
+    transcription_times_s: list[float] = field(default_factory=list)  # per repetition, for the min-max column
 
 
 @dataclass
@@ -202,6 +203,7 @@ class SpeechBenchReport:
     settings: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     transcripts: dict[str, list[str]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # the harness's spread warning, when repetitions disagree
 
     def row(self, method: str) -> SpeechMethodRow:
         return next(r for r in self.rows if r.method == method)
@@ -214,20 +216,21 @@ class SpeechBenchReport:
         return json.dumps(self.to_dict(), indent=2)
 
     def to_table(self) -> str:
-        header = (f"{'method':<18} {'WER':>6} {'reps':>5} {'passes/utt':>10} {'tau':>5} {'alpha':>5} {'drf fwd':>7} {'decoder s':>9} "
-                  f"{'speed-up':>8} {'total s':>8} {'speed-up':>8}  identical")
+        header = (f"{'method':<24} {'WER':>6} {'reps':>5} {'passes/utt':>10} {'tau':>5} {'alpha':>5} {'drf fwd':>7} {'decoder s':>9} "
+                  f"{'speed-up':>8} {'total s':>8} {'min-max s':>15} {'speed-up':>8}  identical")
         lines = [self.title, header, "-" * len(header)]
         for r in self.rows:
             alpha = f"{r.alpha:.2f}" if r.alpha is not None else "-"
             same = "yes" if r.identical_to_greedy else f"NO ({r.mismatched_outputs})"
-            lines.append(f"{r.method:<18} {r.wer:>6.1%} {r.repetitions:>5} {r.decoder_passes_per_utterance:>10.1f} {r.tau:>5.2f} "
+            lines.append(f"{r.method:<24} {r.wer:>6.1%} {r.repetitions:>5} {r.decoder_passes_per_utterance:>10.1f} {r.tau:>5.2f} "
                          f"{alpha:>5} {r.drafter_forwards:>7} {r.decoder_time_s:>9.3f} {r.decoder_speed_up:>7.2f}x {r.transcription_time_s:>8.3f} "
-                         f"{r.transcription_speed_up:>7.2f}x  {same}")
+                         f"{span(r.transcription_times_s):>15} {r.transcription_speed_up:>7.2f}x  {same}")
         lines.append(f"(WER after normalising: {NORMALISATION}; reps = immediately repeated word 1..{REPETITION_MAX_N}-grams "
                      "beyond the reference's; passes include language detection; times are medians over repetitions of "
                      "the total over all clips; identical = same tokens as plain-greedy)")
         lines.append(", ".join(f"{k}={v}" for k, v in self.settings.items() if k not in ("normalisation", "hf_assistant")))
         lines.extend(f"note: {note}" for note in self.notes)
+        lines.extend(f"warning: {line}" for line in self.warnings)
         return "\n".join(lines)
 
 
@@ -342,6 +345,7 @@ def _report(title: str, harness: BenchReport, methods: dict[str, _Method], items
             transcription_speed_up=base.median_wall_time / result.median_wall_time if result.median_wall_time else 0.0,
             identical_to_greedy=result.identical,
             mismatched_outputs=result.mismatches,
+            transcription_times_s=list(result.wall_times),
         ))
     settings = {"clips": len(items), "repeats": repeats, "threads": torch.get_num_threads(),
                 "max_new_tokens": max(i.max_new_tokens for i in items), "relaxed_rule": "top-3, margin 2 nats",
@@ -349,7 +353,8 @@ def _report(title: str, harness: BenchReport, methods: dict[str, _Method], items
     if "hf-assisted-ar" in methods and model.generation_config.begin_suppress_tokens:
         notes.append("transformers' assisted generation for Whisper drops begin_suppress_tokens (the first generated token "
                      "is not suppressed), so hf-assisted-ar may differ from plain greedy at the first token")
-    return SpeechBenchReport(title=title, rows=rows, settings=settings, notes=notes, transcripts=transcripts)
+    return SpeechBenchReport(title=title, rows=rows, settings=settings, notes=notes, transcripts=transcripts,
+                             warnings=harness.warnings())
 
 
 def default_heldout(model_path: str) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import SharedFlags, emit, set_threads
+from .common import SharedFlags, add_size_flag, emit, set_threads
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -13,7 +13,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                      "generation on held-out clips")
     parser.add_argument("--model", default="shapes-whisper-asr", help="zoo name, local folder or Hub id of a Whisper model")
     parser.add_argument("--data", default=None, help="folder with metadata.jsonl + clips (default: the zoo model's heldout/)")
-    parser.add_argument("--n", type=int, default=20, help="clips to use (the first N listed)")
+    add_size_flag(parser, 20, "clips to use (the first N listed)", "--n")
     parser.add_argument("--fast-decoder", default=None, help="CTC fast decoder folder (default: the model folder's fast_decoder/)")
     parser.add_argument("--ar-fast-decoder", default=None,
                         help="AR fast decoder folder (default: the model folder's ar_fast_decoder/)")
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from ..speech.bench import run_speech_bench
 
     set_threads(args)
-    report = run_speech_bench(args.model, data=args.data, n=args.n, repeats=args.repeats, fast_decoder=args.fast_decoder,
+    report = run_speech_bench(args.model, data=args.data, n=args.num_samples, repeats=args.repeats, fast_decoder=args.fast_decoder,
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json)
     emit(report, args)
     return 0

@@ -105,7 +105,8 @@ def test_default_heldout_folder_and_missing_fast_decoders(folders, tmp_path, cap
 @pytest.mark.parametrize("extra, message", [
     (["--data", "{tmp}/nowhere"], "data folder '{tmp}/nowhere' does not exist"),
     (["--data", "{tmp}"], "has no metadata.jsonl"),
-    (["--n", "0"], "--n must be >= 1"),
+    (["--n", "0"], "argument --n: expected an integer >= 1"),
+    (["--num-samples", "0"], "argument --num-samples: expected an integer >= 1"),
     (["--fast-decoder", "{asr}/ar_fast_decoder"], "--fast-decoder holds an AR fast decoder"),
     (["--model", "{tmp}/no-model"], "cannot load the"),
 ])
