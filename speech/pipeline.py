@@ -65,7 +65,7 @@ from ..pipelines import (
     DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
 )
 from ..stats import SpecStats
-from ..zoo import entries, folder_card
+from ..zoo import cannot_load, folder_card
 from .audio import AudioSource, load_audio
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
@@ -403,11 +403,7 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
     except MMSpecError:
         raise
     except Exception as error:  # noqa: BLE001 - OSError, ValueError, safetensors errors: all "cannot load"
-        known = ", ".join(e.name for e in entries()) or "none"
-        raise MMSpecError(
-            f"cannot load the ASR model {name!r}: not a zoo model (known: {known}), not a folder with a Whisper "
-            f"checkpoint, and not a Hub id available offline ({_first_line(error)})"
-        ) from None
+        raise cannot_load("ASR model", name, "Whisper checkpoint", _first_line(error)) from None
     try:
         processor = AutoProcessor.from_pretrained(path)
     except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor

@@ -80,9 +80,20 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
     if path.is_dir():
         hub.refuse_pickle_only(path, role)
         return text
-    known = ", ".join(e.name for e in entries()) or "none"
-    hub.check_hub_id(text, role, f"not a zoo model (known: {known})")
+    hub.check_hub_id(text, role, f"not a zoo model (known: {known_names()})")
     return text
+
+
+def known_names() -> str:
+    """The zoo's model names, comma-separated ("none" for an empty zoo)."""
+    return ", ".join(e.name for e in entries()) or "none"
+
+
+def cannot_load(role: str, name: str, checkpoint: str, reason: str) -> MMSpecError:
+    """The one-line error for a name that is no zoo model, no folder with a `checkpoint` and no Hub id available
+    offline; `reason` says what loading raised."""
+    return MMSpecError(f"cannot load the {role} {name!r}: not a zoo model (known: {known_names()}), not a folder with a "
+                       f"{checkpoint}, and not a Hub id available offline ({reason})")
 
 
 def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
@@ -94,11 +105,7 @@ def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     except (OSError, ValueError) as error:
-        known = ", ".join(e.name for e in entries()) or "none"
-        raise MMSpecError(
-            f"cannot load the {role} {str(name_or_path)!r}: not a zoo model (known: {known}), not a folder with a "
-            f"checkpoint, and not a Hub id available offline ({type(error).__name__})"
-        ) from None
+        raise cannot_load(role, str(name_or_path), "checkpoint", type(error).__name__) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
