@@ -12,6 +12,7 @@ from mmspec.cli import main
 from mmspec.image_ar import SpeculativeImagePipeline, bench_image
 from mmspec.image_ar.bench import default_methods
 
+from .pipeline_checks import generate_image_default_out, generate_image_fails, generate_image_json
 from .tiny_image_folder import build_tiny_folder
 
 
@@ -21,26 +22,13 @@ def folder(tmp_path_factory):
 
 
 def test_generate_image_json(folder, tmp_path, capsys):
-    out = tmp_path / "x.png"
-    code = main(["generate-image", "Red Circle", "--model", str(folder), "--method", "gsd", "--seed", "3",
-                 "--guidance-scale", "2", "--out", str(out), "--json"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    data = json.loads(captured.out)
-    assert data["method"] == "gsd" and data["class"] == "red circle" and data["class_id"] == 0 and data["out"] == str(out)
-    stats = data["stats"]
-    assert {"new_tokens", "target_forwards", "step_compression", "mean_accepted_length", "acceptance_rate", "wall_time_s",
-            "tokens_per_s"} <= set(stats)
-    assert stats["new_tokens"] == 16 and stats["step_compression"] == pytest.approx(16 / stats["target_forwards"])
-    assert Image.open(out).size == (16, 16)
+    data = generate_image_json(folder, "Red Circle", "gsd", 3, tmp_path / "x.png", capsys, size=(16, 16))
+    assert data["class"] == "red circle" and data["class_id"] == 0
+    assert {"acceptance_rate", "tokens_per_s"} <= set(data["stats"])
 
 
 def test_generate_image_by_id_default_out_and_text_output(folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["generate-image", "2", "--model", str(folder), "--temperature", "0"]) == 0
-    captured = capsys.readouterr()
-    assert captured.out.strip() == "green_triangle.png" and (tmp_path / "green_triangle.png").is_file()
-    assert "method 'sjd'" in captured.err and "step compression" in captured.err
+    generate_image_default_out(folder, "2", "green_triangle.png", tmp_path, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -53,11 +41,7 @@ def test_generate_image_by_id_default_out_and_text_output(folder, tmp_path, caps
     ],
 )
 def test_generate_image_errors(folder, capsys, argv, message):
-    code = main(["generate-image", *argv, "--model", str(folder)])
-    err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]  # after transformers' weight-loading bars, if the model was loaded
-    assert code == 2 and last.startswith("mmspec: error:") and "Traceback" not in err
-    assert re.search(message, last)
+    generate_image_fails(folder, capsys, argv, message)
 
 
 def test_default_zoo_model_without_weights_says_how_to_rebuild(tmp_path, capsys, monkeypatch):

@@ -1,7 +1,6 @@
 """Janus text-to-image through the user surfaces: the pipeline, `mmspec generate-image` and `mmspec bench image`."""
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -13,26 +12,16 @@ from mmspec.errors import MMSpecError
 from mmspec.image_ar import JanusCFGTarget, JanusImagePipeline, SpeculativeImagePipeline, ar_generate
 from mmspec.sampling import SamplingConfig
 
+from .pipeline_checks import OPTIONS, generate_image_default_out, generate_image_fails, generate_image_json, seeded
 from .tiny_image_folder import build_tiny_folder
 from .tiny_janus import BOI, BOS, build_janus_folder, tiny_janus
 
 METHODS = ["ar", "sjd", "gsd", "lantern"]
-# LANTERN's default k (the authors' 1000, for a 16384-code codebook) does not fit the tiny 12-code VQ.
-OPTIONS = {"lantern": {"lantern_k": 4}}
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build_janus_folder(tmp_path_factory.mktemp("tiny-janus"))
-
-
-@pytest.fixture(scope="module")
-def pipe(folder):
-    return SpeculativeImagePipeline.from_pretrained(folder)
-
-
-def seeded(seed=0):
-    return torch.Generator().manual_seed(seed)
 
 
 def test_from_pretrained_recognises_janus(pipe, folder):
@@ -165,25 +154,12 @@ def test_a_mismatched_janus_drafter_is_refused(folder, tmp_path):
 
 
 def test_cli_generate_image_json(folder, tmp_path, capsys):
-    out = tmp_path / "x.png"
-    code = main(["generate-image", "a red circle", "--model", str(folder), "--method", "sjd", "--seed", "1",
-                 "--guidance-scale", "2", "--out", str(out), "--json"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    data = json.loads(captured.out)
-    assert data["method"] == "sjd" and data["prompt"] == "a red circle" and data["out"] == str(out)
-    stats = data["stats"]
-    assert {"new_tokens", "target_forwards", "step_compression", "mean_accepted_length", "wall_time_s"} <= set(stats)
-    assert stats["new_tokens"] == 16 and stats["step_compression"] == pytest.approx(16 / stats["target_forwards"])
-    assert Image.open(out).size == (8, 8)
+    data = generate_image_json(folder, "a red circle", "sjd", 1, tmp_path / "x.png", capsys, size=(8, 8))
+    assert data["prompt"] == "a red circle"
 
 
 def test_cli_default_out_and_text_output(folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["generate-image", "a red circle!", "--model", str(folder), "--temperature", "0"]) == 0
-    captured = capsys.readouterr()
-    assert captured.out.strip() == "a_red_circle.png" and (tmp_path / "a_red_circle.png").is_file()
-    assert "method 'sjd'" in captured.err and "step compression" in captured.err
+    generate_image_default_out(folder, "a red circle!", "a_red_circle.png", tmp_path, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -195,11 +171,7 @@ def test_cli_default_out_and_text_output(folder, tmp_path, capsys, monkeypatch):
     ],
 )
 def test_cli_errors(folder, capsys, argv, message):
-    code = main(["generate-image", *argv, "--model", str(folder)])
-    err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]  # after transformers' weight-loading bars
-    assert code == 2 and last.startswith("mmspec: error:") and "Traceback" not in err
-    assert re.search(message, last)
+    generate_image_fails(folder, capsys, argv, message)
 
 
 def test_cli_bench_image_on_janus(folder, capsys):

@@ -11,24 +11,12 @@ from mmspec.errors import MMSpecError
 from mmspec.image_ar import METHODS, MethodConfig, SpeculativeImagePipeline
 from mmspec.sampling import SamplingConfig
 
+from .pipeline_checks import OPTIONS, seeded
 from .tiny_image_folder import CLASSES, build_tiny_folder
-
-# LANTERN's default k (the authors' 1000, for a 16384-code codebook) does not fit the tiny 12-code VQ.
-OPTIONS = {"lantern": {"lantern_k": 4}}
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build_tiny_folder(tmp_path_factory.mktemp("tiny-image-ar"))
-
-
-@pytest.fixture(scope="module")
-def pipe(folder):
-    return SpeculativeImagePipeline.from_pretrained(folder)
-
-
-def seeded(seed=0):
-    return torch.Generator().manual_seed(seed)
 
 
 def test_from_pretrained_reads_the_folder(pipe, folder):

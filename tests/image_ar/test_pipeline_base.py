@@ -10,6 +10,7 @@ from mmspec.errors import MMSpecError
 from mmspec.image_ar import ImageGenerationOutput, JanusImagePipeline, SpeculativeImagePipeline
 from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline
 
+from .pipeline_checks import seeded
 from .tiny_image_folder import CLASSES, build_tiny_folder
 from .tiny_janus import build_janus_folder
 
@@ -17,15 +18,6 @@ from .tiny_janus import build_janus_folder
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build_tiny_folder(tmp_path_factory.mktemp("tiny-image-ar"), card={"guidance_scale": 2.5})
-
-
-@pytest.fixture(scope="module")
-def pipe(folder):
-    return SpeculativeImagePipeline.from_pretrained(folder)
-
-
-def seeded(seed=0):
-    return torch.Generator().manual_seed(seed)
 
 
 def generate(pipe, method="sjd", **kwargs):
