@@ -34,7 +34,6 @@ end-of-text came, which would make the reference differ from plain greedy decodi
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import Counter
@@ -46,7 +45,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..bench.harness import BenchReport, ForwardCounter, quiet_transformers, run_benchmark, span
+from ..bench.harness import BenchReport, ForwardCounter, TableReport, quiet_transformers, run_benchmark, span
 from ..decoding import SpeculativeDecoder
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError
@@ -197,7 +196,7 @@ class SpeechMethodRow:
 
 
 @dataclass
-class SpeechBenchReport:
+class SpeechBenchReport(TableReport):
     title: str
     rows: list[SpeechMethodRow]
     settings: dict[str, Any]
@@ -212,13 +211,10 @@ class SpeechBenchReport:
         return {"title": self.title, "reference": REFERENCE, "settings": self.settings, "notes": self.notes,
                 "methods": [asdict(r) for r in self.rows]}
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
     def to_table(self) -> str:
         header = (f"{'method':<24} {'WER':>6} {'reps':>5} {'passes/utt':>10} {'tau':>5} {'alpha':>5} {'drf fwd':>7} {'decoder s':>9} "
                   f"{'speed-up':>8} {'total s':>8} {'min-max s':>15} {'speed-up':>8}  identical")
-        lines = [self.title, header, "-" * len(header)]
+        lines = self.table_head(header)
         for r in self.rows:
             alpha = f"{r.alpha:.2f}" if r.alpha is not None else "-"
             same = "yes" if r.identical_to_greedy else f"NO ({r.mismatched_outputs})"

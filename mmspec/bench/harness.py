@@ -56,8 +56,24 @@ class MethodResult:
         return statistics.median(w - p for w, p in zip(self.wall_times, self.prefill_times))
 
 
+class TableReport:
+    """What every bench report shares: its JSON from `to_dict`, and a text table under its `title`."""
+
+    title: str
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def table_head(self, header: str) -> list[str]:
+        """The table's first lines: the title, the column header and a rule under it."""
+        return [self.title, header, "-" * len(header)]
+
+
 @dataclass
-class BenchReport:
+class BenchReport(TableReport):
     title: str
     reference: str
     results: list[MethodResult]
@@ -95,13 +111,10 @@ class BenchReport:
         return [f"wall times spread by more than {UNTRUSTED_SPREAD:.0%} of the median over repetitions for {rows}: "
                 "those speed-ups are not reliable; rerun on an idle machine or with more --repeats"]
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
     def to_table(self) -> str:
         header = (f"{'method':<26} {'tau':>5} {'alpha':>6} {'tgt fwd':>8} {'drf fwd':>8} {'wall s':>8} {'min-max s':>15} "
                   f"{'tok/s':>8} {'speed-up':>8}  identical")
-        lines = [self.title, header, "-" * len(header)]
+        lines = self.table_head(header)
         for r in self.results:
             s = r.stats
             alpha = f"{s.alpha:.2f}" if s.drafted else "-"
