@@ -97,6 +97,32 @@ def _mid(channels: int, groups: int, dropout: float, using_mid_sa: bool) -> nn.M
     return mid
 
 
+def _level(block_in: int, block_out: int, num_blocks: int, groups: int, dropout: float,
+           attention: bool) -> tuple[nn.Module, int]:
+    """One resolution level (official names: `block`, `attn`): resnet blocks, each followed by an
+    attention block on the level that has them; returns it and its output width."""
+    level = nn.Module()
+    level.block, level.attn = nn.ModuleList(), nn.ModuleList()
+    for _ in range(num_blocks):
+        level.block.append(ResnetBlock(block_in, block_out, groups, dropout))
+        block_in = block_out
+        if attention:
+            level.attn.append(AttnBlock(block_in, groups))
+    return level, block_in
+
+
+def _run_levels(levels, h: torch.Tensor, resample: str) -> torch.Tensor:
+    """Each level's blocks (and attention), then its `resample` module where it has one."""
+    for level in levels:
+        for j, block in enumerate(level.block):
+            h = block(h)
+            if len(level.attn):
+                h = level.attn[j](h)
+        if hasattr(level, resample):
+            h = getattr(level, resample)(h)
+    return h
+
+
 class Encoder(nn.Module):
     def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, groups: int,
                  dropout: float = 0.0, in_channels: int = 3, using_sa: bool = True, using_mid_sa: bool = True) -> None:
@@ -108,15 +134,8 @@ class Encoder(nn.Module):
         self.down = nn.ModuleList()
         block_in = ch
         for level in range(levels):
-            block, attn = nn.ModuleList(), nn.ModuleList()
-            block_in, block_out = ch * in_mult[level], ch * ch_mult[level]
-            for _ in range(num_res_blocks):
-                block.append(ResnetBlock(block_in, block_out, groups, dropout))
-                block_in = block_out
-                if level == levels - 1 and using_sa:
-                    attn.append(AttnBlock(block_in, groups))
-            down = nn.Module()
-            down.block, down.attn = block, attn
+            down, block_in = _level(ch * in_mult[level], ch * ch_mult[level], num_res_blocks, groups, dropout,
+                                    attention=level == levels - 1 and using_sa)
             if level != levels - 1:
                 down.downsample = Downsample2x(block_in)
             self.down.append(down)
@@ -125,14 +144,7 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(block_in, z_channels, 3, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for down in self.down:
-            for j, block in enumerate(down.block):
-                h = block(h)
-                if len(down.attn):
-                    h = down.attn[j](h)
-            if hasattr(down, "downsample"):
-                h = down.downsample(h)
+        h = _run_levels(self.down, self.conv_in(x), "downsample")
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
         return self.conv_out(F.silu(self.norm_out(h)))
 
@@ -147,15 +159,8 @@ class Decoder(nn.Module):
         self.mid = _mid(block_in, groups, dropout, using_mid_sa)
         ups: list[nn.Module] = []
         for level in reversed(range(levels)):
-            block, attn = nn.ModuleList(), nn.ModuleList()
-            block_out = ch * ch_mult[level]
-            for _ in range(num_res_blocks + 1):
-                block.append(ResnetBlock(block_in, block_out, groups, dropout))
-                block_in = block_out
-                if level == levels - 1 and using_sa:
-                    attn.append(AttnBlock(block_in, groups))
-            up = nn.Module()
-            up.block, up.attn = block, attn
+            up, block_in = _level(block_in, ch * ch_mult[level], num_res_blocks + 1, groups, dropout,
+                                  attention=level == levels - 1 and using_sa)
             if level != 0:
                 up.upsample = Upsample2x(block_in)
             ups.insert(0, up)
@@ -165,13 +170,7 @@ class Decoder(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
-        for up in reversed(self.up):
-            for j, block in enumerate(up.block):
-                h = block(h)
-                if len(up.attn):
-                    h = up.attn[j](h)
-            if hasattr(up, "upsample"):
-                h = up.upsample(h)
+        h = _run_levels(reversed(self.up), h, "upsample")
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
