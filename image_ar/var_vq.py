@@ -29,6 +29,8 @@ from torch import nn
 
 from mmspec.errors import MMSpecError
 
+from .vq import Downsample, Upsample, run_blocks  # LlamaGen's VQ has the same resamplers and level loop
+
 
 def _norm(channels: int, groups: int) -> nn.GroupNorm:
     return nn.GroupNorm(num_groups=groups, num_channels=channels, eps=1e-6, affine=True)
@@ -67,24 +69,6 @@ class AttnBlock(nn.Module):
         return x + self.proj_out(h)
 
 
-class Downsample2x(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-class Upsample2x(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, 1, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2, mode="nearest"))
-
-
 def _attn(channels: int, groups: int, used: bool) -> nn.Module:
     return AttnBlock(channels, groups) if used else nn.Identity()
 
@@ -111,18 +95,6 @@ def _level(block_in: int, block_out: int, num_blocks: int, groups: int, dropout:
     return level, block_in
 
 
-def _run_levels(levels, h: torch.Tensor, resample: str) -> torch.Tensor:
-    """Each level's blocks (and attention), then its `resample` module where it has one."""
-    for level in levels:
-        for j, block in enumerate(level.block):
-            h = block(h)
-            if len(level.attn):
-                h = level.attn[j](h)
-        if hasattr(level, resample):
-            h = getattr(level, resample)(h)
-    return h
-
-
 class Encoder(nn.Module):
     def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, groups: int,
                  dropout: float = 0.0, in_channels: int = 3, using_sa: bool = True, using_mid_sa: bool = True) -> None:
@@ -137,14 +109,14 @@ class Encoder(nn.Module):
             down, block_in = _level(ch * in_mult[level], ch * ch_mult[level], num_res_blocks, groups, dropout,
                                     attention=level == levels - 1 and using_sa)
             if level != levels - 1:
-                down.downsample = Downsample2x(block_in)
+                down.downsample = Downsample(block_in)
             self.down.append(down)
         self.mid = _mid(block_in, groups, dropout, using_mid_sa)
         self.norm_out = _norm(block_in, groups)
         self.conv_out = nn.Conv2d(block_in, z_channels, 3, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = _run_levels(self.down, self.conv_in(x), "downsample")
+        h = run_blocks(self.down, self.conv_in(x), "downsample", resnets="block")
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
         return self.conv_out(F.silu(self.norm_out(h)))
 
@@ -162,7 +134,7 @@ class Decoder(nn.Module):
             up, block_in = _level(block_in, ch * ch_mult[level], num_res_blocks + 1, groups, dropout,
                                   attention=level == levels - 1 and using_sa)
             if level != 0:
-                up.upsample = Upsample2x(block_in)
+                up.upsample = Upsample(block_in)
             ups.insert(0, up)
         self.up = nn.ModuleList(ups)
         self.norm_out = _norm(block_in, groups)
@@ -170,7 +142,7 @@ class Decoder(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
-        h = _run_levels(reversed(self.up), h, "upsample")
+        h = run_blocks(reversed(self.up), h, "upsample", resnets="block")
         return self.conv_out(F.silu(self.norm_out(h)))
 
 

@@ -17,7 +17,7 @@ Images are float tensors [B, 3, H, W] in [-1, 1]; codes are [B, H / f, W / f] wi
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -172,11 +172,12 @@ class Decoder(nn.Module):
         return self.conv_out(swish(self.norm_out(h)))
 
 
-def run_blocks(blocks: nn.ModuleList, h: torch.Tensor, resample: str) -> torch.Tensor:
-    """Each level: its resnet blocks (each followed by its attention block, where the level has them),
-    then its `resample` ("downsample" / "upsample") module, where the level has one."""
+def run_blocks(blocks: Iterable[nn.Module], h: torch.Tensor, resample: str, resnets: str = "res") -> torch.Tensor:
+    """Each level: its resnet blocks (the level's `resnets` list, each followed by its attention block
+    where the level has them), then its `resample` ("downsample" / "upsample") module, where it has one.
+    The level layout of LlamaGen's VQ (`res`) and of VAR's VQ-VAE (`block`)."""
     for block in blocks:
-        for i, res in enumerate(block.res):
+        for i, res in enumerate(getattr(block, resnets)):
             h = res(h)
             if len(block.attn):
                 h = block.attn[i](h)
