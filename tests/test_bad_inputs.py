@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -187,14 +188,13 @@ def test_bad_input_is_one_line_and_exit_2(argv, expected, fields, capsys):
     check(code, err, expected, fields)
 
 
+@pytest.mark.timeout(300)  # these inputs once ran without bound: a hang fails the test instead of the run
 @pytest.mark.parametrize("argv, expected", ZOO_ROWS)
 def test_too_long_for_the_model_fails_before_running(argv, expected, fields, capsys):
     if argv[0] == "caption":
         fields = {**fields, "video": str(Path(__file__).parents[1] / "demos" / "assets" / "shapes.mp4")}
-    start = time.perf_counter()
     code, err = run_in_process(argv, fields, capsys)
     check(code, err, expected, fields)
-    assert time.perf_counter() - start < 120  # a guard against a hang, not a timing claim
 
 
 def test_malformed_zoo_card_in_the_zoo(monkeypatch, tmp_path, capsys):
@@ -266,11 +266,12 @@ def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
     from mmspec import MMSpecError
     from mmspec.zoo import hub, resolve
 
-    asked = []
+    asked, answered, release = [], [], threading.Event()
 
     def stalling_hub(repo_id, timeout=None):  # a network that accepts the connection and never answers
         asked.append(repo_id)
-        time.sleep(30)
+        release.wait(60)
+        answered.append(repo_id)
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "model_info", stalling_hub)
@@ -278,10 +279,13 @@ def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
     if entries():
         name = entries()[0].name
         assert resolve(name) == str(entries()[0].path) and asked == []
-    start = time.perf_counter()
-    with pytest.raises(MMSpecError, match=r"did not answer within 2 s \(offline\? set HF_HUB_OFFLINE=1"):
-        resolve("someone/not-cached-model", "target")
-    assert asked == ["someone/not-cached-model"] and time.perf_counter() - start < 20  # a guard, not a timing claim
+    try:
+        with pytest.raises(MMSpecError, match=r"did not answer within 2 s \(offline\? set HF_HUB_OFFLINE=1"):
+            resolve("someone/not-cached-model", "target")
+        # The refusal came while the Hub call was still stalled: the wait is bounded, not the network's.
+        assert asked == ["someone/not-cached-model"] and answered == []
+    finally:
+        release.set()
 
 
 def test_an_interrupted_write_leaves_no_partial_file(tmp_path):
