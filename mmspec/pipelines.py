@@ -48,7 +48,7 @@ from diffusers.pipelines.pipeline_utils import ImagePipelineOutput as DiffusersI
 from diffusers.utils import BaseOutput
 
 from .drafters import Drafter
-from .errors import MMSpecError
+from .errors import MMSpecError, first_line
 from .sampling import seeded_generator
 from .stats import SpecStats
 
@@ -193,12 +193,7 @@ def _saved_class_name(folder: Path) -> str:
     try:
         return str(json.loads((folder / MODEL_INDEX).read_text()).get("_class_name", ""))
     except (OSError, ValueError) as error:
-        raise MMSpecError(f"cannot read {folder / MODEL_INDEX}: {_first_line(error)}") from None
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+        raise MMSpecError(f"cannot read {folder / MODEL_INDEX}: {first_line(error)}") from None
 
 
 # --- the base -----------------------------------------------------------------------------------
@@ -257,7 +252,7 @@ class SpeculativePipeline(DiffusionPipeline):
         except MMSpecError:
             raise
         except Exception as error:  # noqa: BLE001 - OSError, ValueError, safetensors errors: all "cannot load"
-            raise MMSpecError(f"cannot load the saved pipeline {name!r}: {_first_line(error)}") from None
+            raise MMSpecError(f"cannot load the saved pipeline {name!r}: {first_line(error)}") from None
         return pipe.to(device) if device is not None else pipe
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:

@@ -60,7 +60,7 @@ from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForC
 from ..cached_model import model_vocab_size
 from ..decoding import SpeculativeDecoder
 from ..drafters import NoDrafter
-from ..errors import MMSpecError
+from ..errors import MMSpecError, first_line
 from ..pipelines import (
     DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
 )
@@ -374,11 +374,6 @@ def check_duration(samples: np.ndarray, sampling_rate: int, what: str = "the aud
 
 # --- loading ------------------------------------------------------------------------------------
 
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
 def default_fast_decoder_folder(model_folder: Path) -> Path | None:
     """The fast decoder a model folder uses by default: its zoo card's measured-fastest kind
     (`"default_fast_decoder": "ar"`), else the CTC one (the paper's default), else the AR one."""
@@ -403,11 +398,11 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
     except MMSpecError:
         raise
     except Exception as error:  # noqa: BLE001 - OSError, ValueError, safetensors errors: all "cannot load"
-        raise cannot_load("ASR model", name, "Whisper checkpoint", _first_line(error)) from None
+        raise cannot_load("ASR model", name, "Whisper checkpoint", first_line(error)) from None
     try:
         processor = AutoProcessor.from_pretrained(path)
     except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
-        raise MMSpecError(f"could not load the processor of {name!r} (feature extractor + tokenizer): {_first_line(error)}") from None
+        raise MMSpecError(f"could not load the processor of {name!r} (feature extractor + tokenizer): {first_line(error)}") from None
     return model, processor
 
 
@@ -427,7 +422,7 @@ def load_fast_decoder(path: str | os.PathLike) -> FastDecoder:
     except MMSpecError as error:
         raise MMSpecError(f"cannot load the fast decoder {str(path)!r}: {error}") from None
     except Exception as error:  # noqa: BLE001 - any failure means "not a fast decoder folder"
-        raise MMSpecError(f"cannot load the fast decoder {str(path)!r}: {_first_line(error)}") from None
+        raise MMSpecError(f"cannot load the fast decoder {str(path)!r}: {first_line(error)}") from None
 
 
 def check_fast_decoder(fast_decoder: CTCFastDecoder, model: PreTrainedModel) -> None:

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-from ..errors import MMSpecError
+from ..errors import MMSpecError, first_line
 
 SUPPORTED_ARCHITECTURES = (
     "LlavaForConditionalGeneration",
@@ -142,7 +142,7 @@ def load_vision_model(
     try:
         config = AutoConfig.from_pretrained(where, **_config_kwargs(kwargs))
     except Exception as err:  # OSError (not found / offline), ValueError (bad config.json), ...
-        raise MMSpecError(f"could not load a vision-language model from {where!r}: {_first_line(err)}") from err
+        raise MMSpecError(f"could not load a vision-language model from {where!r}: {first_line(err)}") from err
     if config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         raise MMSpecError(
             f"{where!r} holds a {config.model_type!r} model, not a vision-language (image-text-to-text) model; "
@@ -151,7 +151,7 @@ def load_vision_model(
     try:
         model = AutoModelForImageTextToText.from_pretrained(where, dtype=dtype, **kwargs)
     except Exception as err:  # missing or mismatched weights, unsupported options, ...
-        raise MMSpecError(f"could not load a vision-language model from {where!r}: {_first_line(err)}") from err
+        raise MMSpecError(f"could not load a vision-language model from {where!r}: {first_line(err)}") from err
     if device is not None:
         model = model.to(device)
     feature_token_ids(model)  # fail now, clearly, if the model has no visual placeholder tokens
@@ -167,8 +167,3 @@ def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     # Only the options that tell AutoConfig where and how to look.
     names = ("revision", "cache_dir", "local_files_only", "token", "trust_remote_code", "subfolder")
     return {k: v for k, v in kwargs.items() if k in names}
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
