@@ -25,6 +25,7 @@ from .rules import (
 )
 from .target import CFGTarget, GuidedImageTarget, ImageTokensOutput
 from .var import VAR, VARSampling, VARState, tiny_var
+from .var_pipeline import VARPipeline, VARPipelineOutput
 from .var_vq import VQVAE, tiny_var_vq
 from .vq import VQConfig, VQModel, tiny_vq
 
@@ -55,6 +56,8 @@ __all__ = [
     "MethodRunner",
     "SpeculativeImagePipeline",
     "VAR",
+    "VARPipeline",
+    "VARPipelineOutput",
     "VARSampling",
     "VARState",
     "VQVAE",

@@ -9,8 +9,9 @@ verification: the output is the refiner's continuation, not the drafter's distri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,8 +39,9 @@ def check_draft_steps(draft_steps: int, num_scales: int) -> None:
 
 def code_generate(drafter: VAR, refiner: VAR, vq: VQVAE, labels: torch.Tensor | Sequence[int], draft_steps: int,
                   sampling: VARSampling | None = None, generator: torch.Generator | None = None,
-                  decode: bool = True) -> CoDeOutput:
-    """The drafter runs scales 0..N-1, the refiner scales N..end (N = `draft_steps`, CoDe's `exit_num`)."""
+                  decode: bool = True, on_scale: Callable[[int, str], Any] | None = None) -> CoDeOutput:
+    """The drafter runs scales 0..N-1, the refiner scales N..end (N = `draft_steps`, CoDe's `exit_num`);
+    `on_scale(si, "drafter" | "refiner")` after each scale."""
     sampling = sampling or VARSampling()
     num_scales = len(drafter.patch_nums)
     check_draft_steps(draft_steps, num_scales)
@@ -48,12 +50,12 @@ def code_generate(drafter: VAR, refiner: VAR, vq: VQVAE, labels: torch.Tensor | 
     if refiner.num_classes != drafter.num_classes:
         raise MMSpecError(f"drafter has {drafter.num_classes} classes, refiner {refiner.num_classes}")
     state: VARState = drafter.begin(labels)
-    drafter.run_scales(state, vq, 0, draft_steps, sampling, generator, name="drafter")
+    drafter.run_scales(state, vq, 0, draft_steps, sampling, generator, name="drafter", on_scale=on_scale)
     state.cache = state.cache_owner = None  # the drafter's cache is of no use to the refiner; free it before the refiner runs
     state.f_hat = state.f_hat.to(refiner.device)
     state.labels = state.labels.to(refiner.device)
     state.inputs = [x.to(refiner.device) for x in state.inputs]
-    refiner.run_scales(state, vq, draft_steps, num_scales, sampling, generator, name="refiner")
+    refiner.run_scales(state, vq, draft_steps, num_scales, sampling, generator, name="refiner", on_scale=on_scale)
     images = state.f_hat
     if decode:
         with torch.no_grad():

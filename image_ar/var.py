@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -303,11 +304,13 @@ class VAR(ModelMixin, ConfigMixin):
             state.inputs.append(vq.quantize.next_scale_input(si, state.f_hat))
 
     def run_scales(self, state: VARState, vq: VQVAE, start: int, stop: int, sampling: VARSampling,
-                   generator: torch.Generator | None = None, name: str = "var") -> VARState:
+                   generator: torch.Generator | None = None, name: str = "var",
+                   on_scale: Callable[[int, str], Any] | None = None) -> VARState:
         """Generate scales [start, stop) into `state` (one forward per scale, KV-cached).
 
         When the state's cache is not this model's (its scales < start came from another model), the
         first forward is one block-causal prefill over scales 0..start that builds this model's cache.
+        `on_scale(si, name)` is called after each scale is taken (a pipeline's progress bar).
         """
         if not 0 <= start < stop <= len(self.patch_nums):
             raise MMSpecError(f"scales [{start}, {stop}) are outside 0..{len(self.patch_nums)}")
@@ -337,6 +340,8 @@ class VAR(ModelMixin, ConfigMixin):
                 state.forwards[name] = state.forwards.get(name, 0) + 1
                 state.scales_by[name] = state.scales_by.get(name, 0) + 1
                 self._take(state, vq, si, logits, sampling, generator)
+                if on_scale is not None:
+                    on_scale(si, name)
         return state
 
     def autoregressive_infer_cfg(self, vq: VQVAE, B: int, label_B: torch.Tensor | Sequence[int] | int | None,

@@ -49,6 +49,7 @@ _EXPORTS = {
     # Under their class names too: diffusers' generic loader looks a saved pipeline's class up here.
     "SpeculativeImagePipeline": "mmspec.image_ar.pipeline",
     "JanusImagePipeline": "mmspec.image_ar.janus_pipeline",
+    "VARPipeline": "mmspec.image_ar.var_pipeline",
     "TranscriptionOutput": "mmspec.speech.pipeline",
     "TranscriptionPipeline": "mmspec.speech.pipeline",
 }

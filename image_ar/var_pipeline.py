@@ -1,0 +1,273 @@
+"""A diffusers pipeline for class-conditional VAR (next-scale prediction) with CoDe.
+
+    pipe = VARPipeline.from_pretrained("shapes-var")                  # zoo name or a saved folder
+    out = pipe(prompt="red circle", method="code", draft_scales=5, generator=torch.Generator().manual_seed(0))
+    out.images[0].save("x.png"); out.stats.target_forwards
+
+Methods:
+    ar    the large VAR alone, one forward per scale (KV-cached), classifier-free guidance ramped over scales
+    code  CoDe (Chen et al. 2024): the large VAR drafts scales 1..N (`draft_scales`), the small refiner VAR
+          reads them in one block-causal prefill and generates the remaining scales (`image_ar.code`).
+          Not lossless: the last scales follow the refiner.
+
+A `SpeculativePipeline` (mmspec.pipelines, on diffusers' `DiffusionPipeline`): the large VAR `model`,
+its VQ-VAE `vq` and the optional `refiner` are diffusers `ModelMixin` / `ConfigMixin` components
+(`.to()`, `.device`, `.dtype`, `pipe.components`); `class_names` and `card` are settings in
+`model_index.json`. `save_pretrained(folder)` writes model_index.json + model/, vq/, refiner/;
+`from_pretrained(folder or zoo name)` reads them back (weights stored in fp16 load as float32 unless
+`dtype=` says otherwise).
+
+Stats (a `SpecStats`): `target_forwards` = forwards of the large model, `drafter_forwards` = forwards
+of the small refiner (CoDe's paper calls the large model the drafter; here the large model is the
+reference every method is compared with), `new_tokens` = tokens of every scale of every image.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from mmspec.errors import MMSpecError
+from mmspec.pipelines import (DrafterFactory, ImagePipelineOutput, SpeculativePipeline, _saved_class_name,
+                              resolve_dtype, saved_pipeline_folder)
+from mmspec.stats import SpecStats
+
+from .code import check_draft_steps, code_generate
+from .imaging import OUTPUT_TYPES, convert
+from .var import VAR, VARSampling
+from .var_vq import VQVAE
+
+DEFAULT_VAR_MODEL = "shapes-var"
+DEFAULT_CFG = 1.5  # VAR's official guidance (the ramp's end value) when the card states none
+VAR_METHODS = ("ar", "code")
+
+
+@dataclass
+class VARPipelineOutput(ImagePipelineOutput):
+    """Images (PIL list or float array [N, H, W, 3] in [0, 1]) and how they were made.
+
+    A diffusers `BaseOutput` (mmspec's `ImagePipelineOutput`): `out.images`, `out["images"]` and `out[0]`
+    are the images; method, model, stats as there. token_maps: one LongTensor [N, pn^2] per scale;
+    class_labels: the class id of each image; settings: what the method ran with (draft_scales,
+    cfg, temperature, top_k, top_p).
+    """
+
+    token_maps: list[torch.LongTensor]
+    class_labels: list[int]
+    settings: dict[str, Any] | None = None
+
+
+def _load(cls: type, folder: Path, subfolder: str, what: str, dtype: torch.dtype):
+    try:
+        return cls.from_pretrained(str(folder), subfolder=subfolder, torch_dtype=dtype).eval()
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise MMSpecError(f"cannot load the {what} from {str(folder / subfolder)!r}: {str(error).splitlines()[0]}") from None
+
+
+class VARPipeline(SpeculativePipeline):
+    """Class-conditional image generation by next-scale prediction (VAR), alone or with CoDe.
+
+    Args:
+        model: the large `VAR` (method "ar"; CoDe's first scales).
+        vq: its `VQVAE` (same vocabulary, Cvae and scales).
+        refiner: optional small `VAR` on the same VQ-VAE and classes (CoDe's last scales).
+        class_names: optional class names in id order (for `prompt=`).
+        model_name: shown in outputs.
+        card: zoo card (default_method, draft_scales, cfg), if any.
+    """
+
+    conditioning = "class"
+    family = "var"
+    _optional_components = ["refiner"]
+
+    def __init__(self, model: VAR, vq: VQVAE, refiner: VAR | None = None, class_names: Sequence[str] | None = None,
+                 model_name: str = "", card: dict[str, Any] | None = None) -> None:
+        model.check_vq(vq)
+        if refiner is not None:
+            refiner.check_vq(vq)
+            if refiner.num_classes != model.num_classes:
+                raise MMSpecError(f"the refiner has {refiner.num_classes} classes, the model {model.num_classes}")
+        if class_names is not None and len(class_names) != model.num_classes:
+            raise MMSpecError(f"{len(class_names)} class names for a model with {model.num_classes} classes")
+        super().__init__()
+        self.register_modules(model=model.eval(), vq=vq.eval(), refiner=refiner.eval() if refiner is not None else None)
+        self.class_names = list(class_names) if class_names is not None else None
+        self.card = dict(card or {})
+        self.register_to_config(class_names=self.class_names, card=self.card)
+        self.model_name = model_name or type(model).__name__
+        self.folder: Path | None = None
+
+    # --- loading --------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, model_id_or_path: str | os.PathLike = DEFAULT_VAR_MODEL, refiner: Any = None,
+                        device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None, *,
+                        torch_dtype: torch.dtype | str | None = None) -> "VARPipeline":
+        """Load a saved pipeline folder or zoo name (model_index.json + model/, vq/, optional refiner/).
+
+        `refiner`: None = the folder's refiner/ if present; False = none; a folder or a `VAR`.
+        `dtype` (or `torch_dtype`) defaults to float32.
+        """
+        dtype = resolve_dtype(dtype, torch_dtype)
+        name = str(model_id_or_path)
+        folder = saved_pipeline_folder(name)
+        if folder is None:
+            raise MMSpecError(f"{name!r} is not a zoo VAR model or a folder saved by VARPipeline.save_pretrained "
+                              "(model_index.json with model/, vq/ and optionally refiner/)")
+        saved = _saved_class_name(folder)
+        if saved != cls.__name__:
+            raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
+        model = _load(VAR, folder, "model", "VAR", dtype)
+        vq = _load(VQVAE, folder, "vq", "VQ-VAE", dtype)
+        if refiner is None and (folder / "refiner" / "config.json").is_file():
+            refiner = _load(VAR, folder, "refiner", "refiner VAR", dtype)
+        elif refiner is False:
+            refiner = None
+        elif refiner is not None and not isinstance(refiner, VAR):
+            path = Path(str(refiner))
+            refiner = _load(VAR, path.parent, path.name, "refiner VAR", dtype)
+        pipe = cls._from_saved(folder, name=name, dtype=dtype, model=model, vq=vq, refiner=refiner, model_name=name)
+        pipe.folder = folder
+        return pipe.to(device)
+
+    # --- methods --------------------------------------------------------------------------------
+
+    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
+        """ar always; code once a refiner is loaded (the pipeline runs both itself, so a factory gives the refiner)."""
+        return {"ar": lambda: None, "code": (lambda: self.refiner) if self.refiner is not None else None}
+
+    def unavailable_reason(self, method: str) -> str:
+        return (f"method {method!r} needs a refiner: a small VAR on the same VQ-VAE and classes "
+                "(a refiner/ folder, or refiner=...)")
+
+    @property
+    def default_method(self) -> str:
+        chosen = self.card.get("default_method")
+        available = self.available_methods
+        return chosen if chosen in available else ("code" if "code" in available else "ar")
+
+    @property
+    def num_scales(self) -> int:
+        return len(self.model.patch_nums)
+
+    @property
+    def default_draft_scales(self) -> int:
+        """The card's, else all but the last two scales (CoDe's default N = 8 of 10, scaled)."""
+        return int(self.card.get("draft_scales", max(1, self.num_scales - 2)))
+
+    @property
+    def default_guidance_scale(self) -> float:
+        return float(self.card.get("cfg", DEFAULT_CFG))
+
+    def class_id(self, name: str) -> int:
+        if self.class_names is None:
+            raise MMSpecError(f"{self.model_name!r} has no class names, so prompts cannot be read; pass class_labels")
+        wanted = " ".join(name.lower().split())
+        for i, known in enumerate(self.class_names):
+            if " ".join(known.lower().split()) == wanted:
+                return i
+        shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
+        raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
+
+    def resolve_labels(self, class_labels: Any, prompt: str | Sequence[str] | None, num_images: int) -> list[int]:
+        if (class_labels is None) == (prompt is None):
+            raise MMSpecError("pass exactly one of class_labels=... (ids) or prompt=... (class names)")
+        if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
+            raise MMSpecError(f"num_images must be an integer >= 1, got {num_images!r}")
+        if prompt is not None:
+            labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
+        else:
+            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()
+        if not labels:
+            raise MMSpecError("no class label or prompt given")
+        count = self.model.num_classes
+        bad = [label for label in labels if not (isinstance(label, int) and 0 <= label < count)]
+        if bad:
+            raise MMSpecError(f"class labels must be integers in [0, {count}), got {bad}")
+        return [label for label in labels for _ in range(num_images)]
+
+    def check_draft_scales(self, method: str, draft_scales: int | None) -> int | None:
+        if method != "code":
+            if draft_scales is not None:
+                raise MMSpecError(f"draft_scales applies to method 'code' only, not {method!r}")
+            return None
+        n = self.default_draft_scales if draft_scales is None else draft_scales
+        try:
+            check_draft_steps(n, self.num_scales)
+        except MMSpecError:
+            raise MMSpecError(f"draft_scales must be an integer in 1..{self.num_scales - 1} (the large model drafts that "
+                              f"many of the {self.num_scales} scales, the refiner the rest), got {n!r}") from None
+        return n
+
+    @staticmethod
+    def sampling_for(guidance_scale: float, temperature: float, top_k: int | None, top_p: float | None) -> VARSampling:
+        for name, value in (("guidance_scale", guidance_scale), ("temperature", temperature)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+                raise MMSpecError(f"{name} must be a finite number >= 0, got {value!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise MMSpecError(f"top_k must be an integer >= 1, got {top_k!r}")
+        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise MMSpecError(f"top_p must be in (0, 1], got {top_p!r}")
+        return VARSampling(cfg=float(guidance_scale), top_k=top_k or 0, top_p=float(top_p or 0.0),
+                           temperature=float(temperature) or 1.0, do_sample=temperature > 0)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        class_labels: int | Sequence[int] | torch.Tensor | None = None,
+        prompt: str | Sequence[str] | None = None,
+        *,
+        method: str | None = None,
+        draft_scales: int | None = None,
+        guidance_scale: float | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        num_images: int = 1,
+        output_type: str = "pil",
+        progress_bar: bool = True,
+    ) -> VARPipelineOutput:
+        """Generate `num_images` images per class label (or class-name prompt), all in one batch.
+
+        guidance_scale: VAR's CFG, ramped linearly from 0 at the first scale to this value at the last
+        (0 = none; default: the card's, else 1.5). temperature 0 = argmax at every scale. draft_scales
+        (method "code"): scales the large model runs, 1..scales-1 (default: the card's, else scales - 2).
+        `generator`: a `torch.Generator` (a CPU one works with a model on any device); `seed`: an int instead.
+        """
+        if output_type not in OUTPUT_TYPES:
+            raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+        method = self.check_method(method)
+        n = self.check_draft_scales(method, draft_scales)
+        labels = self.resolve_labels(class_labels, prompt, num_images)
+        scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
+        sampling = self.sampling_for(scale, temperature, top_k, top_p)
+        generator = self.generator_for(generator, seed, needed=sampling.do_sample)
+        stats = SpecStats(method=method)
+        with self.progress_bar(total=self.num_scales, desc=f"image ({method})", unit="scale", enabled=progress_bar) as bar:
+            on_scale = lambda si, name: bar.update(1)  # noqa: E731
+            start = time.perf_counter()
+            if method == "code":
+                out = code_generate(self.model, self.refiner, self.vq, labels, n, sampling, generator, decode=False,
+                                    on_scale=on_scale)
+                token_maps, f_hat = out.token_maps, out.f_hat
+                stats.target_forwards, stats.drafter_forwards = out.stats["forwards"]["drafter"], out.stats["forwards"]["refiner"]
+            else:
+                state = self.model.begin(labels)
+                self.model.run_scales(state, self.vq, 0, self.num_scales, sampling, generator, name="model",
+                                      on_scale=on_scale)
+                token_maps, f_hat = state.token_maps, state.f_hat
+                stats.target_forwards = state.forwards["model"]
+            stats.total_time = time.perf_counter() - start
+        stats.new_tokens = sum(int(t.numel()) for t in token_maps)
+        pixels = self.vq.fhat_to_img(f_hat.to(self.vq.device, self.vq.dtype))  # stats time token generation only
+        settings = {"draft_scales": n, "scales": self.num_scales, "cfg": sampling.cfg, "temperature": temperature,
+                    "top_k": top_k, "top_p": top_p}
+        return VARPipelineOutput(images=convert(pixels, output_type), method=method, model=self.model_name, stats=stats,
+                                 token_maps=list(token_maps), class_labels=labels, settings=settings)

@@ -1,0 +1,178 @@
+"""VARPipeline: the diffusers pipeline of VAR and CoDe (tiny random models, float32, CPU).
+
+Save / load round trip through model_index.json, `.to()`, the progress bar, generators, the output
+(a diffusers BaseOutput with `.images` and `.stats`), both methods against the functions they run,
+and one clear error for each bad setting.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from diffusers.utils import BaseOutput
+
+from mmspec.errors import MMSpecError
+from mmspec.image_ar.code import code_generate
+from mmspec.image_ar.var import VAR, VARSampling
+from mmspec.image_ar.var_pipeline import VARPipeline
+from mmspec.image_ar.var_vq import tiny_var_vq
+from mmspec.pipelines import SpeculativePipeline
+from mmspec.sampling import seeded_generator
+
+PATCH_NUMS = (1, 2, 3, 4)
+CLASSES = ["red circle", "blue circle", "red square", "blue square", "green star"]
+
+
+def var_of(seed: int, depth: int) -> VAR:
+    torch.manual_seed(seed)
+    return VAR(vocab_size=16, Cvae=8, num_classes=5, depth=depth, embed_dim=32, num_heads=2,
+               patch_nums=PATCH_NUMS).eval()
+
+
+@pytest.fixture(scope="module")
+def vq():
+    return tiny_var_vq(vocab_size=16, z_channels=8, patch_nums=PATCH_NUMS, seed=0)
+
+
+@pytest.fixture(scope="module")
+def pipe(vq):
+    return VARPipeline(var_of(0, 3), vq, var_of(1, 1), class_names=CLASSES, model_name="tiny-var",
+                       card={"draft_scales": 2, "cfg": 2.0})
+
+
+def maps_equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_save_and_load_round_trip(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["_class_name"] == "VARPipeline"
+    assert index["model"] == ["mmspec.image_ar.var", "VAR"] and index["vq"] == ["mmspec.image_ar.var_vq", "VQVAE"]
+    assert index["card"] == {"draft_scales": 2, "cfg": 2.0} and index["class_names"] == CLASSES
+    loaded = VARPipeline.from_pretrained(tmp_path)
+    assert SpeculativePipeline.from_pretrained(tmp_path).__class__ is VARPipeline
+    for name in ("model", "vq", "refiner"):
+        ours, theirs = getattr(pipe, name).state_dict(), getattr(loaded, name).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    a = pipe(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
+    b = loaded(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
+    assert maps_equal(a.token_maps, b.token_maps)
+    without = VARPipeline.from_pretrained(tmp_path, refiner=False)
+    assert without.available_methods == ["ar"] and without.default_method == "ar"
+
+
+def test_the_output_is_a_base_output_with_images_and_stats(pipe):
+    out = pipe(prompt="blue square", method="code", seed=0, progress_bar=False, num_images=2)
+    assert isinstance(out, BaseOutput)
+    assert out[0] is out.images and out["images"] is out.images and len(out.images) == 2
+    assert out.images[0].size == (8, 8) and out.class_labels == [3, 3]
+    assert out.stats.target_forwards == 2 and out.stats.drafter_forwards == 2  # the card's draft_scales = 2 of 4
+    assert out.stats.new_tokens == 2 * (1 + 4 + 9 + 16)
+    assert out.settings["draft_scales"] == 2 and out.settings["cfg"] == 2.0
+    arrays = pipe(class_labels=0, method="ar", seed=0, output_type="np", progress_bar=False).images
+    assert isinstance(arrays, np.ndarray) and arrays.shape == (1, 8, 8, 3) and 0 <= arrays.min() <= arrays.max() <= 1
+
+
+def test_ar_is_the_large_model_alone(pipe, vq):
+    out = pipe(class_labels=[2, 4], method="ar", generator=torch.Generator().manual_seed(9), progress_bar=False)
+    state = pipe.model.begin([2, 4])
+    pipe.model.run_scales(state, vq, 0, 4, VARSampling(cfg=2.0), seeded_generator("cpu", 9))
+    assert maps_equal(out.token_maps, state.token_maps)
+    assert out.stats.target_forwards == 4 and out.stats.drafter_forwards == 0
+    other = pipe(class_labels=[2, 4], method="ar", seed=10, progress_bar=False)
+    assert not maps_equal(out.token_maps, other.token_maps)  # control: the seed matters
+
+
+@pytest.mark.parametrize("draft_scales", [1, 3])
+def test_code_runs_code_generate_with_the_draft_scales(pipe, vq, draft_scales):
+    out = pipe(class_labels=[0, 1], method="code", draft_scales=draft_scales, seed=4, progress_bar=False)
+    direct = code_generate(pipe.model, pipe.refiner, vq, [0, 1], draft_scales, VARSampling(cfg=2.0),
+                           seeded_generator("cpu", 4))
+    assert maps_equal(out.token_maps, direct.token_maps)
+    assert out.stats.target_forwards == draft_scales and out.stats.drafter_forwards == 4 - draft_scales
+
+
+def test_greedy_code_with_the_large_models_weights_as_refiner_equals_ar(pipe, vq):
+    twin = var_of(0, 3)
+    same = VARPipeline(pipe.model, vq, twin, class_names=CLASSES)
+    ar = same(class_labels=[1, 2], method="ar", temperature=0, progress_bar=False)
+    code = same(class_labels=[1, 2], method="code", draft_scales=2, temperature=0, progress_bar=False)
+    assert maps_equal(ar.token_maps, code.token_maps)
+    other = pipe(class_labels=[1, 2], method="code", draft_scales=2, temperature=0, guidance_scale=1.5,
+                 progress_bar=False)
+    assert not maps_equal(ar.token_maps, other.token_maps)  # control: another refiner changes the last scales
+
+
+def test_to_moves_every_component_and_it_still_generates(vq):
+    pipe = VARPipeline(var_of(0, 2), tiny_var_vq(vocab_size=16, z_channels=8, patch_nums=PATCH_NUMS), var_of(1, 1))
+    pipe.to(torch.bfloat16)
+    assert pipe.dtype == torch.bfloat16 and {m.dtype for m in (pipe.model, pipe.vq, pipe.refiner)} == {torch.bfloat16}
+    out = pipe(class_labels=1, method="code", seed=0, progress_bar=False)
+    assert len(out.images) == 1
+    pipe.to("cpu", torch.float32)
+    assert pipe.device == torch.device("cpu") and pipe.refiner.dtype == torch.float32
+
+
+def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(pipe):
+    a = pipe(class_labels=3, method="code", seed=7, progress_bar=False)
+    b = pipe(class_labels=3, method="code", generator=torch.Generator("cpu").manual_seed(7), progress_bar=False)
+    assert maps_equal(a.token_maps, b.token_maps)
+    torch.manual_seed(1)
+    c = pipe(class_labels=3, method="code", progress_bar=False)
+    torch.manual_seed(1)
+    d = pipe(class_labels=3, method="code", progress_bar=False)
+    assert maps_equal(c.token_maps, d.token_maps)
+
+
+def test_the_progress_bar_counts_scales_and_can_be_hidden(pipe, capsys):
+    pipe(class_labels=0, method="code", seed=0)
+    assert "image (code)" in capsys.readouterr().err
+    pipe(class_labels=0, method="code", seed=0, progress_bar=False)
+    assert "image (code)" not in capsys.readouterr().err
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        pipe(class_labels=0, method="ar", seed=0)
+        assert "image (ar)" not in capsys.readouterr().err
+    finally:
+        pipe.set_progress_bar_config(disable=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "code", "draft_scales": 0}, "draft_scales must be an integer in 1..3"),
+    ({"method": "code", "draft_scales": 4}, "draft_scales must be an integer in 1..3"),
+    ({"method": "code", "draft_scales": True}, "draft_scales must be an integer in 1..3"),
+    ({"method": "code", "draft_scales": "2"}, "draft_scales must be an integer in 1..3"),
+    ({"method": "ar", "draft_scales": 2}, "draft_scales applies to method 'code' only"),
+    ({"method": "sjd"}, "unknown method 'sjd'; choose from ar, code"),
+    ({"method": "code", "guidance_scale": -1.0}, "guidance_scale must be a finite number >= 0"),
+    ({"method": "code", "temperature": float("nan")}, "temperature must be a finite number >= 0"),
+    ({"method": "code", "top_k": 0}, "top_k must be an integer >= 1"),
+    ({"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
+])
+def test_bad_settings_are_one_clear_error(pipe, kwargs, message):
+    with pytest.raises(MMSpecError) as error:
+        pipe(class_labels=0, seed=0, progress_bar=False, **kwargs)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_bad_conditions_and_a_missing_refiner_are_refused(pipe, vq):
+    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
+        pipe(prompt="pink circle", progress_bar=False)
+    with pytest.raises(MMSpecError, match=r"class labels must be integers in \[0, 5\)"):
+        pipe(class_labels=[5], progress_bar=False)
+    with pytest.raises(MMSpecError, match="needs a refiner"):
+        VARPipeline(pipe.model, vq)(class_labels=0, method="code", progress_bar=False)
+    with pytest.raises(MMSpecError, match="does not match the VAR"):
+        VARPipeline(pipe.model, tiny_var_vq(vocab_size=12, z_channels=8, patch_nums=PATCH_NUMS))
+
+
+def test_a_folder_that_is_no_saved_var_pipeline_is_one_error(tmp_path):
+    with pytest.raises(MMSpecError, match="is not a zoo VAR model"):
+        VARPipeline.from_pretrained(tmp_path)
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "SpeculativeImagePipeline"}))
+    with pytest.raises(MMSpecError, match="not a VARPipeline"):
+        VARPipeline.from_pretrained(tmp_path)
