@@ -191,6 +191,11 @@ class VARPipeline(SpeculativePipeline):
             raise MMSpecError(f"class labels must be integers in [0, {count}), got {bad}")
         return [label for label in labels for _ in range(num_images)]
 
+    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
+        """Class labels for n benchmark images, cycling through `prompts` (class names) or all classes."""
+        ids = [self.class_id(p) for p in prompts] if prompts else list(range(self.model.num_classes))
+        return [ids[i % len(ids)] for i in range(n)]
+
     def check_draft_scales(self, method: str, draft_scales: int | None) -> int | None:
         if method != "code":
             if draft_scales is not None:

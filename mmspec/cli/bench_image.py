@@ -40,6 +40,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         "optionally the latents (embeddings = the AR model's input embeddings, the default; codebook)")
     parser.add_argument("--methods", nargs="+", default=None, choices=["sd", "sjd", "gsd", "lantern"],
                         help="run only these method families' rows (ar, the reference, always runs)")
+    parser.add_argument("--draft-scales", dest="draft_scales", nargs="+", type=checks.positive_int, default=None,
+                        metavar="N", help="VAR models: the CoDe rows' scales of the large model (default: CoDe's "
+                        "9/1, 8/2, 7/3, 6/4 of 10 scales, scaled to the model's: S-1 .. S-4)")
     parser.add_argument("--repeats", type=checks.positive_int, default=1)
     parser.add_argument("--grid-out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="write a grid of samples per method to this image file")
     parser.set_defaults(func=run)
@@ -81,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
     pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
+    if getattr(pipe, "family", None) == "var":
+        return run_var(pipe, name, args)
+    if args.draft_scales is not None:
+        raise MMSpecError(f"--draft-scales applies to VAR models (CoDe rows); {name!r} is not one")
     if lantern is None:  # the model's LANTERN default (its card's, else the authors')
         card = pipe.lantern_settings() if hasattr(pipe, "lantern_settings") else {}
         lantern = [(card.get("lantern_delta", LANTERN_DELTA), card.get("lantern_k", LANTERN_K))]
@@ -93,6 +100,26 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
                          repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
+    if args.grid_out:
+        atomic_write(args.grid_out, report.grid.save)
+        report.settings["grid"] = args.grid_out
+    emit(report, args)
+    return 0
+
+
+def run_var(pipe, name: str, args: argparse.Namespace) -> int:
+    """The VAR rows: the large model alone and CoDe at each --draft-scales (`image_ar.var_bench`)."""
+    from ..image_ar.var_bench import bench_var
+
+    given = [flag for flag, value in (("--lantern", args.lantern), ("--gsd", args.gsd), ("--methods", args.methods))
+             if value]
+    if given:
+        raise MMSpecError(f"{', '.join(given)}: options of LlamaGen-style rows; {name!r} is a VAR model "
+                          "(rows: ar and code at --draft-scales)")
+    labels = pipe.bench_conditions(args.num_samples, args.prompts)
+    report = bench_var(pipe, labels, seed=args.seed, draft_scales=args.draft_scales, guidance_scale=args.guidance_scale,
+                       temperature=args.temperature, repeats=args.repeats, judge=pipe.card.get("judge"),
+                       progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     if args.grid_out:
         atomic_write(args.grid_out, report.grid.save)
         report.settings["grid"] = args.grid_out

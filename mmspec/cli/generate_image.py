@@ -26,10 +26,14 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                       "speculatively")
     parser.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
                         "free text for a text-to-image model (Janus)")
-    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
-                        "(default: the toy shapes-image-ar)")
-    parser.add_argument("--method", choices=LazyChoices("mmspec.image_ar.methods", "METHODS"), default=None, metavar="METHOD",
-                        help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), gsd / lantern = relaxed")
+    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style, Janus or a saved "
+                        "VAR pipeline such as shapes-var (default: the toy shapes-image-ar)")
+    parser.add_argument("--method", choices=LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
+                        metavar="METHOD", help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), "
+                        "gsd / lantern = relaxed; VAR models: ar = the large VAR alone, code = CoDe (large drafts the "
+                        "first scales, the small refiner the rest)")
+    parser.add_argument("--draft-scales", dest="draft_scales", type=checks.positive_int, default=None, metavar="N",
+                        help="VAR, method code: scales the large model runs, 1..scales-1 (default: the model card's)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None, help="classifier-free guidance (default: the model card's)")
@@ -109,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
     # Only the method options given on the command line; the rest come from the model card (else the authors').
     options = {name: getattr(args, name) for name in IMAGE_METHOD_OPTIONS if hasattr(args, name)}
+    if getattr(pipe, "family", None) == "var":
+        if options:
+            flags = ", ".join("--" + name.replace("_", "-") for name in options)
+            raise MMSpecError(f"{flags}: options of LlamaGen-style methods; {pipe.model_name!r} is a VAR model "
+                              f"(methods {', '.join(pipe.methods)})")
+        options = {"draft_scales": args.draft_scales}
+    elif args.draft_scales is not None:
+        raise MMSpecError(f"--draft-scales applies to VAR models (method code); {pipe.model_name!r} is not one")
     out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
                top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json,
                **options)

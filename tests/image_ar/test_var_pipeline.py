@@ -176,3 +176,60 @@ def test_a_folder_that_is_no_saved_var_pipeline_is_one_error(tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "SpeculativeImagePipeline"}))
     with pytest.raises(MMSpecError, match="not a VARPipeline"):
         VARPipeline.from_pretrained(tmp_path)
+
+
+# ---- the CLI: generate-image and bench image on a saved VAR pipeline ------------------------------
+
+@pytest.fixture(scope="module")
+def saved(pipe, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-var")
+    pipe.save_pretrained(folder)
+    return folder
+
+
+def test_generate_image_runs_code_with_the_draft_scales(saved, tmp_path, capsys):
+    from mmspec.cli import main
+
+    out = tmp_path / "x.png"
+    assert main(["generate-image", "red square", "--model", str(saved), "--method", "code", "--draft-scales", "3",
+                 "--seed", "2", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["method"] == "code" and report["class_id"] == 2 and report["settings"]["draft_scales"] == 3
+    assert report["stats"]["target_forwards"] == 3 and report["stats"]["drafter_forwards"] == 1
+    assert out.is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "code", "--draft-scales", "4"], "draft_scales must be an integer in 1..3"),
+    (["--method", "sjd"], "unknown method 'sjd'; choose from ar, code"),
+    (["--method", "ar", "--draft-scales", "2"], "draft_scales applies to method 'code' only"),
+    (["--method", "code", "--lantern-k", "4"], "--lantern-k: options of LlamaGen-style methods"),
+])
+def test_generate_image_bad_settings_are_one_line_and_exit_2(saved, tmp_path, capsys, argv, message):
+    from mmspec.cli import main
+
+    code = main(["generate-image", "red circle", "--model", str(saved), "--out", str(tmp_path / "x.png"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("mmspec: error:") and message in err[-1]
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_image_has_the_ar_and_code_rows(saved, capsys):
+    from mmspec.cli import main
+
+    assert main(["bench", "image", "--model", str(saved), "--num-samples", "2", "--draft-scales", "3", "1",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {row["method"]: row for row in report["methods"]}
+    assert list(rows) == ["ar", "code 3/1", "code 1/3"]
+    assert rows["ar"]["target_forwards"] == 2 * 4 and rows["ar"]["drafter_forwards"] == 0
+    assert rows["code 1/3"]["target_forwards"] == 2 and rows["code 1/3"]["drafter_forwards"] == 2 * 3
+    assert rows["code 3/1"]["memory_mb"] > rows["ar"]["memory_mb"] > 0
+    assert any("the model card names no judge" in note for note in report["notes"])
+
+
+def test_bench_image_refuses_llamagen_rows_for_a_var_model(saved, capsys):
+    from mmspec.cli import main
+
+    assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", "--methods", "sjd"]) == 2
+    assert "--methods: options of LlamaGen-style rows" in capsys.readouterr().err

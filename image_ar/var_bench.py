@@ -1,0 +1,150 @@
+"""`mmspec bench image` rows for a VAR model: the large VAR alone (ar) against CoDe at several draft_scales.
+
+CoDe's table (Chen et al. 2024) on 10 scales compares N = 9/1, 8/2, 7/3, 6/4 (scales of the large model /
+of the refiner) with the large model alone; a model with S scales gets the rows N = S-1 .. S-4 (those
+within 1..S-1). Image i of every row uses the same class label and a CPU generator seeded with seed + i.
+Columns: forwards of the large model and of the refiner, wall time (median over repetitions after a
+warm-up, rows interleaved: `mmspec.bench.harness`), speed-up over ar, and, from the judge (default the
+zoo's `shapes-image-ar` judge): class accuracy and the Fréchet distance to an independent ar run (other
+seeds; the ar row shows the noise floor). Peak memory: on CUDA `torch.cuda.max_memory_allocated` over one
+pass of the row; on a CPU the bytes of the weights the row keeps loaded (large, or large + refiner),
+since the CPU allocator has no peak counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from mmspec.bench.harness import TableReport, run_benchmark
+from mmspec.errors import MMSpecError
+from mmspec.sampling import seeded_generator
+from mmspec.stats import SpecStats
+
+from .imaging import image_grid
+from .judge import DEFAULT_JUDGE, get_judge
+from .var_pipeline import VARPipeline
+
+REFERENCE = "ar"
+
+
+def default_draft_scales(num_scales: int) -> list[int]:
+    """CoDe's N = 9, 8, 7, 6 of 10 scales, scaled: S-1 .. S-4, those in 1..S-1."""
+    return [n for n in range(num_scales - 1, num_scales - 5, -1) if n >= 1]
+
+
+@dataclass
+class VARBenchReport(TableReport):
+    title: str
+    rows: list[dict[str, Any]]
+    settings: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    grid: Image.Image | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "reference": REFERENCE, "settings": self.settings, "methods": self.rows,
+                "notes": self.notes}
+
+    def to_table(self) -> str:
+        quality = any("class_accuracy" in r for r in self.rows)
+        header = (f"{'method':<16} {'large fwd':>9} {'refiner fwd':>11} {'wall s':>8} {'min-max s':>15} {'speed-up':>8} "
+                  f"{'memory MB':>10}")
+        if quality:
+            header += f" {'class acc':>9} {'FD vs AR':>9}"
+        lines = self.table_head(header)
+        for r in self.rows:
+            span = f"{r['wall_time_min_s']:.3f}-{r['wall_time_max_s']:.3f}"
+            line = (f"{r['method']:<16} {r['target_forwards']:>9} {r['drafter_forwards']:>11} "
+                    f"{r['wall_time_median_s']:>8.3f} {span:>15} {r['speed_up']:>7.2f}x {r['memory_mb']:>10.1f}")
+            if quality:
+                line += f" {r.get('class_accuracy', float('nan')):>9.3f} {r.get('fd_vs_ar', float('nan')):>9.2f}"
+            lines.append(line)
+        settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+        lines.append(f"(code N/M = the large VAR runs N scales, the refiner M; {settings}; wall = median over "
+                     "repetitions, all images)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def weights_mb(*models: torch.nn.Module) -> float:
+    return sum(p.numel() * p.element_size() for m in models for p in m.parameters()) / 2**20
+
+
+def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_scales: Sequence[int] | None = None,
+              guidance_scale: float | None = None, temperature: float = 1.0, repeats: int = 1, warmup: int = 1,
+              judge: Any = DEFAULT_JUDGE, grid_columns: int = 8, progress: bool = True,
+              title: str = "bench image (VAR)") -> VARBenchReport:
+    """Run ar and CoDe at each of `draft_scales` (default `default_draft_scales`) on every label, then judge."""
+    if pipe.refiner is None:
+        raise MMSpecError(f"{pipe.model_name!r} has no refiner: the CoDe rows need one")
+    scales = pipe.num_scales
+    draft_scales = list(draft_scales) if draft_scales else default_draft_scales(scales)
+    for n in draft_scales:
+        pipe.check_draft_scales("code", n)
+    rows_spec = {REFERENCE: ("ar", None), **{f"code {n}/{scales - n}": ("code", n) for n in draft_scales}}
+    images: dict[str, dict[int, Image.Image]] = {name: {} for name in rows_spec}
+    options = {"guidance_scale": guidance_scale, "temperature": temperature, "progress_bar": False}
+
+    def runner_for(name: str, method: str, n: int | None):
+        def run(item: tuple[int, int]) -> tuple[list[int], SpecStats]:
+            index, label = item
+            out = pipe(class_labels=[label], method=method, draft_scales=n,
+                       generator=seeded_generator("cpu", seed + index), **options)
+            images[name][index] = out.images[0]
+            return torch.cat(out.token_maps, dim=1).flatten().tolist(), out.stats
+
+        return run
+
+    items = list(enumerate(labels))
+    report = run_benchmark(title, {name: runner_for(name, *spec) for name, spec in rows_spec.items()}, items,
+                           reference=REFERENCE, repeats=repeats, warmup=warmup, progress=progress,
+                           settings={"images": len(items), "scales": scales, "seed": seed,
+                                     "cfg": pipe.default_guidance_scale if guidance_scale is None else guidance_scale,
+                                     "temperature": temperature, "repeats": repeats,
+                                     "threads": torch.get_num_threads(), "device": str(pipe.device)})
+    memory = peak_memory(pipe, rows_spec, labels[0], options)
+    notes = []
+    quality: dict[str, dict[str, float]] = {}
+    if judge is None:
+        notes.append("the model card names no judge: quality columns skipped")
+    else:
+        judged = get_judge(judge)
+        reference = [pipe(class_labels=[label], method="ar", generator=seeded_generator("cpu", seed + len(items) + i),
+                          **options).images[0] for i, label in items]
+        for name in rows_spec:
+            made = [images[name][i] for i, _ in items]
+            quality[name] = {"class_accuracy": judged.class_accuracy(made, list(labels)),
+                             "fd_vs_ar": judged.frechet_distance(made, reference)}
+    rows = []
+    for row in report.to_dict()["methods"]:
+        name = row["method"]
+        method, n = rows_spec[name]
+        row.update(method_family=method, draft_scales=n, **memory[name], **quality.get(name, {}))
+        for key in ("identical_to_reference", "mismatched_outputs", "drafted", "accepted", "alpha", "tau",
+                    "step_compression", "position_attempts", "position_accepts", "per_position_acceptance", "rounds"):
+            row.pop(key, None)  # sampled outputs are not comparable token by token; no drafts are verified
+        rows.append(row)
+    if not torch.cuda.is_available() or pipe.device.type != "cuda":
+        notes.append("memory MB = bytes of the weights the row keeps loaded (the CPU has no peak allocation counter)")
+    grid = image_grid([(name, [by[i] for i, _ in items][:grid_columns]) for name, by in images.items()])
+    return VARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
+
+
+def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]], label: int,
+                options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per row {memory_mb, memory_measure}: CUDA peak of one image, else the weights kept loaded."""
+    result = {}
+    for name, (method, n) in rows_spec.items():
+        if pipe.device.type == "cuda":
+            torch.cuda.synchronize(pipe.device)
+            torch.cuda.reset_peak_memory_stats(pipe.device)
+            pipe(class_labels=[label], method=method, draft_scales=n, generator=seeded_generator("cpu", 0), **options)
+            peak = torch.cuda.max_memory_allocated(pipe.device) / 2**20
+            result[name] = {"memory_mb": peak, "memory_measure": "torch.cuda.max_memory_allocated, one image"}
+        else:
+            models = (pipe.model,) if method == "ar" else (pipe.model, pipe.refiner)
+            result[name] = {"memory_mb": weights_mb(*models), "memory_measure": "weights kept loaded"}
+    return result
