@@ -11,6 +11,8 @@ import random
 from pathlib import Path
 
 from .captions import caption
+from .detailed_captions import detailed_caption
+from .detailed_scenes import MAX_SHAPES, DetailedScene, sample_detailed_scene
 from .scenes import Scene, sample_scene
 
 SPLITS = ("train", "heldout")
@@ -34,6 +36,19 @@ def sample_example(example: int, max_shapes: int = 3) -> tuple[Scene, str]:
 def examples(n: int, seed: int = 0, split: str = "train", max_shapes: int = 3) -> list[tuple[Scene, str]]:
     """``n`` (scene, caption) pairs of ``split``, with 1..``max_shapes`` shapes per scene."""
     return [sample_example(example_seed(split, seed, i), max_shapes) for i in range(n)]
+
+
+def sample_detailed_example(example: int, max_shapes: int = MAX_SHAPES) -> tuple[DetailedScene, str]:
+    """The detailed scene (1..``max_shapes`` shapes) and its caption for one example seed."""
+    rng = random.Random(f"detailed:{example}")
+    scene = sample_detailed_scene(rng, max_shapes=max_shapes)
+    return scene, detailed_caption(scene, rng)
+
+
+def detailed_examples(n: int, seed: int = 0, split: str = "train",
+                      max_shapes: int = MAX_SHAPES) -> list[tuple[DetailedScene, str]]:
+    """``n`` (detailed scene, caption) pairs of ``split``; same seed streams as :func:`examples`."""
+    return [sample_detailed_example(example_seed(split, seed, i), max_shapes) for i in range(n)]
 
 
 def caption_corpus(n: int, seed: int = 0, split: str = "train") -> list[str]:

@@ -81,8 +81,8 @@ def render_image(scene: Scene, size: int | tuple[int, int] = 64, t: float = 0.0)
     img = Image.new("RGB", (w, h), RGB[scene.background])
     draw = ImageDraw.Draw(img)
     short = min(h, w)
-    for shape in scene.shapes:
-        x, y, r, colour = shape_state(shape, t, aspect=w / h)
+    for index, shape in enumerate(scene.shapes):  # later shapes are drawn in front
+        x, y, r, colour = shape_state(shape, scene.local_time(index, t), aspect=w / h)
         cx, cy, rp = x * w, y * h, max(r * short, 0.5)
         fill = RGB[colour]
         if shape.kind == "circle":

@@ -99,6 +99,11 @@ class Scene:
         if self.background not in BACKGROUNDS:
             raise ValueError(f"unknown background {self.background!r}")
 
+    def local_time(self, index: int, t: float) -> float:
+        """Where shape ``index`` is in its own motion at clip time ``t`` (here: every shape
+        moves over the whole clip; detailed scenes give each shape its own time window)."""
+        return t
+
 
 def as_rng(rng: random.Random | int | None) -> random.Random:
     """Accept a ``random.Random`` or a seed; never touch the global random state."""
