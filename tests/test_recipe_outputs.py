@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from mmspec.speech.recipes import train_whisper_asr
-from mmspec.vision.recipes import captioner_data, train_caption_lm, train_captioner_drafters, train_video_captioner
+from mmspec.vision.recipes import (captioner_data, train_caption_lm, train_captioner_drafters, train_detailed_captioner,
+                                   train_video_captioner)
 from mmspec.zoo import MODELS_DIR
 
 ASR = ["--train", "clips", "--heldout", "clips"]
@@ -15,10 +16,11 @@ RECIPES = [
     (train_caption_lm, ["--which", "target"], MODELS_DIR / "shapes-caption-lm", "train"),
     (train_caption_lm, ["--which", "drafter"], MODELS_DIR / "shapes-caption-drafter", "train"),
     (train_video_captioner, [], MODELS_DIR / "shapes-video-captioner", "train"),
+    (train_detailed_captioner, [], MODELS_DIR / "shapes-video-captioner", "train"),
     (train_captioner_drafters, [], captioner_data.zoo_folder(), "run"),
     (train_whisper_asr, ASR, MODELS_DIR / "shapes-whisper-asr", "train"),
 ]
-IDS = ["caption-lm", "caption-drafter", "video-captioner", "captioner-drafters", "whisper-asr"]
+IDS = ["caption-lm", "caption-drafter", "video-captioner", "detailed-captioner", "captioner-drafters", "whisper-asr"]
 
 
 def snapshot():

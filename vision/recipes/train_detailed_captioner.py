@@ -1,0 +1,367 @@
+"""Train the detailed video captioner: the zoo's ``LlavaNextVideoForConditionalGeneration``
+(same classes and sizes as ``shapes-video-captioner``) taught to describe detailed
+shapes-world scenes: every shape, the background and the order of events.
+
+    python -m mmspec.vision.recipes.train_detailed_captioner                     # full run
+    python -m mmspec.vision.recipes.train_detailed_captioner --time-steps 5 --threads 1   # time steps only
+    python -m mmspec.vision.recipes.train_detailed_captioner --text-steps 1 --steps 3 --eval-n 2 --out /tmp/x  # smoke
+
+It writes to ``--out`` (default ``./shapes-video-captioner``); ``--into-zoo`` replaces the shipped
+one-shape captioner (its ``msd/`` and ``flash/`` drafters then need retraining against it).
+
+Start: ``--init-from`` a saved captioner (default: the shipped one, whose vision tower already
+knows the shapes world's colours, kinds and motions), or ``--init-from none`` to build one from
+the caption LM ``shapes-caption-lm`` with a fresh vision tower. The shipped caption tokenizer is
+kept (ids unchanged, so the zoo's text drafter still shares them); words new to it (behind,
+first, then, ...) are spelt with several of its tokens.
+
+Data: detailed scenes and captions from :mod:`mmspec.world` (``sample_detailed_example`` of
+train seeds), rendered on the fly at ``--frames`` frames (default 8 = 288 visual tokens; the
+long-video mode is ``--frames 64`` = 2304). Sequences are ``<bos> <video>*36F describe the
+video. caption <eos>``; the loss is on the caption and ``<eos>``.
+
+Stages:
+T. text: the LM alone learns the detailed grammar on ``<bos> caption <eos>`` (``--text-steps``);
+B. captioning: caption cross-entropy through the whole model (vision tower, projector and LM
+   at their own learning rates) plus a small video-level multi-label loss on a throw-away head
+   over the pooled vision tokens (colours, kinds, motions, directions, sizes, background, count,
+   interaction kinds, number of turns).
+
+Evaluation: greedy captions of ``--eval-n`` held-out videos, parsed by the fact checker
+(:func:`mmspec.world.check_caption`) into per-attribute accuracy, next to a wrong-video
+control (each caption generated from another held-out video: what the text alone gets right).
+
+Cost (measured: ``--time-steps 5 --threads 1``, batch 8, 8 frames, on the 2-core development
+machine shared with other jobs): stage T 1.9 s per step, stage B 7.0 s per step (the 28M LM
+over ~430-token sequences dominates). Estimated wall time of the defaults at one thread:
+300 x 1.9 s + 3000 x 7.0 s = about 21,600 s, i.e. about 6 hours, plus about a minute of
+evaluation (8 held-out videos took 1.9 s untrained). Not run yet: no detailed captioner ships.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import AutoTokenizer, LlavaNextVideoForConditionalGeneration
+
+from mmspec.training import (add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything,
+                             warmup_cosine)
+from mmspec.world import (event_slots, example_seed, interactions, parse_facts, render_video, sample_detailed_example,
+                          scene_facts, score_facts)
+from mmspec.world.detailed_facts import ATTRIBUTES
+from mmspec.world.detailed_captions import MAX_TOKENS
+from mmspec.zoo import MODELS_DIR
+
+from . import captioner_data as cd
+from .train_video_captioner import LM_DIR, build_model, caption_batch
+
+OUT_DIR = MODELS_DIR / "shapes-video-captioner"
+RELATIONS = ("behind", "in front of", "meets")
+AUX_OUT = cd.AUX_DIM + len(RELATIONS) + 4  # + interaction kinds present + number of turns (0..3)
+
+
+def aux_targets(scene) -> np.ndarray:
+    """The one-shape recipe's video-level targets plus what only detailed scenes have."""
+    relations = {it.relation for it in interactions(scene)}
+    turns = np.zeros(4, np.float32)
+    turns[min(len(event_slots(scene)), 3)] = 1.0
+    return np.concatenate([cd.aux_targets(scene), np.array([r in relations for r in RELATIONS], np.float32), turns])
+
+
+class VideoHead(nn.Module):
+    """Throw-away head: one transformer block over a video's pooled tokens, multi-label out."""
+
+    def __init__(self, dim: int, frames: int, out: int = AUX_OUT):
+        super().__init__()
+        self.frames = frames
+        self.frame_emb = nn.Parameter(torch.randn(frames, 1, dim) * 0.02)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.block = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, out)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """``[B*T, 36, dim]`` -> ``[B, out]`` logits."""
+        bt, n, d = pooled.shape
+        x = pooled.view(bt // self.frames, self.frames, n, d) + self.frame_emb
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x.flatten(1, 2)], 1)
+        return self.out(self.norm(self.block(x)[:, 0]))
+
+
+# ---------------------------------------------------------------- model and data
+
+def load_model(args):
+    """The captioner to train and its tokenizer (with ``<video>``/``<image>``)."""
+    if args.init_from.lower() == "none":
+        model, tok, _ = build_model(Path(args.lm_dir), args.seed)
+    else:
+        model = LlavaNextVideoForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(args.init_from)
+    # The sequence the model is trained on: prompt + visual tokens + the longest caption (RoPE has
+    # no learned positions; this states the real length).
+    longest = 1 + cd.TOKENS_PER_FRAME * args.frames + 8 + MAX_TOKENS + 1
+    model.config.text_config.max_position_embeddings = max(model.config.text_config.max_position_embeddings,
+                                                           1 << (longest - 1).bit_length())
+    model.config.video_seq_length = cd.TOKENS_PER_FRAME * args.frames
+    tok.model_max_length = model.config.text_config.max_position_embeddings
+    model.generation_config.max_new_tokens = args.max_new_tokens
+    return model, tok
+
+
+class Stream:
+    """Detailed train examples of ``seed``, index after index."""
+
+    def __init__(self, seed: int, split: str = "train"):
+        self.seed, self.split, self.next = seed, split, 0
+
+    def take(self, n: int) -> list:
+        out = [sample_detailed_example(example_seed(self.split, self.seed, i)) for i in range(self.next, self.next + n)]
+        self.next += n
+        return out
+
+
+def videos(scenes, frames: int) -> torch.Tensor:
+    return cd.normalise_frames(np.stack([render_video(s, frames, cd.FRAME_SIZE) for s in scenes]))
+
+
+def text_batch(tok, captions: list[str]):
+    """``<bos> caption <eos>`` right-padded, loss on everything after ``<bos>``."""
+    return caption_batch(tok, [tok.bos_token_id], captions)
+
+
+def pooled_features(model, pixel_values_videos: torch.Tensor) -> torch.Tensor:
+    out = model.model.vision_tower(pixel_values_videos.flatten(0, 1), output_hidden_states=True)
+    return model.model.vision_resampler(out.hidden_states[model.config.vision_feature_layer][:, 1:])
+
+
+def caption_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits, target = logits[:, :-1].float(), labels[:, 1:]
+    valid = target != -100
+    return F.cross_entropy(logits[valid], target[valid])
+
+
+# ---------------------------------------------------------------- evaluation
+
+@torch.inference_mode()
+def generate_captions(model, tok, pixel_values: torch.Tensor, frames: int, max_new_tokens: int) -> list[str]:
+    prefix = cd.prompt_ids(tok, num_frames=frames)
+    prompt = torch.tensor([prefix] * len(pixel_values))
+    out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), pixel_values_videos=pixel_values,
+                         max_new_tokens=max_new_tokens, do_sample=False)
+    return [tok.decode(seq, skip_special_tokens=True).strip() for seq in out[:, len(prefix):]]
+
+
+def accuracy(rows: list[tuple[str, object]]) -> dict[str, float | None]:
+    """Per-attribute accuracy (correct / total summed over videos) of captions against scenes."""
+    totals = {a: [0, 0] for a in ATTRIBUTES}
+    for text, scene in rows:
+        for attr, (c, t) in score_facts(parse_facts(text), scene_facts(scene)).items():
+            totals[attr][0] += c
+            totals[attr][1] += t
+    return {a: (round(c / t, 4) if t else None) for a, (c, t) in totals.items()}
+
+
+def evaluate(model, tok, heldout, frames: int, max_new_tokens: int, batch_size: int = 8) -> tuple[dict, list]:
+    model.eval()
+    own = []
+    for i in range(0, len(heldout), batch_size):
+        chunk = heldout[i : i + batch_size]
+        pv = videos([s for s, _ in chunk], frames)
+        own += generate_captions(model, tok, pv, frames, max_new_tokens)
+    scenes = [s for s, _ in heldout]
+    # wrong-video control: caption video k+1, score against scene k
+    shifted = own[1:] + own[:1] if len(own) > 1 else own
+    quality = {"heldout_videos": len(heldout),
+               "attribute_accuracy": accuracy(list(zip(own, scenes))),
+               "wrong_video_control_accuracy": accuracy(list(zip(shifted, scenes))),
+               "exact_match": round(sum(g == t for g, (_, t) in zip(own, heldout)) / len(heldout), 4)}
+    samples = [{"truth": t, "generated": g} for g, (_, t) in zip(own, heldout)]
+    model.train()
+    return quality, samples
+
+
+# ---------------------------------------------------------------- training
+
+def train(args) -> None:
+    torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+    start = time.time()
+    model, tok = load_model(args)
+    model.train()
+    head = VideoHead(model.config.vision_config.hidden_size, args.frames)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"captioner: {n_params / 1e6:.2f}M parameters, {cd.TOKENS_PER_FRAME * args.frames} visual tokens "
+          f"per video ({args.frames} frames)", flush=True)
+    stream = Stream(args.seed)
+    lm_params = list(model.model.language_model.parameters())
+    vision_params = list(model.model.vision_tower.parameters()) + list(head.parameters())
+    proj_params = list(model.model.multi_modal_projector.parameters())
+
+    # ---- stage T: the LM alone on detailed captions
+    text_steps = args.time_steps if args.time_steps and args.text_steps else args.text_steps
+    opt = adamw(lm_params, args.text_lr, weight_decay=0.0)
+    t_t = time.time()
+    for step in range(text_steps):
+        for g in opt.param_groups:
+            g["lr"] = args.text_lr * warmup_cosine(step, text_steps, min(20, text_steps // 10), floor=0.1)
+        ids, mask, labels = text_batch(tok, [c for _, c in stream.take(args.batch_size)])
+        loss = caption_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
+        optimizer_step(opt, loss, lm_params)
+        if step % 25 == 0 or step == text_steps - 1:
+            print(f"T step {step} loss {loss.item():.4f} elapsed {time.time() - start:.0f}s", flush=True)
+    text_s = (time.time() - t_t) / max(1, text_steps)
+    del opt
+
+    # ---- stage B: captioning through the whole model
+    prefix = cd.prompt_ids(tok, num_frames=args.frames)
+    groups = [(vision_params, args.vision_lr), (proj_params, args.proj_lr), (lm_params, args.lm_lr)]
+    opt = adamw([{"params": p, "lr": 0.0} for p, _ in groups], 0.0, weight_decay=0.0)
+    steps = args.time_steps or args.steps
+    times = []
+    for step in range(steps):
+        t0 = time.time()
+        batch = stream.take(args.batch_size)
+        scenes = [s for s, _ in batch]
+        pv = videos(scenes, args.frames)
+        ids, mask, labels = caption_batch(tok, prefix, [c for _, c in batch])
+        captured = {}
+        hook = model.model.vision_resampler.register_forward_hook(lambda m, i, o: captured.setdefault("pooled", o))
+        try:
+            out = model(input_ids=ids, attention_mask=mask, pixel_values_videos=pv)
+        finally:
+            hook.remove()
+        cap = caption_loss(out.logits, labels)
+        target = torch.from_numpy(np.stack([aux_targets(s) for s in scenes]))
+        aux = F.binary_cross_entropy_with_logits(head(captured["pooled"]), target)
+        loss = cap + args.aux_weight * aux
+        f = warmup_cosine(step, steps, min(args.warmup, steps // 10), floor=0.1)
+        for g, (_, lr) in zip(opt.param_groups, groups):
+            g["lr"] = lr * f
+        optimizer_step(opt, loss, [q for params, _ in groups for q in params])
+        times.append(time.time() - t0)
+        if step % 10 == 0 or step == steps - 1:
+            print(f"B step {step} caption_loss {cap.item():.4f} aux_loss {aux.item():.4f} step_s {times[-1]:.2f} "
+                  f"elapsed {time.time() - start:.0f}s", flush=True)
+    step_s = float(np.median(times[1:] if len(times) > 1 else times)) if times else None
+    print(f"seconds per step at --threads {args.threads}, batch {args.batch_size}, {args.frames} frames: "
+          f"text {text_s:.3f}, captioning {step_s:.3f}", flush=True)
+    if args.time_steps:
+        return
+    train_wall = time.time() - start
+
+    # ---- evaluate and ship fp16 (evaluate what ships)
+    model.half()
+    model.float()
+    heldout = [sample_detailed_example(example_seed("heldout", args.seed, i)) for i in range(args.eval_n)]
+    t_e = time.time()
+    quality, samples = evaluate(model, tok, heldout, args.frames, args.max_new_tokens)
+    quality["eval_wall_time_s"] = round(time.time() - t_e, 1)
+    print(json.dumps(quality, indent=1), flush=True)
+    save(model, tok, Path(args.out), args, dict(n_params=n_params, train_wall=train_wall, text_s=text_s,
+                                               step_s=step_s, data_size=stream.next), quality, samples)
+
+
+def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    model.half().save_pretrained(folder, safe_serialization=True)
+    cd.build_processor(tok).save_pretrained(folder)
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    card = {
+        "name": folder.name,
+        "task": "video-captioning (detailed shapes world)",
+        "architecture": "LlavaNextVideoForConditionalGeneration",
+        "role": "target",
+        "params": info["n_params"],
+        "file_size_bytes": size,
+        "dtype": "float16",
+        "frames_trained_on": args.frames,
+        "visual_tokens_per_video": cd.TOKENS_PER_FRAME * args.frames,
+        "frame_size": cd.FRAME_SIZE,
+        "prompt": f"<video>{cd.PROMPT}",
+        "vocab_size": len(tok),
+        "started_from": args.init_from,
+        "trained_on": (f"detailed shapes-world examples rendered on the fly (mmspec.world.sample_detailed_example("
+                       f"example_seed('train', {args.seed}, i)), render_video(scene, {args.frames}, {cd.FRAME_SIZE})), "
+                       f"i < {info['data_size']}; stage T: {args.text_steps} LM-only steps; stage B: {args.steps} "
+                       f"steps x {args.batch_size} videos, caption cross-entropy + {args.aux_weight} x video-level "
+                       f"multi-label loss on a throw-away head"),
+        "seed": args.seed,
+        "optimiser": (f"AdamW; stage T lr {args.text_lr}; stage B lr vision {args.vision_lr}, projector "
+                      f"{args.proj_lr}, LM {args.lm_lr}; warm-up then cosine to 10%"),
+        "step_time_s": {"text": round(info["text_s"], 3), "captioning": info["step_s"]},
+        "train_wall_time_s": round(info["train_wall"], 1),
+        "train_machine": f"2 CPU cores, torch.set_num_threads({args.threads})",
+        "quality": {**quality, "measured_on": f"{args.eval_n} held-out videos: sample_detailed_example(example_seed("
+                                              f"'heldout', {args.seed}, i)), greedy, max {args.max_new_tokens} new "
+                                              "tokens, fp16 weights upcast to fp32; per-attribute accuracy from "
+                                              "mmspec.world.score_facts"},
+        "rebuild_command": rebuild_command(args),
+    }
+    (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    (folder / "heldout_samples.json").write_text(json.dumps(samples[:20], indent=1) + "\n")
+    print(f"saved {folder} ({size / 1e6:.1f} MB of weights)", flush=True)
+
+
+def rebuild_command(args) -> str:
+    defaults = vars(build_parser().parse_args([]))
+    parts = ["python -m mmspec.vision.recipes.train_detailed_captioner"]
+    for name, value in vars(args).items():
+        if name in ("out", "into_zoo", "lm_dir", "time_steps") or value == defaults.get(name):
+            continue
+        parts.append(f"--{name.replace('_', '-')} {value}")
+    return " ".join(parts)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-from", default=str(OUT_DIR),
+                        help="a saved captioner folder to start from, or 'none' for a fresh vision tower")
+    parser.add_argument("--lm-dir", default=str(LM_DIR), help="the caption LM (with --init-from none)")
+    add_output_arguments(parser, OUT_DIR.name, "the captioner")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--frames", type=int, default=cd.FRAMES, help="frames per training video")
+    parser.add_argument("--text-steps", type=int, default=300)
+    parser.add_argument("--text-lr", type=float, default=3e-4)
+    parser.add_argument("--steps", type=int, default=3000, help="captioning steps")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--vision-lr", type=float, default=3e-4)
+    parser.add_argument("--proj-lr", type=float, default=1e-3)
+    parser.add_argument("--lm-lr", type=float, default=1e-4)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--aux-weight", type=float, default=0.3)
+    parser.add_argument("--eval-n", type=int, default=100)
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_TOKENS + 10)
+    parser.add_argument("--time-steps", type=int, default=0,
+                        help="only time this many steps of each stage; save nothing")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.frames < 1 or args.steps < 0 or args.text_steps < 0 or args.batch_size < 1 or args.eval_n < 1:
+        parser.error("--frames, --batch-size and --eval-n must be >= 1; --steps and --text-steps >= 0")
+    if args.init_from.lower() != "none" and not (Path(args.init_from) / "config.json").is_file():
+        parser.error(f"--init-from {args.init_from!r} is not a saved captioner folder (no config.json); "
+                     "pass --init-from none to start from the caption LM")
+    args.out = str(parse_output_folder(parser, args, OUT_DIR))
+    train(args)
+
+
+if __name__ == "__main__":
+    main()
