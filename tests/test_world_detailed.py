@@ -3,7 +3,6 @@ fact checker (round trip and corrupted-caption controls) and the long-video mode
 
 from __future__ import annotations
 
-import random
 import re
 from collections import Counter
 
@@ -113,18 +112,17 @@ def _swap_word(caption: str, pattern: str, choices: tuple[str, ...]) -> str | No
     return caption[: m.start(1)] + new + caption[m.end(1):]
 
 
+TURN_HEAD = r"(first,|at the start,|to begin with,|after that,|next,|finally,|at the end,|then) "
+
+
 def _swap_turns(caption: str) -> str | None:
+    """Swap what happens in the first and the last turn (their connectives stay in place)."""
     sentences = caption[:-1].split(". ")
-    leads = [i for i, s in enumerate(sentences) if re.match(r"(first,|at the start,|to begin with,) ", s)]
-    ends = [i for i, s in enumerate(sentences) if re.match(r"(finally,|at the end,|then) ", s)]
-    if not leads or not ends:
+    turns = [(i, m) for i, s in enumerate(sentences) if (m := re.match(TURN_HEAD, s))]
+    if len(turns) < 2:
         return None
-    a, b = leads[0], ends[-1]
-    head_a, body_a = sentences[a].split(" ", 1) if not sentences[a].startswith(("at the", "to begin")) else \
-        (" ".join(sentences[a].split(" ")[:3]), " ".join(sentences[a].split(" ")[3:]))
-    head_b, body_b = sentences[b].split(" ", 1) if not sentences[b].startswith("at the") else \
-        (" ".join(sentences[b].split(" ")[:3]), " ".join(sentences[b].split(" ")[3:]))
-    sentences[a], sentences[b] = f"{head_a} {body_b}", f"{head_b} {body_a}"
+    (a, ma), (b, mb) = turns[0], turns[-1]
+    sentences[a], sentences[b] = ma.group(0) + sentences[b][mb.end():], mb.group(0) + sentences[a][ma.end():]
     return ". ".join(sentences) + "."
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .captions import (BACKGROUND_PHRASES, DIRECTION_WORDS, INTROS, KIND_WORDS, LEADS, REGION_PHRASES, SIZE_WORDS,
                        VERBS, _choose)
-from .detailed_scenes import DetailedScene, Interaction, event_slots, interactions
+from .detailed_scenes import DetailedScene, event_slots, interactions
 from .scenes import BACKGROUNDS, COLOURS, as_rng, region
 
 Options = list[tuple[str, float]]
