@@ -31,6 +31,7 @@ OVERLAP = 0.8  # two shapes overlap when their centres are closer than OVERLAP x
 GRID = 160  # time samples per clip for the geometry checks
 LONG_FRAMES = 64  # long-video mode: 64 frames x 36 pooled tokens = 2304 visual tokens (LLaVA-NeXT-Video toy)
 MAX_TRIES = 200
+VISIBLE_IN = (8, LONG_FRAMES)  # frame counts whose renders must each show every overlap at least once
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,18 @@ def interactions(scene: DetailedScene) -> list[Interaction]:
     return sorted(found, key=lambda x: (x.time, x.mover, x.other))
 
 
+def _seen(scene: DetailedScene, i: int, j: int, frames: int) -> bool:
+    return any(_overlap(scene, i, j, k / (frames - 1)) for k in range(frames))
+
+
 def is_clear(scene: DetailedScene) -> bool:
-    """Every overlap starts after t = 0, is caused by a moving shape, and is over at t = 1,
-    and every moving shape stays inside the frame."""
+    """Every overlap starts after t = 0, is caused by a moving shape, is over at t = 1 and shows
+    in at least one frame of an 8-frame and of a long render; every moving shape stays inside
+    the frame."""
     for it in interactions(scene):
         if it.relation == "overlaps" or it.time == 0.0 or _overlap(scene, it.mover, it.other, 1.0):
+            return False
+        if not all(_seen(scene, it.mover, it.other, frames) for frames in VISIBLE_IN):
             return False
     for i, s in enumerate(scene.shapes):
         x, y, r, _ = scene.state(i, 1.0)
