@@ -1,0 +1,266 @@
+"""Continuous speculative decoding (CSpD; Wang et al. 2024, "Continuous Speculative Decoding for
+Autoregressive Image Generation"; MarkXCloud/CSpD, MIT) for MAR-style models, and the target-only
+loop it is measured against.
+
+Both loops follow MAR's random order and cosine schedule. CSpD:
+
+- denoising trajectory alignment: one bank of initial and per-step diffusion noise per token
+  position, shared by draft and target heads;
+- token pre-filling: the target itself generates steps 0..floor(prefill_ratio x num_iter), as the
+  official runner does (the draft's early tokens, made from almost nothing, are the least alike);
+- drafting: the draft model runs the next `num_draft` steps of the schedule; the target then runs
+  ONE forward conditioned on the tokens known before the window and samples every window token with
+  the same noise, which gives its density there;
+- acceptance: each window token x is kept when U < min(1, p(x) / q(x)), with the densities of
+  `token_density.LastStepGaussian` (the last denoising step's Gaussian with the trajectory's variance
+  correction; `inner_temperature` scales the exponent as the official runner's 42 does, 1 = none);
+- rejection: a rejected token is redrawn from norm(max(0, p - q)) by acceptance-rejection sampling
+  with the proposal p and the bound M = 1 (max(0, p - q) <= p): a draw x' ~ p is kept with
+  probability max(0, 1 - q(x') / p(x')), at most `max_tries` times; a token never kept takes the last
+  draw of p (the official code leaves a zero vector; `residual_fallbacks` counts them).
+
+Tokens of a window are accepted or redrawn independently, as in the paper, because MAR samples the
+tokens of one step independently given the known ones: the output is distributed as the target's
+own sampling on the schedule in which each verified window is one step (`cspd_schedule` gives it;
+the distribution test compares against exactly that), when the densities are exact. For a diffusion
+head the paper's densities are an approximation, so CSpD there is close to, not provably equal to,
+the target's distribution.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from mmspec.errors import MMSpecError
+from mmspec.sampling import rand
+from mmspec.stats import SpecStats
+
+from .mar import cfg_scale, mask_by_order, tokens_left
+
+
+class ContinuousTokenModel(Protocol):
+    """What the loops need of a model (`mar.MAR` is one; the tests add a closed-form mixture model)."""
+
+    seq_len: int
+    token_embed_dim: int
+    device: torch.device
+    supports_density: bool
+
+    def check_generation(self, num_iter: int, cfg: float, cfg_schedule: str, temperature: float) -> None: ...
+    def class_embedding(self, labels: Any, batch_size: int, cfg: float) -> torch.Tensor: ...
+    def sample_orders(self, batch_size: int, generator: torch.Generator | None) -> torch.Tensor: ...
+    def noise_banks(self, batch_size: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def propose(self, tokens: torch.Tensor, unknown: torch.Tensor, predict: torch.Tensor, class_embedding: torch.Tensor,
+                cfg: float, temperature: float, noise: torch.Tensor, step_noise: torch.Tensor | None) -> Any: ...
+
+
+@dataclass
+class CSpDOutput:
+    """tokens [B, L, C]; stats: target/drafter forwards, drafted and accepted window tokens, timings."""
+
+    tokens: torch.Tensor
+    stats: SpecStats
+    residual_fallbacks: int = 0
+    steps: list[int] = field(default_factory=list)
+
+
+def cosine_lefts(num_iter: int, seq_len: int) -> list[int]:
+    """Unknown tokens after each step of MAR's cosine schedule (last entry 0)."""
+    lefts, unknown = [], seq_len
+    for step in range(num_iter):
+        unknown = tokens_left(step, num_iter, seq_len, unknown)
+        lefts.append(unknown)
+    return lefts
+
+
+def prefill_steps(num_iter: int, prefill_ratio: float) -> int:
+    """Steps the target generates itself: 0..floor(ratio x num_iter), as the official runner."""
+    return min(num_iter, math.floor(prefill_ratio * num_iter) + 1)
+
+
+def cspd_schedule(num_iter: int, seq_len: int, num_draft: int, prefill_ratio: float) -> list[int]:
+    """The target-only schedule (unknown tokens after each step) CSpD's output is distributed as:
+    the pre-filled steps, then one step per verified window of `num_draft` drafted steps."""
+    lefts = cosine_lefts(num_iter, seq_len)
+    first = prefill_steps(num_iter, prefill_ratio)
+    drafted = lefts[first:]
+    return lefts[:first] + [drafted[min(i + num_draft, len(drafted)) - 1] for i in range(0, len(drafted), num_draft)]
+
+
+def _check(model: ContinuousTokenModel, batch_size: int, num_iter: int, cfg: float, cfg_schedule: str,
+           temperature: float) -> None:
+    if batch_size < 1:
+        raise MMSpecError(f"batch_size must be >= 1, got {batch_size}")
+    model.check_generation(num_iter, cfg, cfg_schedule, temperature)
+
+
+@torch.no_grad()
+def target_generate(model: ContinuousTokenModel, batch_size: int, num_iter: int = 64, cfg: float = 1.0,
+                    cfg_schedule: str = "linear", labels: Any = None, temperature: float = 1.0,
+                    generator: torch.Generator | None = None, lefts: list[int] | None = None
+                    ) -> tuple[torch.Tensor, SpecStats]:
+    """Tokens [B, L, C] by the model alone: one forward per step of `lefts` (default: the cosine schedule)."""
+    _check(model, batch_size, num_iter, cfg, cfg_schedule, temperature)
+    lefts = cosine_lefts(num_iter, model.seq_len) if lefts is None else list(lefts)
+    if not lefts or lefts[-1] != 0 or any(b >= a for a, b in zip([model.seq_len] + lefts, lefts)):
+        raise MMSpecError("a schedule must decrease strictly to 0 unknown tokens")
+    stats = SpecStats(method="target")
+    start = time.perf_counter()
+    orders = model.sample_orders(batch_size, generator)
+    noise, step_noise = model.noise_banks(batch_size, generator)
+    cond = model.class_embedding(labels, batch_size, cfg)
+    tokens = torch.zeros(batch_size, model.seq_len, model.token_embed_dim, device=model.device)
+    unknown = torch.ones(batch_size, model.seq_len, dtype=torch.bool, device=model.device)
+    for left in lefts:
+        still = mask_by_order(left, orders)
+        predict = unknown & ~still
+        density = model.propose(tokens, unknown, predict, cond, cfg_scale(cfg, cfg_schedule, model.seq_len, left),
+                                temperature, noise, step_noise)
+        tokens[predict] = density.tokens.to(tokens.dtype)
+        unknown = still
+        stats.target_forwards += 1
+    stats.new_tokens = batch_size * model.seq_len
+    stats.total_time = time.perf_counter() - start
+    return tokens, stats
+
+
+def accept_drafts(x: torch.Tensor, p: Any, q: Any, inner_temperature: float,
+                  generator: torch.Generator | None) -> torch.Tensor:
+    """Bool [N]: U < min(1, p(x) / q(x)) per token, on log densities."""
+    log_ratio = p.log_density(x, inner_temperature) - q.log_density(x, inner_temperature)
+    u = rand((x.shape[0],), generator, x.device, torch.float64)
+    return u.log() < log_ratio.double()
+
+
+def sample_residual(p: Any, q: Any, max_tries: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draws from norm(max(0, p - q)) per row by acceptance-rejection with proposal p and bound 1.
+
+    Returns (samples [N, C], kept [N] bool); a row never kept holds the last draw of p.
+    """
+    out = p.draw(generator)
+    kept = torch.zeros(out.shape[0], dtype=torch.bool, device=out.device)
+    for _ in range(max_tries):
+        proposal = p.draw(generator)
+        keep_prob = (1 - (q.log_density(proposal, 1.0) - p.log_density(proposal, 1.0)).double().exp()).clamp_min(0)
+        take = ~kept & (rand((out.shape[0],), generator, out.device, torch.float64) < keep_prob)
+        out = torch.where((take | ~kept)[:, None], proposal.to(out.dtype), out)
+        kept |= take
+        if bool(kept.all()):
+            break
+    return out, kept
+
+
+def _check_pair(draft: ContinuousTokenModel, target: ContinuousTokenModel, num_draft: int, prefill_ratio: float,
+                inner_temperature: float, max_tries: int) -> None:
+    if (draft.seq_len, draft.token_embed_dim) != (target.seq_len, target.token_embed_dim):
+        raise MMSpecError(f"draft and target must make the same tokens: draft {draft.seq_len} x {draft.token_embed_dim}, "
+                          f"target {target.seq_len} x {target.token_embed_dim}")
+    if not (draft.supports_density and target.supports_density):
+        raise MMSpecError("continuous speculative decoding needs DDPM heads on both models (DDIM tokens have no density)")
+    if num_draft < 1:
+        raise MMSpecError(f"num_draft must be >= 1, got {num_draft}")
+    if not 0 <= prefill_ratio < 1:
+        raise MMSpecError(f"prefill_ratio must be in [0, 1), got {prefill_ratio}")
+    if inner_temperature <= 0:
+        raise MMSpecError(f"inner_temperature must be > 0, got {inner_temperature}")
+    if max_tries < 1:
+        raise MMSpecError(f"max_tries must be >= 1, got {max_tries}")
+
+
+def _bank_shapes(banks: tuple[torch.Tensor, torch.Tensor | None]) -> tuple:
+    return tuple(None if b is None else tuple(b.shape) for b in banks)
+
+
+@torch.no_grad()
+def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, batch_size: int, labels: Any = None,
+                  num_iter: int = 64, num_draft: int = 8, prefill_ratio: float = 0.15, cfg: float = 1.0,
+                  cfg_schedule: str = "linear", temperature: float = 1.0, inner_temperature: float = 1.0,
+                  max_tries: int = 100, generator: torch.Generator | None = None,
+                  draft_labels: Any = None) -> CSpDOutput:
+    """Tokens [B, L, C] of `target` by continuous speculative decoding with `draft` (see the module docstring).
+
+    Defaults as the official runner's (num_draft 8, prefill 0.15, 100 tries) except `inner_temperature`
+    (official 42, a heuristic that raises acceptance at the cost of exactness; 1 = the paper's ratio).
+    `draft_labels` defaults to `labels` (give it when the draft has its own class numbering).
+    """
+    _check(target, batch_size, num_iter, cfg, cfg_schedule, temperature)
+    _check(draft, batch_size, num_iter, cfg, cfg_schedule, temperature)
+    _check_pair(draft, target, num_draft, prefill_ratio, inner_temperature, max_tries)
+    stats = SpecStats(method="cspd")
+    start = time.perf_counter()
+    orders = target.sample_orders(batch_size, generator)
+    banks = target.noise_banks(batch_size, generator)
+    if _bank_shapes(draft.noise_banks(1, None)) != _bank_shapes(target.noise_banks(1, None)):
+        raise MMSpecError("draft and target must share the diffusion noise (same num_sampling_steps and token size) "
+                          "to align their denoising trajectories")
+    target_cond = target.class_embedding(labels, batch_size, cfg)
+    draft_cond = draft.class_embedding(labels if draft_labels is None else draft_labels, batch_size, cfg)
+    device = target.device
+    tokens = torch.zeros(batch_size, target.seq_len, target.token_embed_dim, device=device)
+    unknown = torch.ones(batch_size, target.seq_len, dtype=torch.bool, device=device)
+    lefts = cosine_lefts(num_iter, target.seq_len)
+    first = prefill_steps(num_iter, prefill_ratio)
+    window: list[tuple[torch.Tensor, Any]] = []  # (predict mask, draft density) per drafted step
+    known_before = unknown
+    fallbacks, steps = 0, []
+    for step, left in enumerate(lefts):
+        still = mask_by_order(left, orders)
+        predict = unknown & ~still
+        scale = cfg_scale(cfg, cfg_schedule, target.seq_len, left)
+        if step < first:
+            with stats.timer("prefill"):
+                density = target.propose(tokens, unknown, predict, target_cond, scale, temperature, *banks)
+            tokens[predict] = density.tokens.to(tokens.dtype)
+            stats.target_forwards += 1
+            steps.append(left)
+        else:
+            if not window:
+                known_before = unknown
+            with stats.timer("draft"):
+                density = draft.propose(tokens, unknown, predict, draft_cond, scale, temperature, *banks)
+            tokens[predict] = density.tokens.to(tokens.dtype)
+            stats.drafter_forwards += 1
+            window.append((predict, density))
+            if len(window) == num_draft or left == 0:
+                with stats.timer("verify"):
+                    fallbacks += _verify(target, tokens, known_before, window, target_cond, scale, temperature, banks,
+                                         inner_temperature, max_tries, generator, stats)
+                window = []
+                steps.append(left)
+        unknown = still
+    stats.new_tokens = batch_size * target.seq_len
+    stats.total_time = time.perf_counter() - start
+    return CSpDOutput(tokens=tokens, stats=stats, residual_fallbacks=fallbacks, steps=steps)
+
+
+def _verify(target: ContinuousTokenModel, tokens: torch.Tensor, known_before: torch.Tensor,
+            window: list[tuple[torch.Tensor, Any]], cond: torch.Tensor, scale: float, temperature: float, banks: tuple,
+            inner_temperature: float, max_tries: int, generator: torch.Generator | None, stats: SpecStats) -> int:
+    """One target forward over the window's tokens; accepts or redraws each in place; returns the fallback count."""
+    length = tokens.shape[1]
+    drafted = torch.zeros_like(known_before)
+    flat_parts, densities = [], []
+    for predict, density in window:
+        drafted |= predict
+        where = predict.nonzero(as_tuple=True)
+        flat_parts.append(where[0] * length + where[1])
+        densities.append(density)
+    # target rows come in row-major position order; put the draft's rows in the same order
+    q = type(densities[0]).cat(densities).rows(torch.cat(flat_parts).argsort())
+    p = target.propose(tokens, known_before, drafted, cond, scale, temperature, *banks)
+    stats.target_forwards += 1
+    where = drafted.nonzero(as_tuple=True)
+    x = tokens[where]
+    accepted = accept_drafts(x, p, q, inner_temperature, generator)
+    redrawn, kept = sample_residual(p.rows(~accepted), q.rows(~accepted), max_tries, generator)
+    x[~accepted] = redrawn.to(x.dtype)
+    tokens[where] = x
+    stats.rounds += 1
+    stats.drafted += int(x.shape[0])
+    stats.accepted += int(accepted.sum())
+    return int((~kept).sum())
