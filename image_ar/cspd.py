@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -40,23 +40,7 @@ from mmspec.errors import MMSpecError
 from mmspec.sampling import rand
 from mmspec.stats import SpecStats
 
-from .mar import cfg_scale, mask_by_order, tokens_left
-
-
-class ContinuousTokenModel(Protocol):
-    """What the loops need of a model (`mar.MAR` is one; the tests add a closed-form mixture model)."""
-
-    seq_len: int
-    token_embed_dim: int
-    device: torch.device
-    supports_density: bool
-
-    def check_generation(self, num_iter: int, cfg: float, cfg_schedule: str, temperature: float) -> None: ...
-    def class_embedding(self, labels: Any, batch_size: int, cfg: float) -> torch.Tensor: ...
-    def sample_orders(self, batch_size: int, generator: torch.Generator | None) -> torch.Tensor: ...
-    def noise_banks(self, batch_size: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-    def propose(self, tokens: torch.Tensor, unknown: torch.Tensor, predict: torch.Tensor, class_embedding: torch.Tensor,
-                cfg: float, temperature: float, noise: torch.Tensor, step_noise: torch.Tensor | None) -> Any: ...
+from .masked_decode import ContinuousTokenModel, cfg_scale, check_generation, cosine_lefts, mask_by_order
 
 
 @dataclass
@@ -67,15 +51,6 @@ class CSpDOutput:
     stats: SpecStats
     residual_fallbacks: int = 0
     steps: list[int] = field(default_factory=list)
-
-
-def cosine_lefts(num_iter: int, seq_len: int) -> list[int]:
-    """Unknown tokens after each step of MAR's cosine schedule (last entry 0)."""
-    lefts, unknown = [], seq_len
-    for step in range(num_iter):
-        unknown = tokens_left(step, num_iter, seq_len, unknown)
-        lefts.append(unknown)
-    return lefts
 
 
 def prefill_steps(num_iter: int, prefill_ratio: float) -> int:
@@ -90,43 +65,6 @@ def cspd_schedule(num_iter: int, seq_len: int, num_draft: int, prefill_ratio: fl
     first = prefill_steps(num_iter, prefill_ratio)
     drafted = lefts[first:]
     return lefts[:first] + [drafted[min(i + num_draft, len(drafted)) - 1] for i in range(0, len(drafted), num_draft)]
-
-
-def _check(model: ContinuousTokenModel, batch_size: int, num_iter: int, cfg: float, cfg_schedule: str,
-           temperature: float) -> None:
-    if batch_size < 1:
-        raise MMSpecError(f"batch_size must be >= 1, got {batch_size}")
-    model.check_generation(num_iter, cfg, cfg_schedule, temperature)
-
-
-@torch.no_grad()
-def target_generate(model: ContinuousTokenModel, batch_size: int, num_iter: int = 64, cfg: float = 1.0,
-                    cfg_schedule: str = "linear", labels: Any = None, temperature: float = 1.0,
-                    generator: torch.Generator | None = None, lefts: list[int] | None = None
-                    ) -> tuple[torch.Tensor, SpecStats]:
-    """Tokens [B, L, C] by the model alone: one forward per step of `lefts` (default: the cosine schedule)."""
-    _check(model, batch_size, num_iter, cfg, cfg_schedule, temperature)
-    lefts = cosine_lefts(num_iter, model.seq_len) if lefts is None else list(lefts)
-    if not lefts or lefts[-1] != 0 or any(b >= a for a, b in zip([model.seq_len] + lefts, lefts)):
-        raise MMSpecError("a schedule must decrease strictly to 0 unknown tokens")
-    stats = SpecStats(method="target")
-    start = time.perf_counter()
-    orders = model.sample_orders(batch_size, generator)
-    noise, step_noise = model.noise_banks(batch_size, generator)
-    cond = model.class_embedding(labels, batch_size, cfg)
-    tokens = torch.zeros(batch_size, model.seq_len, model.token_embed_dim, device=model.device)
-    unknown = torch.ones(batch_size, model.seq_len, dtype=torch.bool, device=model.device)
-    for left in lefts:
-        still = mask_by_order(left, orders)
-        predict = unknown & ~still
-        density = model.propose(tokens, unknown, predict, cond, cfg_scale(cfg, cfg_schedule, model.seq_len, left),
-                                temperature, noise, step_noise)
-        tokens[predict] = density.tokens.to(tokens.dtype)
-        unknown = still
-        stats.target_forwards += 1
-    stats.new_tokens = batch_size * model.seq_len
-    stats.total_time = time.perf_counter() - start
-    return tokens, stats
 
 
 def accept_drafts(x: torch.Tensor, p: Any, q: Any, inner_temperature: float,
@@ -188,8 +126,8 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
     (official 42, a heuristic that raises acceptance at the cost of exactness; 1 = the paper's ratio).
     `draft_labels` defaults to `labels` (give it when the draft has its own class numbering).
     """
-    _check(target, batch_size, num_iter, cfg, cfg_schedule, temperature)
-    _check(draft, batch_size, num_iter, cfg, cfg_schedule, temperature)
+    check_generation(target, batch_size, num_iter, cfg, cfg_schedule, temperature)
+    check_generation(draft, batch_size, num_iter, cfg, cfg_schedule, temperature)
     _check_pair(draft, target, num_draft, prefill_ratio, inner_temperature, max_tries)
     stats = SpecStats(method="cspd")
     start = time.perf_counter()

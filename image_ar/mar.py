@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-import numpy as np
+
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
@@ -34,34 +34,8 @@ from mmspec.errors import MMSpecError
 from mmspec.sampling import rand
 
 from .diffloss import DiffLoss
+from .masked_decode import cfg_scale, mask_by_order, target_generate
 from .token_density import LastStepGaussian
-
-CFG_SCHEDULES = ("linear", "constant")
-
-
-def tokens_left(step: int, num_iter: int, seq_len: int, unknown: int) -> int:
-    """Unknown tokens after `step` on the cosine schedule: at least one fewer than now, at least one left
-    (the last step predicts all that remain)."""
-    if step >= num_iter - 1:
-        return 0
-    left = math.floor(seq_len * np.cos(math.pi / 2.0 * (step + 1) / num_iter))
-    return max(1, min(unknown - 1, left))
-
-
-def mask_by_order(left: int, orders: torch.Tensor) -> torch.Tensor:
-    """Bool mask [B, L]: the first `left` positions of each order are (still) unknown."""
-    mask = torch.zeros(orders.shape, dtype=torch.bool, device=orders.device)
-    return mask.scatter(1, orders[:, :left], True)
-
-
-def cfg_scale(cfg: float, schedule: str, seq_len: int, left: int) -> float:
-    """The guidance scale of a step after which `left` tokens stay unknown (Muse's linear ramp)."""
-    if schedule == "linear":
-        return 1 + (cfg - 1) * (seq_len - left) / seq_len
-    if schedule == "constant":
-        return cfg
-    raise MMSpecError(f"unknown cfg_schedule {schedule!r} (known: {', '.join(CFG_SCHEDULES)})")
-
 
 class MAR(ModelMixin, ConfigMixin):
     """Class-conditional MAR with its DiffLoss head; see the module docstring for names and shapes."""
@@ -280,8 +254,6 @@ class MAR(ModelMixin, ConfigMixin):
                       labels: torch.Tensor | None = None, temperature: float = 1.0,
                       generator: torch.Generator | None = None, progress: bool = False) -> torch.Tensor:
         """Latents [B, c, h, w] by `num_iter` steps of the cosine schedule (the official `sample_tokens`)."""
-        from .cspd import target_generate
-
         tokens, _ = target_generate(self, batch_size, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, labels=labels,
                                     temperature=temperature, generator=generator)
         return self.unpatchify(tokens)

@@ -120,7 +120,7 @@ def test_sampling_is_seeded_and_shaped(mar):
 
 
 def test_cosine_schedule_predicts_every_token_once(mar):
-    from mmspec.image_ar.cspd import cosine_lefts
+    from mmspec.image_ar.masked_decode import cosine_lefts
 
     lefts = cosine_lefts(5, 16)
     assert lefts[-1] == 0 and all(b < a for a, b in zip([16] + lefts, lefts))
