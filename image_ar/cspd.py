@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import rand
+from mmspec.sampling import rand, seeded_generator
 from mmspec.stats import SpecStats
 
 from .masked_decode import ContinuousTokenModel, cfg_scale, check_generation, cosine_lefts, mask_by_order
@@ -133,7 +133,7 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
     start = time.perf_counter()
     orders = target.sample_orders(batch_size, generator)
     banks = target.noise_banks(batch_size, generator)
-    if _bank_shapes(draft.noise_banks(1, None)) != _bank_shapes(target.noise_banks(1, None)):
+    if _bank_shapes(draft.noise_banks(1, seeded_generator("cpu", 0))) != _bank_shapes(target.noise_banks(1, seeded_generator("cpu", 0))):
         raise MMSpecError("draft and target must share the diffusion noise (same num_sampling_steps and token size) "
                           "to align their denoising trajectories")
     target_cond = target.class_embedding(labels, batch_size, cfg)

@@ -55,7 +55,8 @@ def step_gaussian(scheduler: DDPMScheduler, model_output: torch.Tensor, t: int, 
     """
     channels = x.shape[-1]
     eps, predicted_variance = model_output[:, :channels], model_output[:, channels:]
-    prev_t = int(scheduler.previous_timestep(t))
+    with torch.device(scheduler.timesteps.device):  # the scheduler's bookkeeping tensors live with its timesteps
+        prev_t = int(scheduler.previous_timestep(t))
     alphas = scheduler.alphas_cumprod.to(device=x.device, dtype=torch.float32)
     alpha_t = alphas[t]
     alpha_prev = alphas[prev_t] if prev_t >= 0 else torch.ones((), device=x.device)
@@ -63,7 +64,8 @@ def step_gaussian(scheduler: DDPMScheduler, model_output: torch.Tensor, t: int, 
     x = x.float()
     x0 = (x - (1 - alpha_t).sqrt() * eps.float()) / alpha_t.sqrt()
     mean = (alpha_prev.sqrt() * beta_t / (1 - alpha_t)) * x0 + ((1 - beta_t).sqrt() * (1 - alpha_prev) / (1 - alpha_t)) * x
-    log_var = scheduler._get_variance(t, predicted_variance=predicted_variance.float())
+    with torch.device(scheduler.timesteps.device):
+        log_var = scheduler._get_variance(t, predicted_variance=predicted_variance.float())
     return mean, log_var.to(mean.device)
 
 

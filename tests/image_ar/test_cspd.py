@@ -159,3 +159,18 @@ def test_incompatible_pairs_give_one_clear_error(mar_pair, overrides, message):
     _, target = mar_pair
     with pytest.raises(MMSpecError, match=message):
         cspd_generate(tiny_mar(2, **overrides), target, 1, num_iter=4)
+
+
+def test_every_tensor_is_made_on_the_models_device(mar_pair):
+    """With "meta" as the default device, a tensor made without a device fails as it would on a GPU;
+    a CPU generator gives the same tokens as without the check."""
+    from ..device_checks import default_device_elsewhere
+
+    draft, target = mar_pair
+    kwargs = dict(labels=torch.tensor([1, 5]), num_iter=6, num_draft=2, prefill_ratio=0.15, cfg=2.0)
+    expected = cspd_generate(draft, target, 2, generator=seeded_generator("cpu", 9), **kwargs).tokens
+    labels = kwargs["labels"]
+    with default_device_elsewhere(draft, target):
+        out = cspd_generate(draft, target, 2, generator=seeded_generator("cpu", 9), **kwargs).tokens
+        alone = target.sample_tokens(2, num_iter=6, cfg=2.0, labels=labels, generator=seeded_generator("cpu", 9))
+    assert out.device.type == "cpu" and torch.equal(out, expected) and alone.device.type == "cpu"
