@@ -21,8 +21,10 @@ large 1024 x 16, huge 1280 x 20, all 16 heads except base (12); DiffLoss 3 x 102
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
+from pathlib import Path
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -276,10 +278,18 @@ def tiny_mar(seed: int = 0, **overrides) -> MAR:
     return model
 
 
-def load_official_mar(checkpoint: str | dict, ema: bool = True, **config) -> MAR:
+def load_official_mar(checkpoint: str | Path | dict, ema: bool = True, **config) -> MAR:
     """A MAR built with `config` (the official build's sizes) from an official checkpoint file or dict
     (its `model_ema` weights when `ema`, else `model`; a bare state dict also works); strict names."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True) if isinstance(checkpoint, str) else checkpoint
+    if isinstance(checkpoint, (str, Path)):
+        # official checkpoints also hold the training `args` (an argparse.Namespace): allow that class only
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            try:
+                state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - any unpickling refusal becomes one line
+                raise MMSpecError(f"cannot read {checkpoint} as a weights-only checkpoint: {str(err).splitlines()[0]}") from err
+    else:
+        state = checkpoint
     for key in (("model_ema", "model") if ema else ("model",)):
         if isinstance(state.get(key), dict):
             state = state[key]

@@ -34,7 +34,11 @@ def mask_by_order(left: int, orders: torch.Tensor) -> torch.Tensor:
 
 
 def cfg_scale(cfg: float, schedule: str, seq_len: int, left: int) -> float:
-    """The guidance scale of a step after which `left` tokens stay unknown (Muse's linear ramp)."""
+    """The guidance scale of a step after which `left` tokens stay unknown (Muse's linear ramp).
+
+    The official code counts the last step's mask length as 1 (it clamps it to at least one), so
+    the ramp ends at 1 + (cfg - 1)(L - 1)/L, not at cfg."""
+    left = max(left, 1)
     if schedule == "linear":
         return 1 + (cfg - 1) * (seq_len - left) / seq_len
     if schedule == "constant":

@@ -4,6 +4,7 @@ sampling, save/load, the training loss, one-line errors (tiny random models, flo
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -62,12 +63,18 @@ def test_state_dict_has_the_official_names_and_shapes():
     assert ours == official_shapes()
 
 
-def test_an_official_checkpoint_loads_and_changes_the_output():
+def test_an_official_checkpoint_loads(tmp_path):
     g = torch.Generator().manual_seed(0)
     state = {k: torch.randn(shape, generator=g) * 0.05 for k, shape in official_shapes().items()}
     model = load_official_mar({"model_ema": state, "model": {}}, **SMALL)
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key]), key
+    path = tmp_path / "checkpoint-last.pth"  # the official file layout: model, model_ema, the training args
+    torch.save({"model": state, "model_ema": state, "epoch": 3, "args": argparse.Namespace(model="mar_base")}, path)
+    assert torch.equal(load_official_mar(path, **SMALL).mask_token, state["mask_token"])
+    (tmp_path / "bad.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(MMSpecError, match="cannot read .*bad.pth"):
+        load_official_mar(tmp_path / "bad.pth", **SMALL)
     with pytest.raises(MMSpecError, match="not a MAR state dict"):
         load_official_mar({"model": {k: v for k, v in state.items() if k != "mask_token"}}, ema=False, **SMALL)
 
@@ -120,11 +127,14 @@ def test_sampling_is_seeded_and_shaped(mar):
 
 
 def test_cosine_schedule_predicts_every_token_once(mar):
-    from mmspec.image_ar.masked_decode import cosine_lefts
+    from mmspec.image_ar.masked_decode import cfg_scale, cosine_lefts
 
     lefts = cosine_lefts(5, 16)
     assert lefts[-1] == 0 and all(b < a for a, b in zip([16] + lefts, lefts))
     assert lefts == [max(1, math.floor(16 * math.cos(math.pi / 2 * (s + 1) / 5))) for s in range(4)] + [0]
+    # the official ramp counts the last step's mask as one token
+    assert cfg_scale(4.0, "linear", 16, 0) == cfg_scale(4.0, "linear", 16, 1) == 1 + 3.0 * 15 / 16
+    assert cfg_scale(4.0, "linear", 16, 16) == 1.0 and cfg_scale(4.0, "constant", 16, 7) == 4.0
 
 
 def test_ddim_head_samples_deterministically_from_the_noise(mar):
