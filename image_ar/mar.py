@@ -14,9 +14,9 @@ token from the decoder's output at its position. Generation follows a random ord
 the cosine schedule: after step s, floor(L cos(pi/2 (s+1)/num_iter)) tokens stay unknown (at least
 one fewer each step). CFG runs the batch twice, the second half with `fake_latent` as the class, and
 guides the head's noise prediction with a linear ("linear", Muse) or constant scale.
-The official builds use class_num 1000 (the embedding is always 1000 rows), buffer_size 64, 256
-tokens of 16 channels (KL-16 VAE, 256 px) and equal encoder/decoder widths: base 768 x 12,
-large 1024 x 16, huge 1280 x 20, all 16 heads except base (12); DiffLoss 3 x 1024 (huge: 12 x 1536).
+The released builds (`OFFICIAL_BUILDS`) use class_num 1000, buffer_size 64, 256 tokens of 16
+channels (KL-16 VAE, 256 px) and equal encoder/decoder widths: base 768 x 12 (12 heads), large
+1024 x 16, huge 1280 x 20 (16 heads); their DiffLoss MLPs are 6 x 1024, 8 x 1280 and 12 x 1536.
 """
 
 from __future__ import annotations
@@ -38,6 +38,15 @@ from mmspec.sampling import rand
 from .diffloss import DiffLoss
 from .masked_decode import cfg_scale, mask_by_order, target_generate
 from .token_density import LastStepGaussian
+
+OFFICIAL_BUILDS = {
+    name: dict(encoder_embed_dim=width, encoder_depth=depth, encoder_num_heads=heads, decoder_embed_dim=width,
+               decoder_depth=depth, decoder_num_heads=heads, diffloss_d=head_depth, diffloss_w=head_width)
+    for name, width, depth, heads, head_depth, head_width in (("mar_base", 768, 12, 12, 6, 1024),
+                                                              ("mar_large", 1024, 16, 16, 8, 1280),
+                                                              ("mar_huge", 1280, 20, 16, 12, 1536))
+}
+
 
 class MAR(ModelMixin, ConfigMixin):
     """Class-conditional MAR with its DiffLoss head; see the module docstring for names and shapes."""

@@ -190,3 +190,14 @@ def test_bad_generation_settings_give_one_clear_error(mar, kwargs, message):
 def test_bad_configs_give_one_clear_error(overrides, message):
     with pytest.raises(MMSpecError, match=message):
         tiny_mar(0, **overrides)
+
+
+@pytest.mark.parametrize("name, millions", [("mar_base", 208), ("mar_large", 479), ("mar_huge", 943)])
+def test_official_builds_have_the_papers_parameter_counts(name, millions):
+    """MAR-B/L/H are 208M/479M/943M parameters (Li et al. 2024, Table 4); built on the meta device."""
+    from mmspec.image_ar.mar import OFFICIAL_BUILDS
+
+    with torch.device("meta"):
+        model = MAR(**OFFICIAL_BUILDS[name])
+    assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - millions) < 1.5
+    assert model.state_dict()["class_emb.weight"].shape == (1000, OFFICIAL_BUILDS[name]["encoder_embed_dim"])
