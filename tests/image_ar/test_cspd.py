@@ -174,3 +174,27 @@ def test_every_tensor_is_made_on_the_models_device(mar_pair):
         out = cspd_generate(draft, target, 2, generator=seeded_generator("cpu", 9), **kwargs).tokens
         alone = target.sample_tokens(2, num_iter=6, cfg=2.0, labels=labels, generator=seeded_generator("cpu", 9))
     assert out.device.type == "cpu" and torch.equal(out, expected) and alone.device.type == "cpu"
+
+
+def test_last_step_gaussian_ratio_is_the_papers_criterion():
+    """exp(log p~(x) - log q~(x)) equals the paper's acceptance ratio written out:
+    N_T(x; mu_p, s_p) / N_T(x; mu_q, s_q) * exp(sum(L_p - L_q)) * prod(s_q) / prod(s_p), with
+    N_T(x; mu, s) = exp(-1/2 |(x - mu) / (s T)|^2); and at T = 1 the residual's keep probability
+    max(0, p(x) - q(x) / F) / p(x) with normalised p, q and F = exp(sum(L_p - L_q))."""
+    from mmspec.image_ar.token_density import LastStepGaussian
+
+    g = torch.Generator().manual_seed(0)
+    n, c = 6, 4
+    make = lambda: LastStepGaussian(torch.zeros(n, c), torch.randn(n, c, generator=g),  # noqa: E731
+                                    torch.rand(n, c, generator=g) + 0.3, torch.randn(n, c, generator=g) * 0.1)
+    p, q = make(), make()
+    x = q.mean + 0.3 * torch.randn(n, c, generator=g)
+    for t in (1.0, 42.0):
+        unnorm = lambda d: torch.exp(-0.5 * ((x - d.mean) / d.std / t).pow(2).sum(-1))  # noqa: E731
+        paper = unnorm(p) / unnorm(q) * torch.exp((p.log_var_sum - q.log_var_sum).sum(-1)) * q.std.prod(-1) / p.std.prod(-1)
+        torch.testing.assert_close((p.log_density(x, t) - q.log_density(x, t)).exp(), paper, rtol=1e-4, atol=0)
+    pdf = lambda d: torch.distributions.Normal(d.mean, d.std).log_prob(x).sum(-1).exp()  # noqa: E731
+    fixed = torch.exp((p.log_var_sum - q.log_var_sum).sum(-1))
+    paper_keep = (pdf(p) - pdf(q) / fixed).clamp_min(0) / pdf(p)
+    ours = (1 - (q.log_density(x) - p.log_density(x)).exp()).clamp_min(0)
+    torch.testing.assert_close(ours, paper_keep, rtol=1e-4, atol=1e-6)
