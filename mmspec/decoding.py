@@ -7,6 +7,10 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
         step     = target.score(last + proposal)    # ONE target forward over k + 1 positions
         verdict  = rule(proposal, step.logits, ...) # accepted count + correction / bonus token
         commit; roll the target cache back; drafter.observe(...)
+
+With `tree=TreeConfig(...)` the drafter proposes a draft tree instead (`mmspec.trees`), the target
+verifies all its nodes in that one forward with a tree attention mask, a tree rule
+(`mmspec.tree_rules`) picks the accepted path, and both caches keep that path only.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from .policies import DraftLengthPolicy, FixedDraftLength
 from .rules import AcceptanceRule, default_rule
 from .sampling import SamplingConfig, choose_next, seeded_generator
 from .stats import SpecStats
-from .targets import Target, as_target
+from .targets import Target, TargetStep, as_target
+from .tree_rules import TreeAcceptanceRule, default_tree_rule
+from .trees import DraftTree, TreeConfig
 
 
 # on_round(tokens, drafted, accepted, proposed): the tokens committed, the draft count, how many drafts were
@@ -67,8 +73,9 @@ class SpeculativeDecoder:
         target: PreTrainedModel | Target,
         drafter: PreTrainedModel | Drafter,
         policy: DraftLengthPolicy | None = None,
-        rule: AcceptanceRule | None = None,
+        rule: AcceptanceRule | TreeAcceptanceRule | None = None,
         method: str = "speculative",
+        tree: TreeConfig | None = None,
     ) -> None:
         self.drafter = as_drafter(drafter)
         self.target = as_target(target)
@@ -79,6 +86,13 @@ class SpeculativeDecoder:
                 "logits); the drafter must share the target's tokenizer"
             )
         self.drafter.bind(self.target)
+        if tree is not None:
+            if not isinstance(tree, TreeConfig):
+                raise MMSpecError(f"tree must be a TreeConfig, got {type(tree).__name__}")
+            if not self.drafter.drafts_trees:
+                raise MMSpecError(f"{type(self.drafter).__name__} cannot draft trees; draft chains (leave tree unset)")
+            self.target.check_tree_support()
+        self.tree = tree
         self.policy = policy or FixedDraftLength(5)
         self.rule = rule
         self.method = method
@@ -130,7 +144,7 @@ class SpeculativeDecoder:
         self.on_tokens = on_tokens
         self.on_round = with_proposal(on_round)
         self.streamer = settings.streamer
-        rule = self.rule or default_rule(sampling)
+        rule = self.rule or (default_tree_rule(sampling) if self.tree else default_rule(sampling))
         policy = self.policy.fresh()
         stops = settings.stop_ids
         stats = SpecStats(method=self.method)
@@ -161,7 +175,7 @@ class SpeculativeDecoder:
                 if self.streamer is not None:
                     self.streamer.put(sequence.cpu())
                 self.drafter.prefill(sequence, model_inputs)
-                if self.drafter.drafts_from_prompt:
+                if self.drafter.drafts_from_prompt and self.tree is None:
                     # Like transformers' assisted generation: the first drafts ride along with the prefill.
                     k = min(policy.max_tokens(), max_new_tokens - 1)
                     proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
@@ -177,6 +191,9 @@ class SpeculativeDecoder:
 
             while not done and sequence.shape[1] - prompt_length < max_new_tokens:
                 remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
+                if self.tree is not None:
+                    sequence, done = self._tree_round(sequence, remaining - 1, rule, sampling, generator, stops, stats)
+                    continue
                 k = min(policy.max_tokens(), remaining - 1)
                 with stats.timer("draft"):
                     proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
@@ -213,6 +230,32 @@ class SpeculativeDecoder:
         self.drafter.observe(sequence, verdict, step)
         policy.update(proposal.length, accepted)
         stats.record_round(proposal.length, accepted)
+        return sequence, done
+
+    def _tree_round(self, sequence, max_drafts, rule, sampling, generator, stops, stats):
+        """Draft a tree, verify it in one target forward, commit the accepted path plus the target's token."""
+        with stats.timer("draft"):
+            if max_drafts >= 1:
+                tree = self.drafter.propose_tree(sequence, self.tree.limited(max_drafts), sampling, generator)
+            else:
+                tree = DraftTree.empty(sequence.device)
+        with stats.timer("verify"):
+            step = self.target.score_tree(sequence, tree)
+            verdict = rule(tree, step.logits, sampling, generator)
+            path = verdict.path
+            new_tokens = torch.cat([tree.path_tokens(path), verdict.next_token[:1]])
+            new_tokens, done = self._truncate_at_stop(new_tokens, stops)
+            sequence = torch.cat([sequence, new_tokens[None]], dim=1)
+            # The hook's drafts: the accepted path, then the drafter's own first choice below it (rejected).
+            proposed = tree.path_tokens(path + tree.best_branch(path[-1] if path else -1))
+            self._announce(new_tokens, proposed, len(path))
+            self.target.keep_tree_path(tree, path)
+            # Drafters see the verify forward as if it had covered [root, path] only, as after a chain.
+            rows = torch.tensor([0] + [i + 1 for i in path], device=step.logits.device)
+            hidden = None if step.hidden_states is None else tuple(h.index_select(1, rows.to(h.device)) for h in step.hidden_states)
+            self.drafter.observe(sequence, verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
+            # For trees `drafted` is the tree's depth: the most tokens a round could accept.
+            stats.record_round(int(tree.depths().max()) if tree.size else 0, len(path))
         return sequence, done
 
     @staticmethod
@@ -253,9 +296,10 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     num_draft_tokens: int = 5,
     policy: DraftLengthPolicy | None = None,
-    rule: AcceptanceRule | None = None,
+    rule: AcceptanceRule | TreeAcceptanceRule | None = None,
     eos_token_id: int | Iterable[int] | None = None,
     on_tokens: Callable[[int], None] | None = None,
+    tree: TreeConfig | None = None,
     **kwargs: Any,
 ) -> SpeculativeOutput:
     """Generate with speculative decoding: the output is what `target.generate(...)` gives for the same call.
@@ -270,7 +314,10 @@ def speculative_generate(
         generator: the source of all randomness; a CPU generator works with a model on any device.
         num_draft_tokens: k for the default fixed policy; ignored when `policy` is given.
         policy: a draft-length policy (fixed, heuristic, adaptive confidence stop).
-        rule: the acceptance rule; default greedy match, or lossless speculative sampling.
+        rule: the acceptance rule; default greedy match, or lossless speculative sampling (with `tree`:
+            a tree rule, default `greedy_tree_match` or `tree_speculative_sampling`).
+        tree: draft an EAGLE-2 tree (`TreeConfig(num_nodes, top_k, depth)`) instead of a chain, verified
+            in one target forward; `num_draft_tokens` and `policy` are then unused.
         on_tokens: called with the number of tokens committed each round (progress bars).
         kwargs: generation settings as `generate` takes them (`do_sample`, `temperature`, `top_k`,
             `top_p`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`,
@@ -280,7 +327,7 @@ def speculative_generate(
             Settings that cannot be honoured exactly (`num_beams`, `min_p`, ...) and unknown
             names are refused with an `MMSpecError`.
     """
-    decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule)
+    decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule, tree=tree)
     return decoder.generate(
         input_ids, max_new_tokens=max_new_tokens, generator=generator, eos_token_id=eos_token_id,
         on_tokens=on_tokens, **kwargs,

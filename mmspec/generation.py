@@ -291,6 +291,17 @@ def process_rows(
     """
     if not processors:
         return logits
+    prefixes = [tokens[:, : first_position + j + 1] for j in range(logits.shape[1])]
+    return process_prefixed_rows(processors, prefixes, logits)
+
+
+def process_prefixed_rows(
+    processors: lp.LogitsProcessorList, prefixes: list[torch.LongTensor], logits: torch.Tensor
+) -> torch.Tensor:
+    """Apply `processors` to logits [B, n, V], row j seeing the token prefix `prefixes[j]` [B, L_j]
+    (a draft tree's rows follow different prefixes: the committed tokens and the node's own path)."""
+    if not processors:
+        return logits
     batch, rows, vocab = logits.shape
     logits = logits.float()
     # Consecutive prefix-free processors run once over all rows; the others row by row, in order.
@@ -299,14 +310,14 @@ def process_rows(
         if prefix_free:
             flat = logits.reshape(batch * rows, vocab)
             for processor in group:
-                flat = processor(tokens, flat)
+                flat = processor(prefixes[-1], flat)
             logits = flat.reshape(batch, rows, vocab)
             continue
         out = []
         for j in range(rows):
-            row, prefix = logits[:, j], tokens[:, : first_position + j + 1]
+            row = logits[:, j]
             for processor in group:
-                row = processor(prefix, row)
+                row = processor(prefixes[j], row)
             out.append(row)
         logits = torch.stack(out, dim=1)
     return logits

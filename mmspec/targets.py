@@ -13,7 +13,8 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 from .cached_model import CachedModel
 from .errors import MMSpecError
-from .generation import build_logits_processors, process_rows
+from .generation import build_logits_processors, process_prefixed_rows, process_rows
+from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
 
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
@@ -123,6 +124,47 @@ class Target(CachedModel):
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
         return self._processed(step, first_position)
+
+    def check_tree_support(self) -> None:
+        """Refuse, with one clear line, a target a draft tree cannot be verified on."""
+        if self.is_encoder_decoder:
+            raise MMSpecError("tree drafting supports decoder-only targets; draft chains for encoder-decoder models")
+        if self.sliding_window is not None:
+            raise MMSpecError("tree drafting cannot roll back a sliding-window cache; draft chains for this model")
+        refuse_flash_attention(self.model, "target")
+
+    def tree_position_ids(self, positions: torch.LongTensor) -> torch.LongTensor:
+        """Position ids for a tree forward from text positions [1, Q] (targets with other position
+        schemes, e.g. Qwen2-VL's 3-D M-RoPE, override this)."""
+        return positions
+
+    def score_tree(self, sequence: torch.LongTensor, tree: DraftTree) -> TargetStep:
+        """ONE forward over [newest committed token, tree nodes...]: logits [1, N + 1, V], row 0 after the root,
+        row i + 1 after node i. Each node sits at position (committed length - 1 + depth) and sees the cached
+        prefix, the root and its ancestors; its logits are processed with the prefix its own path makes."""
+        past = self.length
+        tokens = torch.cat([sequence[:, -1:], tree.tokens[None].to(sequence.device)], dim=1)
+        depths = torch.cat([tree.depths().new_zeros(1), tree.depths()]).to(sequence.device)
+        positions = self.tree_position_ids((past + depths)[None])
+        mask = tree_attention_mask(tree, past, self.model.dtype, sequence.device)
+        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        out = self.extend(tokens, logits_to_keep=0, attention_mask=mask, position_ids=positions, **extra)
+        step = self._step(out, tokens.shape[1])
+        self._tokens = sequence
+        if not self.processors:
+            return step
+        prefixes = [sequence] + [torch.cat([sequence, tree.path_tokens(tree.path_to(i))[None]], dim=1)
+                                 for i in range(tree.size)]
+        return TargetStep(logits=process_prefixed_rows(self.processors, prefixes, step.logits),
+                          hidden_states=step.hidden_states)
+
+    def keep_tree_path(self, tree: DraftTree, path: list[int]) -> None:
+        """After `score_tree`: keep the cache entries of the prefix, the root and the accepted `path` only."""
+        root = self.length - tree.size - 1
+        nodes = torch.tensor(path, dtype=torch.long) + root + 1
+        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1), nodes]))
+        if self._tokens is not None:
+            self._tokens = torch.cat([self._tokens, tree.path_tokens(path)[None].to(self._tokens.device)], dim=1)
 
     def truncate(self, length: int) -> None:
         super().truncate(length)

@@ -44,3 +44,5 @@ class Verdict:
     # The target's distribution [B, k + 1, V] the rule judged against, when it computed one (rules
     # written on probabilities); a Jacobi drafter samples its next iterate from it.
     target_probs: torch.Tensor | None = None
+    # Tree drafting: the accepted nodes of the draft tree, root's child first (num_accepted == len(path)).
+    path: list[int] | None = None

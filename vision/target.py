@@ -41,6 +41,14 @@ class VisionTarget(Target):
             model_inputs["mm_token_type_ids"] = modality_token_types(self.model, sequence)
         return sequence
 
+    def tree_position_ids(self, positions: torch.LongTensor) -> torch.LongTensor:
+        """Qwen2-VL's M-RoPE: a draft tree's text positions on all three axes, shifted by the `rope_deltas`
+        its prefill stored (the shift it applies itself to every later token); others take them as they are."""
+        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+        if getattr(self.model.config, "model_type", "") != "qwen2_vl" or deltas is None:
+            return positions
+        return positions[None].expand(3, *positions.shape) + deltas.to(positions.device)
+
     def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
         # A placeholder id among the drafts would be counted as a slot for visual features.
         self.placeholder_ids = self.placeholder_ids.to(drafts.device)  # moves once if the model was moved

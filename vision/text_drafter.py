@@ -18,6 +18,7 @@ from ..drafters import ModelDrafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig
+from ..trees import DraftTree, TreeConfig
 from ..types import Proposal
 from .models import visual_token_ids
 
@@ -74,6 +75,22 @@ class TextOnlyDrafter(ModelDrafter):
             return Proposal.empty(sequence)
         return super().propose(text, max_tokens, sampling, generator, policy)
 
+    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> DraftTree:
+        text = self.text_only(sequence)
+        if text.shape[1] == 0:
+            return DraftTree.empty(sequence.device)
+        return super().propose_tree(text, config, sampling, generator)
+
+    def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        # A drafter that never sees pixels has no business proposing a visual placeholder; masking
+        # before choosing keeps q (for speculative sampling) the distribution the draft came from.
+        if self._pad_to is not None:
+            logits = torch.nn.functional.pad(logits, (0, self._pad_to - logits.shape[-1]), value=float("-inf"))
+        self.visual_ids = self.visual_ids.to(logits.device)
+        ids = self.visual_ids[self.visual_ids < logits.shape[-1]]
+        return logits.index_fill(-1, ids, float("-inf"))
+
     def choose(
         self,
         logits: torch.Tensor,
@@ -81,10 +98,4 @@ class TextOnlyDrafter(ModelDrafter):
         generator: torch.Generator | None,
         want_confidence: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
-        # A drafter that never sees pixels has no business proposing a visual placeholder; masking
-        # before choosing keeps q (for speculative sampling) the distribution the draft came from.
-        if self._pad_to is not None:
-            logits = torch.nn.functional.pad(logits, (0, self._pad_to - logits.shape[-1]), value=float("-inf"))
-        self.visual_ids = self.visual_ids.to(logits.device)
-        ids = self.visual_ids[self.visual_ids < logits.shape[-1]]
-        return super().choose(logits.index_fill(-1, ids, float("-inf")), sampling, generator, want_confidence)
+        return super().choose(self.draft_logits(logits), sampling, generator, want_confidence)

@@ -8,7 +8,9 @@ from typing import Any
 import torch
 
 from ..policies import DraftLengthPolicy
+from ..errors import MMSpecError
 from ..sampling import SamplingConfig
+from ..trees import DraftTree, TreeConfig
 from ..types import Proposal, Verdict
 
 
@@ -29,6 +31,8 @@ class Drafter(ABC):
     # ...), set by the loop; a drafter that scores the target's vocabulary applies them to its own
     # logits with its own prefixes, so its drafts follow the same rules and are accepted more often.
     logits_processor: Any = None
+    # True when `propose_tree` is implemented (EAGLE-2 draft trees, see `mmspec.trees`).
+    drafts_trees: bool = False
 
     def bind(self, target: Any) -> None:
         """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
@@ -58,6 +62,12 @@ class Drafter(ABC):
         policy: DraftLengthPolicy,
     ) -> Proposal:
         """Up to `max_tokens` draft tokens continuing `sequence` [B, L]."""
+
+    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> DraftTree:
+        """A draft tree below the newest token of `sequence` [1, L], no deeper than `config.depth`.
+        After verification `observe` receives a verdict whose `path` lists the accepted nodes."""
+        raise MMSpecError(f"{type(self).__name__} cannot draft trees; draft chains (leave tree unset)")
 
     def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
         """Called after the target committed tokens; `sequence` is the new committed sequence."""

@@ -9,6 +9,11 @@ from transformers import PreTrainedModel
 
 from ..cached_model import CachedModel
 from ..errors import MMSpecError
+from ..generation import process_prefixed_rows
+from ..sampling import SamplingConfig, probabilities
+from ..trees import (DraftTree, TreeConfig, grow_tree, keep_cache_positions, level_attention_mask, node_path,
+                     refuse_flash_attention)
+from ..types import Verdict
 from .autoregressive import AutoregressiveDrafter, common_prefix_length
 
 
@@ -30,6 +35,12 @@ class ModelDrafter(AutoregressiveDrafter):
         self.stop_ids = frozenset() if eos is None else frozenset([eos] if isinstance(eos, int) else eos)
         self.cached_tokens = torch.empty(0, dtype=torch.long)
         self._encoder_inputs: dict[str, Any] = {}
+        self._tree_state: tuple[torch.Tensor, list[int], list[int], DraftTree] | None = None
+
+    @property
+    def drafts_trees(self) -> bool:  # type: ignore[override]
+        # The tree levels go through the model with a 4-D mask and a gathered cache.
+        return not self.lm.is_encoder_decoder and self.lm.sliding_window is None
 
     @property
     def forwards(self) -> int:  # type: ignore[override]
@@ -72,3 +83,59 @@ class ModelDrafter(AutoregressiveDrafter):
 
     def feed(self, token: torch.Tensor) -> torch.Tensor:
         return self.lm.extend(token[:, None], logits_to_keep=1).logits[:, -1, :]
+
+    def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits [..., V] as its drafts are chosen from (subclasses mask tokens here)."""
+        return logits
+
+    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> DraftTree:
+        """EAGLE-2's dynamic tree (`grow_tree`): one forward to catch up, then one per level, each feeding
+        that level's expanded nodes at once with a tree attention mask on top of the drafter's cache."""
+        refuse_flash_attention(self.lm.model, "drafter")
+        committed = sequence[0]
+        root = self.catch_up(committed)
+        base = self.lm.length
+        fed: list[int] = []
+
+        def logprobs(logits: torch.Tensor, paths: list[torch.Tensor]) -> torch.Tensor:
+            if self.logits_processor:
+                prefixes = [torch.cat([committed, path])[None] for path in paths]
+                logits = process_prefixed_rows(self.logits_processor, prefixes, logits[None].float())[0]
+            logits = self.draft_logits(logits)
+            if sampling.do_sample:
+                return probabilities(logits, sampling).log()
+            return logits.float().log_softmax(-1)
+
+        def expand(level: list[int], tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+            parent_list = parents.tolist()
+            depth = [len(node_path(node, parent_list)) for node in level]
+            mask = level_attention_mask(parent_list, fed, level, base, self.lm.model.dtype, committed.device)
+            positions = torch.tensor(depth, device=committed.device)[None] + base - 1
+            out = self.lm.extend(tokens[level][None], logits_to_keep=0, attention_mask=mask, position_ids=positions)
+            fed.extend(level)
+            paths = [tokens[node_path(node, parent_list)] for node in level]
+            return logprobs(out.logits[0], paths)
+
+        tree, grown = grow_tree(logprobs(root, [committed[:0]])[0], config, expand, self.stop_ids)
+        self.cached_tokens = committed
+        self._tree_state = (committed, fed, grown, tree)
+        return tree
+
+    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+        """After a tree round, keep the cache entries of the accepted nodes the drafter had fed."""
+        if self._tree_state is None or verdict.path is None:
+            return
+        committed, fed, grown, tree = self._tree_state
+        self._tree_state = None
+        slot = {node: i for i, node in enumerate(fed)}
+        kept = []
+        for node in verdict.path:  # fed nodes are ancestor-closed: the fed part of the path is its prefix
+            if grown[node] not in slot:
+                break
+            kept.append(node)
+        base = committed.shape[0]
+        positions = torch.cat([torch.arange(base), torch.tensor([base + slot[grown[n]] for n in kept], dtype=torch.long)])
+        keep_cache_positions(self.lm.cache, positions)
+        self.cached_tokens = torch.cat([committed, tree.path_tokens(kept).to(committed.device)])
+
