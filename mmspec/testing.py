@@ -82,7 +82,7 @@ def assert_greedy_equal(
     `reference` replaces the generate call for models whose `generate` returns another layout
     (e.g. Whisper without `return_dict_in_generate`); it must be prompt + new tokens.
     """
-    model_inputs = {k: v for k, v in kwargs.items() if k not in ("policy", "num_draft_tokens", "rule", "on_tokens")}
+    model_inputs = {k: v for k, v in kwargs.items() if k not in ("policy", "num_draft_tokens", "rule", "on_tokens", "tree")}
     if reference is not None:
         expected = reference
     else:

@@ -26,10 +26,12 @@ from transformers import AutoConfig, AutoModel, DynamicCache, LlamaConfig, Pretr
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
-from mmspec.sampling import SamplingConfig
+from mmspec.sampling import SamplingConfig, probabilities
+from mmspec.trees import DraftTree, TreeConfig, grow_tree, level_attention_mask, node_path
 from mmspec.types import Proposal
 
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
@@ -186,15 +188,19 @@ class MSDDrafterModel(FeatureDrafterModel):
     ) -> BaseModelOutputWithPast:
         """Predicted features [B, L, H] for slot inputs [B, L, H] at `position_ids` [B, L].
 
-        attention_mask [B, past + L] marks real slots (1) against right padding (0); None = no padding.
+        attention_mask [B, past + L] marks real slots (1) against right padding (0); None = no padding; a 4-D
+        additive mask [B, 1, L, past + L] (a draft tree's) is used as it is.
         """
         batch, length, _ = inputs_embeds.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        mask = causal_attention_mask(attention_mask, batch, length, past, inputs_embeds.dtype, inputs_embeds.device)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            mask = attention_mask.to(inputs_embeds.dtype)
+        else:
+            mask = causal_attention_mask(attention_mask, batch, length, past, inputs_embeds.dtype, inputs_embeds.device)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden = inputs_embeds
         for layer in self.layers:
-            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=past_key_values,
+            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, **{cache_argument(layer): past_key_values},
                            use_cache=use_cache, position_embeddings=position_embeddings)
         return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)
 
@@ -285,6 +291,39 @@ class MSDDrafter(TargetFeatureDrafter):
         probs = torch.stack(dists, dim=1) if dists else None
         return Proposal(tokens=torch.stack(tokens, dim=1), probs=probs)
 
+    drafts_trees = True
+
+    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> DraftTree:
+        """EAGLE-2's dynamic tree: each level's expanded nodes go through the drafter in one forward, each
+        slot reading its token and its parent's predicted feature, with a tree attention mask."""
+        root_hidden = self._feed(sequence[:, self._fed + 1 :])
+        base_position = sequence.shape[1] - 1
+        past = self.cache.get_seq_length()
+        fed: list[int] = []
+        predicted: dict[int, torch.Tensor] = {-1: root_hidden[0]}
+
+        def logprobs(hidden: torch.Tensor) -> torch.Tensor:
+            logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+            return probabilities(logits, sampling).log() if sampling.do_sample else logits.log_softmax(-1)
+
+        def expand(level: list[int], tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+            parent_list = parents.tolist()
+            depths = [len(node_path(node, parent_list)) for node in level]
+            features = torch.stack([predicted[parent_list[node]] for node in level])[None]
+            inputs = self.model.slot_inputs(self.embed_tokens(tokens[level][None]), features)
+            mask = level_attention_mask(parent_list, fed, level, past, inputs.dtype, inputs.device)
+            positions = torch.tensor(depths, device=inputs.device)[None] + base_position - 1
+            self.forwards += 1
+            out = self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
+            fed.extend(level)
+            for row, node in enumerate(level):
+                predicted[node] = out.last_hidden_state[0, row]
+            return logprobs(out.last_hidden_state[0])
+
+        tree, _ = grow_tree(logprobs(root_hidden)[0], config, expand, self._stop_ids)
+        return tree
+
     def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
         """Crop the draft slots; queue the target's true features of the newly committed tokens."""
         excess = self.cache.get_seq_length() - self._fed
@@ -321,3 +360,4 @@ class MSDDrafter(TargetFeatureDrafter):
 def load_msd_drafter(folder: str | Path, **kwargs: Any) -> MSDDrafterModel:
     """`MSDDrafterModel.from_pretrained(folder)` with one clear error for a missing or foreign folder."""
     return load_drafter_model(MSDDrafterModel, folder, "MSD", **kwargs)
+
