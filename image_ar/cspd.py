@@ -133,7 +133,8 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
     start = time.perf_counter()
     orders = target.sample_orders(batch_size, generator)
     banks = target.noise_banks(batch_size, generator)
-    if _bank_shapes(draft.noise_banks(1, seeded_generator("cpu", 0))) != _bank_shapes(target.noise_banks(1, seeded_generator("cpu", 0))):
+    shapes = [_bank_shapes(m.noise_banks(1, seeded_generator("cpu", 0))) for m in (draft, target)]
+    if shapes[0] != shapes[1]:
         raise MMSpecError("draft and target must share the diffusion noise (same num_sampling_steps and token size) "
                           "to align their denoising trajectories")
     target_cond = target.class_embedding(labels, batch_size, cfg)

@@ -260,7 +260,8 @@ class DiffLoss(nn.Module):
         for i, t in enumerate(self.scheduler.timesteps.tolist()):
             rows = torch.cat([x, x]) if guided else x
             t_batch = torch.full((rows.shape[0],), t, device=z.device, dtype=torch.long)
-            out = self.net.forward_with_cfg(rows.to(z.dtype), t_batch, z, cfg) if guided else self.net(rows.to(z.dtype), t_batch, z)
+            rows = rows.to(z.dtype)
+            out = self.net.forward_with_cfg(rows, t_batch, z, cfg) if guided else self.net(rows, t_batch, z)
             out = out[:n].float()
             if self.scheduler_kind == "ddim":
                 x = self.scheduler.step(out[:, :channels], t, x, eta=0.0).prev_sample

@@ -191,7 +191,8 @@ class MAR(ModelMixin, ConfigMixin):
         return self.forward_mae_decoder(self.forward_mae_encoder(tokens, unknown, class_embedding), unknown)
 
     def forward(self, latents: torch.Tensor, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Training loss: mask a random share (truncated normal, min `mask_ratio_min`) of a random order, predict the masked tokens."""
+        """Training loss: mask a random share (truncated normal, at least `mask_ratio_min`) of a random
+        order and predict the masked tokens with the diffusion loss."""
         tokens = self.patchify(latents)
         b, length, _ = tokens.shape
         class_embedding = self.class_emb(labels)
