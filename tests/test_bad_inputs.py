@@ -39,6 +39,8 @@ CAPTION = [
     (["caption", "{video}", "--frames", "0"], "argument --frames: expected an integer >= 1"),
     (["caption", "{video}", "--max-new-tokens", "0"], "argument --max-new-tokens"),
     (["caption", "{video}", "--num-draft-tokens", "0"], "argument --num-draft-tokens"),
+    (["caption", "{video}", "--tree", "16,4"], "argument --tree: expected NODES,TOP_K,DEPTH (three integers)"),
+    (["caption", "{video}", "--tree", "16,0,5"], "argument --tree: tree top_k must be an integer >= 1"),
     (["caption", "{video}", "--model", "no-such-model"], "not in the local Hub cache (HF_HUB_OFFLINE is set"),
     (["caption", "{video}", "--model", "/no/such/folder"], "no folder '/no/such/folder' exists"),
     (["caption", "{video}", "--model", "{pickle_only}"], "holds only pickle checkpoints (pytorch_model.bin)"),
@@ -50,6 +52,8 @@ CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail bef
     (["caption", "{video}", "--frames", "10000"], "10000 frames cannot fit: shapes-video-captioner holds 512 positions"),
     (["caption", "{video}", "--frames", "16"],
      "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),
+    (["caption", "{video}", "--method", "std", "--tree"], "SparseToDenseDrafter cannot draft trees"),
+    (["caption", "{video}", "--method", "flash", "--tree"], "FlashDrafter cannot draft trees"),
 ]
 GENERATE = [
     (["generate", "hi", "--temperature", NAN, "--sample"], "argument --temperature: expected a finite number"),

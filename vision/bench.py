@@ -38,6 +38,7 @@ from ..drafters import NoDrafter
 from ..errors import MMSpecError
 from ..policies import FixedDraftLength
 from ..stats import SpecStats
+from ..trees import TreeConfig
 from .feature_drafter import FeatureDrafterModel
 from .feature_methods import describe, runtime_drafter
 from .hf_assisted import NOTE as HF_ASSISTED_NOTE
@@ -67,11 +68,12 @@ def plain_greedy(model: PreTrainedModel, max_new_tokens: int, counter: ForwardCo
     return run
 
 
-def speculative(model: PreTrainedModel, make_drafter, k: int, max_new_tokens: int, name: str) -> MethodFn:
+def speculative(model: PreTrainedModel, make_drafter, k: int, max_new_tokens: int, name: str,
+                tree: TreeConfig | None = None) -> MethodFn:
     target = VisionTarget(model)
 
     def run(item: CaptionInput) -> tuple[list[int], SpecStats]:
-        decoder = SpeculativeDecoder(target, make_drafter(), policy=FixedDraftLength(k), method=name)
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=FixedDraftLength(k), method=name, tree=tree)
         out = decoder.generate(item.input_ids, max_new_tokens=max_new_tokens, **item.model_inputs)
         return out.sequences[0, item.input_ids.shape[1]:].tolist(), out.stats
 
@@ -175,13 +177,15 @@ def bench_vision(
     repeats: int = 3,
     progress: bool = True,
     title: str = "bench vision",
+    tree: TreeConfig | None = None,
 ) -> tuple[BenchReport, dict[str, Any]]:
     """Plain greedy, the text-only drafter (mmspec's loop and transformers' assisted generation),
     Sparse-to-Dense settings and each feature drafter, on `inputs`.
 
     `feature_drafters` maps a row label ("msd", "flash", or an ablation's name) to a trained MSD /
     FLASH drafter model for `model`; each row drafts `num_draft_tokens` per round. Returns the
-    report and the extras described in the module docstring.
+    report and the extras described in the module docstring. With `tree`, the text-only drafter and every
+    feature drafter that can draft trees get a second row drafting that tree instead of a chain.
     """
     counter = ForwardCounter(model)
     counters = [counter]
@@ -208,6 +212,20 @@ def bench_vision(
         if name in methods:
             raise MMSpecError(f"two bench rows would be named {name!r}: pick another label")
         methods[name] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens, max_new_tokens, net.kind)
+    tree_feature_rows = {}
+    if tree is not None:
+        shape = f"tree {tree.num_nodes},{tree.top_k},{tree.depth}"
+        if drafter is not None:
+            methods[f"text-only {shape}"] = speculative(model, lambda: TextOnlyDrafter(drafter, model), num_draft_tokens,
+                                                        max_new_tokens, "text-only", tree=tree)
+        for label, net in (feature_drafters or {}).items():
+            if not runtime_drafter(net).drafts_trees:
+                notes.append(f"{label}: no tree row ({net.kind} drafts chains only: its semi-autoregressive head predicts "
+                             "several tokens from one position, none conditioned on another draft to branch on)")
+                continue
+            tree_feature_rows[f"{label} {shape}"] = net
+            methods[f"{label} {shape}"] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens,
+                                                       max_new_tokens, net.kind, tree=tree)
     try:
         with torch.inference_mode():
             report = run_benchmark(title, methods, inputs, reference="plain-greedy", repeats=repeats, progress=progress,
@@ -225,8 +243,9 @@ def bench_vision(
     modelled = {}
     for result in report.results:
         name = result.name
-        if name in feature_rows:
-            drafter_read = feature_drafter_read(feature_rows[name], model, context, visual_tokens)
+        if name in feature_rows or name in tree_feature_rows:
+            net = feature_rows.get(name) or tree_feature_rows[name]
+            drafter_read = feature_drafter_read(net, model, context, visual_tokens)
         elif name == hf_name:
             # The assistant keeps KV entries for the visual placeholders too (it reads them as tokens).
             drafter_read = model_bytes(assistant) // 2 + kv_bytes_per_token(assistant.config) * context

@@ -40,6 +40,7 @@ from ..errors import MMSpecError
 from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
+from ..trees import TreeConfig
 from ..zoo import entries, folder_card, load_causal_lm, resolve
 from .feature_drafter import FeatureDrafterModel
 from .feature_methods import BUILD_COMMAND, FEATURE_KINDS, load_checked, runtime_drafter, zoo_drafter_folder
@@ -326,6 +327,7 @@ class CaptionPipeline(SpeculativePipeline):
         policy: DraftLengthPolicy | None = None,
         progress_bar: bool = True,
         callback_on_round: RoundCallback | None = None,
+        tree: TreeConfig | None = None,
     ) -> CaptionOutput:
         """Caption one video or one image.
 
@@ -342,6 +344,7 @@ class CaptionPipeline(SpeculativePipeline):
             progress_bar: show a progress bar (see also `set_progress_bar_config`).
             callback_on_round: `fn(round_index, info)` after every target forward; `info` is a
                 `RoundInfo` (the token ids committed that round, drafted, accepted, tokens so far).
+            tree: draft EAGLE-2 trees (`TreeConfig`) instead of chains (methods text and msd); `policy` is then unused.
         """
         method = self.check_method(method)
         drafter = self.make_drafter(method)
@@ -349,7 +352,7 @@ class CaptionPipeline(SpeculativePipeline):
         input_ids = inputs.pop("input_ids")
         max_new_tokens, notes = self.check_length(input_ids, max_new_tokens, method)
         decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.draft_length(method)),
-                                     method=method)
+                                     method=method, tree=tree)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         generator = self.generator_for(generator, seed, needed=do_sample)
         with self.progress_bar(total=max_new_tokens, desc=f"caption ({method})", enabled=progress_bar) as bar:

@@ -8,6 +8,7 @@ import json
 from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, add_size_flag, set_threads
+from .tree_flag import add_tree_flag
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -21,6 +22,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--std", nargs="+", type=checks.pair_of_ints("--std", "K", "GAMMA"),
                         default=[(32, 5), (32, 9), (72, 5)], metavar="K,GAMMA",
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
+    add_tree_flag(parser)
     parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
                         help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
                              "repeatable (the model folder's msd/ and flash/ drafters get rows by default)")
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     std = tuple(args.std)
     report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
                                   max_new_tokens=args.max_new_tokens,
-                                  num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats,
+                                  num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats, tree=args.tree,
                                   progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
     if args.json:
         print(json.dumps({**report.to_dict(), "extras": extras}, indent=2))

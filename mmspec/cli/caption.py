@@ -17,6 +17,7 @@ from .common import (
     set_threads,
     stats_json,
 )
+from .tree_flag import add_tree_flag
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -33,6 +34,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "feature drafters (default: fastest measured)")
     parser.add_argument("--num-draft-tokens", type=checks.positive_int, default=None,
                         help="tokens drafted per round (default: the model card's best for the method, else 5; StD 9)")
+    add_tree_flag(parser)
     parser.add_argument("--frames", type=checks.positive_int, default=8, help="frames sampled uniformly from the video")
     parser.add_argument("--fps", type=checks.positive_float, default=None, help="sample frames at this rate instead (capped by --frames)")
     parser.add_argument("--prompt", default=None)
@@ -85,7 +87,7 @@ def caption_one(pipe: Any, path: str, args: argparse.Namespace, progress_bar: bo
     media = {media_kind(path): path}
     return pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
                 fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
-                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar)
+                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar, tree=args.tree)
 
 
 def caption_record(pipe: Any, path: str, args: argparse.Namespace) -> dict[str, Any]:
