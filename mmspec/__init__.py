@@ -33,6 +33,10 @@ _EXPORTS = {
     "SpecStats": "mmspec.stats",
     "Target": "mmspec.targets",
     "TargetStep": "mmspec.targets",
+    "greedy_tree_match": "mmspec.tree_rules",
+    "tree_speculative_sampling": "mmspec.tree_rules",
+    "DraftTree": "mmspec.trees",
+    "TreeConfig": "mmspec.trees",
     "Proposal": "mmspec.types",
     "Verdict": "mmspec.types",
     # The pipelines: diffusers is imported with the first of these names, not with `import mmspec`.
@@ -79,4 +83,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
     from .sampling import SamplingConfig
     from .stats import SpecStats
     from .targets import Target, TargetStep
+    from .tree_rules import greedy_tree_match, tree_speculative_sampling
+    from .trees import DraftTree, TreeConfig
     from .types import Proposal, Verdict
