@@ -230,3 +230,21 @@ def test_flash_attention_target_is_refused(models):
             speculative_generate(target, drafter, prompt(0), max_new_tokens=4, tree=TreeConfig())
     finally:
         target.config._attn_implementation_internal = "sdpa"
+
+
+def test_round_hook_gets_the_accepted_path_and_the_rejected_branch(models):
+    """on_round(tokens, drafted, accepted, proposed): proposed[:accepted] is the kept path (the committed
+    tokens but the last), proposed[accepted] the drafter's rejected first choice after it."""
+    target, drafter = models["llama"]
+    rounds = []
+    out = speculative_generate(target, drafter, prompt(4), max_new_tokens=24, tree=TREES[1],
+                               on_round=lambda tokens, drafted, accepted, proposed: rounds.append(
+                                   (tokens.tolist(), drafted, accepted, proposed.tolist())))
+    committed = [t for tokens, *_ in rounds for t in tokens]
+    assert committed == out.sequences[0, prompt(4).shape[1]:].tolist()
+    tree_rounds = rounds[1:]  # the first is the prefill's token
+    assert any(accepted > 0 for _, _, accepted, _ in tree_rounds)
+    for tokens, drafted, accepted, proposed in tree_rounds:
+        assert proposed[:accepted] == tokens[:accepted] and accepted <= drafted
+        if len(proposed) > accepted and len(tokens) > accepted:
+            assert proposed[accepted] != tokens[accepted]  # greedy: the drafter's choice there was rejected
