@@ -9,9 +9,9 @@ from mmspec import MMSpecError, SamplingConfig, speculative_generate
 from mmspec.drafters import ModelDrafter, PromptLookupDrafter
 from mmspec.targets import as_target
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, reload_from_disk, tiny_llama
+from mmspec.sampling import probabilities, rand, sample
 from mmspec.tree_rules import children_lists, greedy_tree_match, tree_verdict
 from mmspec.trees import DraftTree, TreeConfig, keep_cache_positions
-from mmspec.types import Verdict
 
 TREES = [TreeConfig(num_nodes=8, top_k=2, depth=4), TreeConfig(num_nodes=20, top_k=4, depth=5),
          TreeConfig(num_nodes=3, top_k=3, depth=1)]
@@ -149,7 +149,6 @@ class SampledTreeDrafter(ModelDrafter):
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.stack(probs))
 
     def warped(self, prefix, sampling):
-        from mmspec.sampling import probabilities
         return probabilities(self.lm.model(prefix[None]).logits[0, -1], sampling)
 
 
@@ -181,7 +180,6 @@ def test_tree_sampling_with_sampled_children_matches_target(peaked_pair):
 def q_not_renormalised_rule(tree, target_logits, sampling, generator):
     """Control: recursive rejection that keeps trying later siblings against the ORIGINAL q (an earlier
     sibling's mass not removed), although they were drawn without replacement."""
-    from mmspec.sampling import probabilities, rand, sample
     p_rows = probabilities(target_logits[0], sampling)
     tokens, kids = tree.tokens.tolist(), children_lists(tree)
     node, path = -1, []
