@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import MMSpecError
 from . import checks, folder_runs
 from .common import (
     IMAGE_SUFFIXES,
@@ -18,6 +19,8 @@ from .common import (
     stats_json,
 )
 from .tree_flag import add_tree_flag
+
+TREE_METHODS = ("msd", "text")  # fastest first (BENCHMARKS.md)
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -64,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
                                            feature_drafters=feature, num_draft_tokens=args.num_draft_tokens)
+    if args.method is None and args.tree is not None:
+        args.method = tree_method(pipe.available_methods)
+        print(f"mmspec: method {args.method!r} (--tree: the fastest method available that drafts trees)", file=sys.stderr)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
     if folder is not None:
@@ -79,6 +85,15 @@ def run(args: argparse.Namespace) -> int:
         print(out.text)
         print(out.stats.summary(), file=sys.stderr)
     return 0
+
+
+def tree_method(available: list[str]) -> str:
+    """The method `--tree` picks when none is named: MSD, else the text-only drafter (FLASH drafts chains only)."""
+    for method in TREE_METHODS:
+        if method in available:
+            return method
+    raise MMSpecError(f"--tree needs a method that drafts trees ({', '.join(TREE_METHODS)}); this model has "
+                      f"{', '.join(available)}")
 
 
 def caption_one(pipe: Any, path: str, args: argparse.Namespace, progress_bar: bool) -> Any:

@@ -95,3 +95,19 @@ def test_flash_refuses_trees(vlm_cases):
                                                semi_ar_tokens=2).eval()
     with pytest.raises(MMSpecError, match="FlashDrafter cannot draft trees"):
         speculative_generate(case.model, FlashDrafter(model), case.input_ids, max_new_tokens=4, tree=TREE, **case.inputs)
+
+
+def test_caption_cli_tree_picks_msd_and_matches_the_chain_caption(capsys):
+    """`mmspec caption --tree` without --method picks MSD (the default FLASH drafts chains only); its caption is the chain's."""
+    import json
+    from pathlib import Path
+
+    from mmspec.cli import main
+
+    video = str(Path(__file__).parents[2] / "demos" / "assets" / "shapes.mp4")
+    outputs = {}
+    for extra in (["--tree", "8,2,6"], ["--method", "msd"]):
+        assert main(["caption", video, "--json", "--threads", "1", *extra]) == 0
+        outputs[extra[0]] = json.loads(capsys.readouterr().out)
+    assert outputs["--tree"]["method"] == "msd"
+    assert outputs["--tree"]["text"] == outputs["--method"]["text"]
