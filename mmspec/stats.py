@@ -14,7 +14,8 @@ class SpecStats:
 
     tau is tokens committed per target forward, bonus included, so plain decoding gives 1.0;
     alpha is accepted drafts / drafted tokens. Per-position acceptance: of the rounds that
-    reached draft position i (all earlier drafts accepted), the share that accepted it.
+    reached draft position i (all earlier drafts accepted), the share that accepted it. With draft
+    trees a round's "drafted" is the tree's depth (the most it could accept) and position i is depth i.
     """
 
     method: str = "speculative"
