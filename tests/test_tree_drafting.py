@@ -51,6 +51,19 @@ def test_greedy_tree_equals_generate(models, name, config, seed):
     assert out.stats.accepted > 0 and out.stats.target_forwards < 24  # trees were accepted, fewer forwards
 
 
+def test_greedy_tree_with_eager_attention():
+    """Eager attention adds the float tree mask to its scores as sdpa takes it."""
+    target, drafter = tiny_llama(seed=5, initializer_range=0.3), tiny_llama(seed=6, num_layers=1, initializer_range=0.3)
+    target.set_attn_implementation("eager")
+    drafter.set_attn_implementation("eager")
+    ids = prompt(2)
+    reference = target.generate(ids, max_new_tokens=20, do_sample=False)
+    for source in (drafter, target):
+        out = speculative_generate(target, source, ids, max_new_tokens=20, tree=TREES[1])
+        assert torch.equal(out.sequences, reference)
+    assert out.stats.tau > 2
+
+
 def test_greedy_tree_with_repetition_penalty_and_min_length(models):
     """Logits processors see each node's own prefix (committed tokens + its path)."""
     target, drafter = models["llama"]
