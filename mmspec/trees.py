@@ -112,21 +112,18 @@ class DraftTree:
         return node_path(node, self.parents.tolist())
 
 
-def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device,
-                        with_root: bool = True) -> torch.Tensor:
-    """Additive mask [1, 1, Q, past + Q] for a forward over ([root,] nodes) on top of `past_length` cached positions.
+def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive mask [1, 1, N + 1, past + N + 1] for a forward over (root, nodes) on top of `past_length` cached
+    positions.
 
     Every query sees the cached prefix, the root and its own ancestors (itself included). A float mask
     (0 / dtype's min) works with both eager attention (added to the scores) and sdpa.
     """
-    within = tree.ancestors().to(device)
-    if with_root:
-        n = tree.size
-        full = torch.zeros((n + 1, n + 1), dtype=torch.bool, device=device)
-        full[:, 0] = True
-        full[1:, 1:] = within
-        within = full
-    queries = within.shape[0]
+    n = tree.size
+    within = torch.zeros((n + 1, n + 1), dtype=torch.bool, device=device)
+    within[:, 0] = True
+    within[1:, 1:] = tree.ancestors().to(device)
+    queries = n + 1
     allowed = torch.cat([torch.ones((queries, past_length), dtype=torch.bool, device=device), within], dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]

@@ -259,3 +259,39 @@ def test_round_hook_gets_the_accepted_path_and_the_rejected_branch(models):
         assert proposed[:accepted] == tokens[:accepted] and accepted <= drafted
         if len(proposed) > accepted and len(tokens) > accepted:
             assert proposed[accepted] != tokens[accepted]  # greedy: the drafter's choice there was rejected
+
+
+def test_grow_tree_keeps_the_most_confident_nodes_as_a_tree():
+    """EAGLE-2 growth on a fixed table of log-probabilities: one expand call per level after the first, the
+    kept nodes are the num_nodes best cumulative scores, parents come first, depth is bounded."""
+    from mmspec.trees import grow_tree
+
+    torch.manual_seed(0)
+    vocab, calls, seen = 7, [], {}
+    table = torch.randn(50, vocab).log_softmax(-1)  # row = a node's grown index + 1 (row 0: the root)
+
+    def expand(level, tokens, parents):
+        calls.append(list(level))
+        seen["tokens"], seen["parents"] = tokens.tolist(), parents.tolist()
+        return table[torch.tensor(level) + 1]
+
+    config = TreeConfig(num_nodes=6, top_k=3, depth=4)
+    tree, grown = grow_tree(table[0], config, expand)
+    assert len(calls) == config.depth - 1 and all(len(level) <= config.top_k for level in calls)
+    assert tree.size == config.num_nodes and int(tree.depths().max()) <= config.depth
+    assert all(parent < node for node, parent in enumerate(tree.parents.tolist()))
+    assert [int(tree.tokens[i]) for i in range(tree.size) if grown[i] < len(seen["tokens"])] == \
+        [seen["tokens"][g] for g in grown if g < len(seen["tokens"])]
+
+    def score(g):  # cumulative log-probability of grown node g, recomputed from the table
+        total = 0.0
+        while g >= 0:
+            parent = seen["parents"][g]
+            total += float(table[parent + 1, seen["tokens"][g]])
+            g = parent
+        return total
+
+    known = range(len(seen["tokens"]))  # every node grown before the last level
+    worst_kept = min(score(g) for g in grown if g in known)
+    assert all(score(g) <= worst_kept + 1e-6 for g in known if g not in grown)
+    assert any(g not in grown for g in known)  # some were dropped: the selection was exercised
