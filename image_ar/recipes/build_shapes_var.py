@@ -1,6 +1,6 @@
 """Build the zoo model ``shapes-var`` in one command: VQ-VAE, large VAR, small VAR, then the saved pipeline.
 
-    python -m mmspec.image_ar.recipes.build_shapes_var --threads 1                  # ~45 min of training
+    python -m mmspec.image_ar.recipes.build_shapes_var --threads 1                  # ~37 min of training
     python -m mmspec.image_ar.recipes.build_shapes_var --redo large --threads 1     # redo one step (and the later ones)
     python -m mmspec.image_ar.recipes.build_shapes_var --smoke --out /tmp/x          # seconds, tiny settings
 
@@ -21,6 +21,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -36,8 +37,8 @@ from . import shapes_var, train_shapes_var, train_shapes_var_vq
 # name, entry point, fixed arguments, output that marks it done, minutes
 STEPS = [
     ("vq", train_shapes_var_vq.main, [], "vq/config.json", 10.0),
-    ("large", train_shapes_var.main, ["--role", "large"], "model/config.json", 22.0),
-    ("small", train_shapes_var.main, ["--role", "small"], "refiner/config.json", 12.0),
+    ("large", train_shapes_var.main, ["--role", "large"], "model/config.json", 18.0),
+    ("small", train_shapes_var.main, ["--role", "small"], "refiner/config.json", 9.0),
 ]
 SMOKE = {
     "vq": ["--steps", "3", "--eval-n", "24"],
@@ -56,8 +57,25 @@ def assemble(out: Path, card_extra: dict | None = None) -> Path:
     card = {"default_method": "code", "draft_scales": len(shapes_var.PATCH_NUMS) - 2, "cfg": 1.5, "judge": "shapes-image-ar",
             **(card_extra or {})}
     VARPipeline(model, vq, refiner, class_names=data.label_names(), model_name=shapes_var.NAME, card=card).save_pretrained(out)
-    shapes_var.update_card(out, "pipeline", {"pipeline_defaults": card})
+    shapes_var.update_card(out, "pipeline", {"pipeline_defaults": card, **summary(out)})
     return out
+
+
+def summary(out: Path) -> dict:
+    """The card's top-level facts (what `mmspec zoo list` shows), gathered from its components' sections."""
+    parts = json.loads((out / "zoo_card.json").read_text()).get("components", {})
+    quality = {}
+    if "judge_accuracy_reconstructions" in parts.get("vq", {}).get("quality", {}):
+        quality["vq_reconstruction_class_accuracy"] = parts["vq"]["quality"]["judge_accuracy_reconstructions"]
+    for role in ("model", "refiner"):
+        for cfg, result in parts.get(role, {}).get("quality", {}).get("samples", {}).items():
+            if isinstance(result, dict):
+                quality[f"{role}_class_accuracy_{cfg}"] = result["class_accuracy"]
+    walls = [p.get("train_wall_time_s") or 0 for p in parts.values()]
+    return {"params": sum(p.get("params", 0) for p in parts.values()),
+            "role": "target (large VAR) + refiner (small VAR) + VQ-VAE",
+            "trained_on": "; ".join(f"{name}: {p.get('trained_on', '?')}" for name, p in parts.items()),
+            "quality": quality, "train_wall_time_s": round(sum(walls), 1)}
 
 
 def main(argv: list[str] | None = None) -> None:

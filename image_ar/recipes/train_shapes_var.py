@@ -8,8 +8,8 @@
 Model: :class:`mmspec.image_ar.VAR` (next-scale prediction, Tian et al. 2024, official parameter
 names and init), class-conditional over the 24 classes of the shapes world plus the unconditional
 class of classifier-free guidance (labels dropped with probability 0.1, as the official training).
-Large: 6 blocks of width 256 (4 heads); small: 2 blocks of width 128 (2 heads). Both predict the
-512 codes of the VQ-VAE in ``OUT/vq`` (trained first) over its scales 1, 2, 3, 4, 5, 6, 8 (155
+Large: 4 blocks of width 192 (4 heads, 2.9M parameters); small: 2 blocks of width 128 (2 heads, 0.8M). Both predict the
+512 codes of the VQ-VAE in ``OUT/vq`` (trained first) over its scales 1, 2, 3, 4, 6, 8, 11, 16 (507
 tokens), teacher-forced: the input of scale s + 1 is the area-downsampled running sum f_hat of the
 ground-truth codes of scales <= s, and the loss the cross-entropy of every token of every scale.
 
@@ -44,7 +44,7 @@ from . import image_ar_data as data
 from . import shapes_var
 
 ROLES = {  # role -> (subfolder, depth, width, heads)
-    "large": ("model", 6, 256, 4),
+    "large": ("model", 4, 192, 4),
     "small": ("refiner", 2, 128, 2),
 }
 

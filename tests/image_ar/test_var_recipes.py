@@ -21,6 +21,8 @@ def test_a_three_step_build_makes_a_loadable_var_pipeline(tmp_path):
         assert part["train_wall_time_s"] > 0 and part["rebuild_command"].startswith("python -m mmspec.image_ar.recipes.")
     assert card["components"]["vq"]["trained_on"].endswith("3 steps x 16")
     assert "class_accuracy" in card["components"]["model"]["quality"]["samples"]["cfg_1.5"]
+    assert card["params"] == sum(part["params"] for part in card["components"].values())
+    assert "model_class_accuracy_cfg_1.5" in card["quality"] and "vq_reconstruction_class_accuracy" in card["quality"]
     assert json.loads((out / "model_index.json").read_text())["_class_name"] == "VARPipeline"
     pipe = VARPipeline.from_pretrained(out)
     assert pipe.model.patch_nums == shapes_var.PATCH_NUMS and pipe.refiner is not None
