@@ -132,5 +132,9 @@ def run(args: argparse.Namespace) -> int:
                          indent=2))
     else:
         print(out_path)
-        print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
+        if getattr(pipe, "family", None) == "var":  # no drafts are verified: tau and alpha mean nothing here
+            print(f"{out.method}: {s.new_tokens} tokens over {out.settings['scales']} scales, {s.target_forwards} large / "
+                  f"{s.drafter_forwards} refiner forwards, {s.total_time * 1e3:.0f} ms", file=sys.stderr)
+        else:
+            print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
     return 0
