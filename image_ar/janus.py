@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
+from mmspec.cached_model import cache_argument
 from mmspec.errors import MMSpecError
 from mmspec.sampling import SamplingConfig
 
@@ -123,7 +124,8 @@ class JanusCFGTarget(CFGTarget):
         return self.model.prepare_embeddings_for_image_generation(self._rows(tokens))
 
     def _run(self, embeds: torch.Tensor, cache: DynamicCache | None) -> tuple[torch.Tensor, Any]:
-        out = self.model.model.language_model(inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None)
+        language_model = self.model.model.language_model
+        out = language_model(inputs_embeds=embeds, **{cache_argument(language_model): cache}, use_cache=cache is not None)
         return out.last_hidden_state, out.past_key_values
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

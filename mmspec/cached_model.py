@@ -37,6 +37,11 @@ def model_vocab_size(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name `model.forward` takes its KV cache by: transformers renamed `past_key_values` to `cache` (5.24)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class CachedModel:
     """Runs `model` incrementally over a growing token sequence, keeping its KV cache."""
 
@@ -48,6 +53,7 @@ class CachedModel:
         self.is_encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         accepted = inspect.signature(model.forward).parameters
         self._takes_logits_to_keep = "logits_to_keep" in accepted
+        self._cache_argument = cache_argument(model)
         self.vocab_size = model_vocab_size(model)
         self.sliding_window = sliding_window_of(model)
         self.cache: Any = None
@@ -91,7 +97,7 @@ class CachedModel:
         if self.cache is None:
             raise RuntimeError(f"{self.role}: extend() called before prefill()")
         key = "decoder_input_ids" if self.is_encoder_decoder else "input_ids"
-        return self._forward(**{key: tokens}, past_key_values=self.cache, logits_to_keep=logits_to_keep, **self._encoder_kwargs, **extra)
+        return self._forward(**{key: tokens, self._cache_argument: self.cache}, logits_to_keep=logits_to_keep, **self._encoder_kwargs, **extra)
 
     def truncate(self, length: int) -> None:
         """Roll the cache back so it holds the first `length` positions."""

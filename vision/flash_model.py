@@ -47,6 +47,7 @@ from transformers import AutoConfig, LlamaConfig, PreTrainedConfig
 from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from ..cached_model import cache_argument
 from ..errors import MMSpecError
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
                               plain_rope_parameters, target_layer_shape, uniform_noise_like)
@@ -290,7 +291,7 @@ class FlashDrafterModel(FeatureDrafterModel):
             hidden,
             attention_mask=mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            **{cache_argument(self.layer): past_key_values},
             use_cache=past_key_values is not None,
             position_embeddings=self.rotary(hidden, position_ids),
         )

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from mmspec.cached_model import model_vocab_size
+from mmspec.cached_model import cache_argument, model_vocab_size
 from mmspec.drafters.base import Drafter
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
@@ -160,7 +160,7 @@ class SparseToDenseDrafter(Drafter):
         self.forwards += 1
         out = self.model(
             input_ids=token[:, None],
-            past_key_values=self.sparse_cache,
+            **{cache_argument(self.model): self.sparse_cache},
             position_ids=self._position_ids(position, token),
             attention_mask=attend_all,
             use_cache=True,
