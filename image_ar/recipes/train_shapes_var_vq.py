@@ -34,11 +34,11 @@ import torch.nn.functional as F
 
 from mmspec.image_ar.judge import load_judge
 from mmspec.image_ar.var_vq import VQVAE
-from mmspec.training import TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
+from mmspec.training import seed_everything
 
 from . import image_ar_data as data
 from . import shapes_var
-from .train_shapes_vq import foreground_weights
+from .train_shapes_vq import fit_codebook_model, foreground_weights
 
 
 def build_vq(args: argparse.Namespace) -> VQVAE:
@@ -128,23 +128,12 @@ def train(args: argparse.Namespace) -> dict:
     print(f"VQ-VAE: {n_params / 1e6:.2f}M parameters, codebook {args.vocab_size} x {args.z_channels}, scales "
           f"{shapes_var.PATCH_NUMS}, bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     heldout = data.images(args.eval_n, args.seed, "heldout")
-    stream = data.Stream(args.seed, "train")
-    opt = adamw(vq, args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    generator = torch.Generator().manual_seed(args.seed)
-    counts = torch.zeros(args.vocab_size, dtype=torch.long)
-    restarted = 0
-    loop = TrainingLoop(args.max_minutes, args.steps, desc="VAR VQ-VAE")
-    for step in loop:
-        x = data.to_model_range(stream.take(args.batch_size).images)
-        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+
+    def losses(x: torch.Tensor):
         loss, parts, codes, f = vq_losses(vq, x, args.bf16, args.fg_weight)
-        optimizer_step(opt, loss, vq.parameters())
-        for c in codes:
-            counts += torch.bincount(c.flatten(), minlength=args.vocab_size)
-        if args.restart_every and (step + 1) % args.restart_every == 0 and step < 0.6 * loop.planned():
-            restarted += restart_dead_codes(vq, opt, counts, residual_pool(vq, f), generator)
-            counts.zero_()
-        loop.log(step, loss.item(), every=50, **parts)
+        return loss, parts, codes, lambda: residual_pool(vq, f)
+
+    loop, restarted = fit_codebook_model(vq, args, args.vocab_size, "VAR VQ-VAE", losses, restart_dead_codes)
     wall = loop.wall
     vq.half().float()  # evaluate what ships (fp16 weights)
     quality = evaluate(vq, heldout, args.judge or None)

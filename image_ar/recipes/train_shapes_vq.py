@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,37 @@ def restart_dead_codes(vq: VQModel, opt: torch.optim.Optimizer, counts: torch.Te
     return int(dead.numel())
 
 
+def fit_codebook_model(vq: torch.nn.Module, args: argparse.Namespace, codebook_size: int, desc: str,
+                       losses: Callable[[torch.Tensor], tuple], restart: Callable[..., int] | None = None
+                       ) -> tuple[TrainingLoop, int]:
+    """The training loop of both VQ recipes: AdamW, warm-up + cosine, dead-code restarts.
+
+    `losses(x)` returns the loss, its parts for the log, the code maps it drew (a list) and a callable
+    giving the vectors a restart draws from (called only at a restart); `restart` re-seeds dead codes
+    (default: this VQ's `restart_dead_codes`). Returns the finished loop and the number of codes restarted.
+    """
+    restart = restart or restart_dead_codes
+    stream = data.Stream(args.seed, "train")
+    opt = adamw(vq, args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    generator = torch.Generator().manual_seed(args.seed)
+    counts = torch.zeros(codebook_size, dtype=torch.long)
+    restarted = 0
+    loop = TrainingLoop(args.max_minutes, args.steps, desc=desc)
+    for step in loop:
+        x = data.to_model_range(stream.take(args.batch_size).images)
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+        loss, parts, code_maps, restart_pool = losses(x)
+        optimizer_step(opt, loss, vq.parameters())
+        for codes in code_maps:
+            counts += torch.bincount(codes.flatten(), minlength=codebook_size)
+        # Restarts stop after 60% of the run so the final codebook settles.
+        if args.restart_every and (step + 1) % args.restart_every == 0 and step < 0.6 * loop.planned():
+            restarted += restart(vq, opt, counts, restart_pool(), generator)
+            counts.zero_()
+        loop.log(step, loss.item(), every=50, **parts)
+    return loop, restarted
+
+
 @torch.no_grad()
 def evaluate(vq: VQModel, heldout: data.ImageSet, batch_size: int = 128) -> dict:
     """Held-out PSNR (images in [0, 1], per image, averaged) and codebook usage."""
@@ -151,23 +183,12 @@ def train(args: argparse.Namespace) -> dict:
     print(f"VQ: {n_params / 1e6:.2f}M parameters, codebook {args.codebook_size} x {args.embed_dim}, "
           f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     heldout = data.images(args.eval_n, args.seed, "heldout")
-    stream = data.Stream(args.seed, "train")
-    opt = adamw(vq, args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    generator = torch.Generator().manual_seed(args.seed)
-    counts = torch.zeros(args.codebook_size, dtype=torch.long)
-    restarted = 0
-    loop = TrainingLoop(args.max_minutes, args.steps, desc="VQ")
-    for step in loop:
-        x = data.to_model_range(stream.take(args.batch_size).images)
-        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+
+    def losses(x: torch.Tensor):
         loss, parts, codes, latents = vq_losses(vq, x, args.bf16, args.fg_weight)
-        optimizer_step(opt, loss, vq.parameters())
-        counts += torch.bincount(codes.flatten(), minlength=args.codebook_size)
-        # Restarts stop after 60% of the run so the final codebook settles.
-        if args.restart_every and (step + 1) % args.restart_every == 0 and step < 0.6 * loop.planned():
-            restarted += restart_dead_codes(vq, opt, counts, latents, generator)
-            counts.zero_()
-        loop.log(step, loss.item(), every=50, **parts)
+        return loss, parts, [codes], lambda: latents
+
+    loop, restarted = fit_codebook_model(vq, args, args.codebook_size, "VQ", losses)
     wall = loop.wall
     vq.half().float()  # evaluate what ships (fp16 weights)
     quality = evaluate(vq, heldout)
