@@ -191,28 +191,29 @@ class Stream:
 
 
 def recipe_parser(doc: str, what: str, *, max_minutes: float, batch_size: int, lr: float, warmup: int,
-                  bf16: bool = True) -> argparse.ArgumentParser:
-    """The parser every shapes-image-ar training script starts from: where it writes (`--out`, default
-    ./shapes-image-ar, or `--into-zoo`), the budget loop, the optimiser and the CPU."""
+                  bf16: bool = True, name: str = NAME, threads: int = 2) -> argparse.ArgumentParser:
+    """The parser every shapes-world image training script starts from: where it writes (`--out`, default
+    ./<name>, or `--into-zoo`), the budget loop, the optimiser and the CPU."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    add_output_arguments(parser, NAME, what)
+    add_output_arguments(parser, name, what)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=max_minutes, help="wall-clock budget of the training loop")
     parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--warmup", type=int, default=warmup)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=threads)
     if bf16:
         parser.add_argument("--no-bf16", dest="bf16", action="store_false",
                             help="train in fp32 (bf16 autocast is the default where the CPU supports it)")
     return parser
 
 
-def parse_recipe_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+def parse_recipe_args(parser: argparse.ArgumentParser, argv: list[str] | None,
+                      zoo_dir: Path = ZOO_DIR) -> argparse.Namespace:
     """Parsed arguments with `out` resolved: never the installed zoo folder without `--into-zoo`."""
     args = parser.parse_args(argv)
-    args.out = str(parse_output_folder(parser, args, ZOO_DIR))
+    args.out = str(parse_output_folder(parser, args, zoo_dir))
     return args
 
 

@@ -21,7 +21,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmspec.training import add_output_arguments, parse_output_folder
 from mmspec.zoo import MODELS_DIR
 
 from . import image_ar_data as data
@@ -36,24 +35,13 @@ REBUILD_COMMAND = "python -m mmspec.image_ar.recipes.build_shapes_var"
 
 def recipe_parser(doc: str, what: str, *, max_minutes: float, batch_size: int, lr: float,
                   warmup: int) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    add_output_arguments(parser, NAME, what)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=max_minutes, help="wall-clock budget of the training loop")
-    parser.add_argument("--steps", type=int, default=0, help="0 = as many as fit the budget")
-    parser.add_argument("--batch-size", type=int, default=batch_size)
-    parser.add_argument("--lr", type=float, default=lr)
-    parser.add_argument("--warmup", type=int, default=warmup)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--no-bf16", dest="bf16", action="store_false",
-                        help="train in fp32 (bf16 autocast is the default where the CPU supports it)")
-    return parser
+    """The shapes-image-ar recipes' parser, writing to ./shapes-var (or the zoo's), one thread by default."""
+    return data.recipe_parser(doc, what, max_minutes=max_minutes, batch_size=batch_size, lr=lr, warmup=warmup,
+                              name=NAME, threads=1)
 
 
 def parse_recipe_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    args = parser.parse_args(argv)
-    args.out = str(parse_output_folder(parser, args, ZOO_DIR))
-    return args
+    return data.parse_recipe_args(parser, argv, zoo_dir=ZOO_DIR)
 
 
 def base_card() -> dict[str, Any]:

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 
 from mmspec.image_ar.judge import load_judge
 from mmspec.image_ar.var_vq import VQVAE
-from mmspec.training import seed_everything
 
 from . import image_ar_data as data
 from . import shapes_var
@@ -120,20 +119,11 @@ def evaluate(vq: VQVAE, heldout: data.ImageSet, judge_dir: str | None, batch_siz
 
 
 def train(args: argparse.Namespace) -> dict:
-    data.set_threads(args.threads)
-    seed_everything(args.seed)
     out = Path(args.out)
-    vq = build_vq(args).train()
+    vq, loop, restarted = fit_codebook_model(args, build_vq, args.vocab_size, "VAR VQ-VAE", vq_losses,
+                                             restart_dead_codes, restart_pool=residual_pool)
     n_params = sum(p.numel() for p in vq.parameters())
-    print(f"VQ-VAE: {n_params / 1e6:.2f}M parameters, codebook {args.vocab_size} x {args.z_channels}, scales "
-          f"{shapes_var.PATCH_NUMS}, bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     heldout = data.images(args.eval_n, args.seed, "heldout")
-
-    def losses(x: torch.Tensor):
-        loss, parts, codes, f = vq_losses(vq, x, args.bf16, args.fg_weight)
-        return loss, parts, codes, lambda: residual_pool(vq, f)
-
-    loop, restarted = fit_codebook_model(vq, args, args.vocab_size, "VAR VQ-VAE", losses, restart_dead_codes)
     wall = loop.wall
     vq.half().float()  # evaluate what ships (fp16 weights)
     quality = evaluate(vq, heldout, args.judge or None)

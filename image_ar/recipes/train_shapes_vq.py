@@ -117,15 +117,23 @@ def restart_dead_codes(vq: VQModel, opt: torch.optim.Optimizer, counts: torch.Te
     return int(dead.numel())
 
 
-def fit_codebook_model(vq: torch.nn.Module, args: argparse.Namespace, codebook_size: int, desc: str,
-                       losses: Callable[[torch.Tensor], tuple], restart: Callable[..., int] | None = None
-                       ) -> tuple[TrainingLoop, int]:
-    """The training loop of both VQ recipes: AdamW, warm-up + cosine, dead-code restarts.
+def fit_codebook_model(args: argparse.Namespace, build: Callable[[argparse.Namespace], torch.nn.Module],
+                       codebook_size: int, desc: str, losses: Callable[..., tuple],
+                       restart: Callable[..., int] | None = None,
+                       restart_pool: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = lambda vq, latents: latents,
+                       ) -> tuple[torch.nn.Module, TrainingLoop, int]:
+    """Build and train a VQ the way both VQ recipes do: AdamW, warm-up + cosine, dead-code restarts.
 
-    `losses(x)` returns the loss, its parts for the log, the code maps it drew (a list) and a callable
-    giving the vectors a restart draws from (called only at a restart); `restart` re-seeds dead codes
-    (default: this VQ's `restart_dead_codes`). Returns the finished loop and the number of codes restarted.
+    `losses(vq, x, bf16, fg_weight)` returns the loss, its parts for the log, the codes drawn (one map or
+    a list of maps) and the latents; `restart_pool(vq, latents)` gives the vectors a restart draws from and
+    `restart` re-seeds dead codes (default: this VQ's). Returns the VQ, the finished loop and the number
+    of codes restarted.
     """
+    data.set_threads(args.threads)
+    seed_everything(args.seed)
+    vq = build(args).train()
+    print(f"{desc}: {sum(p.numel() for p in vq.parameters()) / 1e6:.2f}M parameters, codebook {codebook_size}, "
+          f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     restart = restart or restart_dead_codes
     stream = data.Stream(args.seed, "train")
     opt = adamw(vq, args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -136,16 +144,16 @@ def fit_codebook_model(vq: torch.nn.Module, args: argparse.Namespace, codebook_s
     for step in loop:
         x = data.to_model_range(stream.take(args.batch_size).images)
         set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
-        loss, parts, code_maps, restart_pool = losses(x)
+        loss, parts, codes, latents = losses(vq, x, args.bf16, args.fg_weight)
         optimizer_step(opt, loss, vq.parameters())
-        for codes in code_maps:
-            counts += torch.bincount(codes.flatten(), minlength=codebook_size)
+        for code_map in codes if isinstance(codes, (list, tuple)) else [codes]:
+            counts += torch.bincount(code_map.flatten(), minlength=codebook_size)
         # Restarts stop after 60% of the run so the final codebook settles.
         if args.restart_every and (step + 1) % args.restart_every == 0 and step < 0.6 * loop.planned():
-            restarted += restart(vq, opt, counts, restart_pool(), generator)
+            restarted += restart(vq, opt, counts, restart_pool(vq, latents), generator)
             counts.zero_()
         loop.log(step, loss.item(), every=50, **parts)
-    return loop, restarted
+    return vq, loop, restarted
 
 
 @torch.no_grad()
@@ -175,20 +183,10 @@ def evaluate(vq: VQModel, heldout: data.ImageSet, batch_size: int = 128) -> dict
 
 
 def train(args: argparse.Namespace) -> dict:
-    data.set_threads(args.threads)
-    seed_everything(args.seed)
     out = Path(args.out)
-    vq = build_vq(args).train()
+    vq, loop, restarted = fit_codebook_model(args, build_vq, args.codebook_size, "VQ", vq_losses)
     n_params = sum(p.numel() for p in vq.parameters())
-    print(f"VQ: {n_params / 1e6:.2f}M parameters, codebook {args.codebook_size} x {args.embed_dim}, "
-          f"bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
     heldout = data.images(args.eval_n, args.seed, "heldout")
-
-    def losses(x: torch.Tensor):
-        loss, parts, codes, latents = vq_losses(vq, x, args.bf16, args.fg_weight)
-        return loss, parts, [codes], lambda: latents
-
-    loop, restarted = fit_codebook_model(vq, args, args.codebook_size, "VQ", losses)
     wall = loop.wall
     vq.half().float()  # evaluate what ships (fp16 weights)
     quality = evaluate(vq, heldout)
