@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -119,12 +119,13 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
                   num_iter: int = 64, num_draft: int = 8, prefill_ratio: float = 0.15, cfg: float = 1.0,
                   cfg_schedule: str = "linear", temperature: float = 1.0, inner_temperature: float = 1.0,
                   max_tries: int = 100, generator: torch.Generator | None = None,
-                  draft_labels: Any = None) -> CSpDOutput:
+                  draft_labels: Any = None, on_step: Callable[[int], None] | None = None) -> CSpDOutput:
     """Tokens [B, L, C] of `target` by continuous speculative decoding with `draft` (see the module docstring).
 
     Defaults as the official runner's (num_draft 8, prefill 0.15, 100 tries) except `inner_temperature`
     (official 42, a heuristic that raises acceptance at the cost of exactness; 1 = the paper's ratio).
     `draft_labels` defaults to `labels` (give it when the draft has its own class numbering).
+    `on_step(left)` runs after each step of the schedule, drafted or not (a progress bar).
     """
     check_generation(target, batch_size, num_iter, cfg, cfg_schedule, temperature)
     check_generation(draft, batch_size, num_iter, cfg, cfg_schedule, temperature)
@@ -172,6 +173,8 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
                 window = []
                 steps.append(left)
         unknown = still
+        if on_step is not None:
+            on_step(left)
     stats.new_tokens = batch_size * target.seq_len
     stats.total_time = time.perf_counter() - start
     return CSpDOutput(tokens=tokens, stats=stats, residual_fallbacks=fallbacks, steps=steps)

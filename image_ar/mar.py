@@ -161,7 +161,7 @@ class MAR(ModelMixin, ConfigMixin):
 
     def forward_mae_encoder(self, tokens: torch.Tensor, mask: torch.Tensor, class_embedding: torch.Tensor) -> torch.Tensor:
         """Encodes the buffer (class embedding) and the known tokens; every row must know as many tokens."""
-        x = self.z_proj(tokens)
+        x = self.z_proj(tokens.to(self.z_proj.weight.dtype))  # generation keeps tokens in float32 under a bf16 model
         b, _, width = x.shape
         x = torch.cat([class_embedding[:, None].expand(b, self.buffer_size, width).to(x.dtype), x], dim=1)
         x = self.z_proj_ln(x + self.encoder_pos_embed_learned)

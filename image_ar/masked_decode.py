@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -81,9 +81,10 @@ def check_generation(model: ContinuousTokenModel, batch_size: int, num_iter: int
 @torch.no_grad()
 def target_generate(model: ContinuousTokenModel, batch_size: int, num_iter: int = 64, cfg: float = 1.0,
                     cfg_schedule: str = "linear", labels: Any = None, temperature: float = 1.0,
-                    generator: torch.Generator | None = None, lefts: list[int] | None = None
-                    ) -> tuple[torch.Tensor, SpecStats]:
-    """Tokens [B, L, C] by the model alone: one forward per step of `lefts` (default: the cosine schedule)."""
+                    generator: torch.Generator | None = None, lefts: list[int] | None = None,
+                    on_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, SpecStats]:
+    """Tokens [B, L, C] by the model alone: one forward per step of `lefts` (default: the cosine schedule).
+    `on_step(left)` runs after each step (a progress bar)."""
     check_generation(model, batch_size, num_iter, cfg, cfg_schedule, temperature)
     lefts = cosine_lefts(num_iter, model.seq_len) if lefts is None else list(lefts)
     if not lefts or lefts[-1] != 0 or any(b >= a for a, b in zip([model.seq_len] + lefts, lefts)):
@@ -103,6 +104,8 @@ def target_generate(model: ContinuousTokenModel, batch_size: int, num_iter: int 
         tokens[predict] = density.tokens.to(tokens.dtype)
         unknown = still
         stats.target_forwards += 1
+        if on_step is not None:
+            on_step(left)
     stats.new_tokens = batch_size * model.seq_len
     stats.total_time = time.perf_counter() - start
     return tokens, stats

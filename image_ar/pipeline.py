@@ -46,13 +46,14 @@ from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
 from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
 from .target import CFGTarget
+from .mar_pipeline import MAR_METHODS, MARPipeline
 from .var_pipeline import VAR_METHODS, VARPipeline
 from .vq import VQModel
 
 
 DEFAULT_IMAGE_MODEL = "shapes-image-ar"
 # Every method of some image family (the CLI's choices); each pipeline refuses the ones it does not run.
-IMAGE_METHODS = (*METHODS, *(m for m in VAR_METHODS if m not in METHODS))
+IMAGE_METHODS = tuple(dict.fromkeys((*METHODS, *VAR_METHODS, *MAR_METHODS)))
 class _ModelDefault:
     """Sentinel for a method option whose default comes from the model card (None means "off")."""
 
@@ -117,14 +118,15 @@ class SpeculativeImagePipeline(SpeculativePipeline):
         dtype: torch.dtype | str | None = None,
         *,
         torch_dtype: torch.dtype | str | None = None,
-    ) -> "SpeculativeImagePipeline | JanusImagePipeline | VARPipeline":
+    ) -> "SpeculativeImagePipeline | JanusImagePipeline | VARPipeline | MARPipeline":
         """Load from a zoo name, a local folder, a saved pipeline (`save_pretrained`) or a Hub id
         (layout in the module docstring).
 
         `drafter`: None = the folder's `drafter/` if present; False = none; a folder or a model.
         `dtype` (or `torch_dtype`, the same) defaults to float32.
         A Janus checkpoint gives a `JanusImagePipeline` (text prompts; `drafter` = a smaller Janus or None),
-        a saved `VARPipeline` (e.g. the zoo's shapes-var) a `VARPipeline` (`drafter` = its refiner).
+        a saved `VARPipeline` (e.g. the zoo's shapes-var) a `VARPipeline` (`drafter` = its refiner), a saved
+        `MARPipeline` a `MARPipeline` (`drafter` = its draft MAR).
         """
         dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
@@ -134,6 +136,8 @@ class SpeculativeImagePipeline(SpeculativePipeline):
                 return JanusImagePipeline.from_pretrained(name, drafter=drafter, device=device, dtype=dtype)
             if _saved_class_name(saved) == VARPipeline.__name__:
                 return VARPipeline.from_pretrained(name, refiner=drafter, device=device, dtype=dtype)
+            if _saved_class_name(saved) == MARPipeline.__name__:
+                return MARPipeline.from_pretrained(name, draft=drafter, device=device, dtype=dtype)
             return cls._load_saved(saved, name, drafter, device, dtype)
         folder = local_folder(name)
 

@@ -54,6 +54,7 @@ _EXPORTS = {
     "SpeculativeImagePipeline": "mmspec.image_ar.pipeline",
     "JanusImagePipeline": "mmspec.image_ar.janus_pipeline",
     "VARPipeline": "mmspec.image_ar.var_pipeline",
+    "MARPipeline": "mmspec.image_ar.mar_pipeline",
     "TranscriptionOutput": "mmspec.speech.pipeline",
     "TranscriptionPipeline": "mmspec.speech.pipeline",
 }

@@ -20,8 +20,8 @@ from .common import (
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = benches.add_parser("image", parents=[flags.threads, flags.json],
                                 help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
-    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus "
-                        "(default: the toy shapes-image-ar)")
+    parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus, "
+                        "or a saved VAR or MAR pipeline (default: the toy shapes-image-ar)")
     add_size_flag(parser, 16, "images per method (conditions cycle through the classes or --prompts)", "--n")
     parser.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
                         help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
     if getattr(pipe, "family", None) == "var":
         return run_var(pipe, name, args)
+    if getattr(pipe, "family", None) == "mar":
+        return run_mar(pipe, name, args)
     if args.draft_scales is not None:
         raise MMSpecError(f"--draft-scales applies to VAR models (CoDe rows); {name!r} is not one")
     if lantern is None:  # the model's LANTERN default (its card's, else the authors')
@@ -120,6 +122,25 @@ def run_var(pipe, name: str, args: argparse.Namespace) -> int:
     report = bench_var(pipe, labels, seed=args.seed, draft_scales=args.draft_scales, guidance_scale=args.guidance_scale,
                        temperature=args.temperature, repeats=args.repeats, judge=pipe.card.get("judge"),
                        progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
+    if args.grid_out:
+        atomic_write(args.grid_out, report.grid.save)
+        report.settings["grid"] = args.grid_out
+    emit(report, args)
+    return 0
+
+
+def run_mar(pipe, name: str, args: argparse.Namespace) -> int:
+    """The MAR rows: the target MAR alone and CSpD with its draft MAR (`image_ar.mar_bench`)."""
+    from ..image_ar.mar_bench import bench_mar
+
+    given = [flag for flag, value in (("--lantern", args.lantern), ("--gsd", args.gsd), ("--methods", args.methods),
+                                      ("--draft-scales", args.draft_scales)) if value]
+    if given:
+        raise MMSpecError(f"{', '.join(given)}: not options of MAR rows; {name!r} is a MAR model "
+                          "(rows: ar and cspd at the card's draft window)")
+    labels = pipe.bench_conditions(args.num_samples, args.prompts)
+    report = bench_mar(pipe, labels, seed=args.seed, guidance_scale=args.guidance_scale, temperature=args.temperature,
+                       repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     if args.grid_out:
         atomic_write(args.grid_out, report.grid.save)
         report.settings["grid"] = args.grid_out

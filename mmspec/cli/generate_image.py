@@ -27,11 +27,12 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
                         "free text for a text-to-image model (Janus)")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style, Janus or a saved "
-                        "VAR pipeline such as shapes-var (default: the toy shapes-image-ar)")
+                        "VAR pipeline such as shapes-var, or a saved MAR pipeline (default: the toy shapes-image-ar)")
     parser.add_argument("--method", choices=LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
                         metavar="METHOD", help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), "
                         "gsd / lantern = relaxed; VAR models: ar = the large VAR alone, code = CoDe (large drafts the "
-                        "first scales, the small refiner the rest)")
+                        "first scales, the small refiner the rest); MAR models: ar = the target MAR alone, cspd = continuous "
+                        "speculative decoding with its draft MAR")
     parser.add_argument("--draft-scales", dest="draft_scales", type=checks.positive_int, default=None, metavar="N",
                         help="VAR, method code: scales the large model runs, 1..scales-1 (default: the model card's)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         by_id = args.prompt.strip().isascii() and args.prompt.strip().isdigit()
         label = int(args.prompt) if by_id else pipe.class_id(args.prompt)
-        count = pipe.model.config.num_classes
+        count = pipe.num_classes if hasattr(pipe, "num_classes") else pipe.model.config.num_classes
         if not 0 <= label < count:
             raise MMSpecError(f"class id {args.prompt.strip()} is out of range: {pipe.model_name}'s class ids are in [0, {count})")
         name = pipe.class_names[label] if pipe.class_names and label < len(pipe.class_names) else None
@@ -119,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
             raise MMSpecError(f"{flags}: options of LlamaGen-style methods; {pipe.model_name!r} is a VAR model "
                               f"(methods {', '.join(pipe.methods)})")
         options = {"draft_scales": args.draft_scales}
+    elif getattr(pipe, "family", None) == "mar":
+        flags = [name for name in options] + (["draft_scales"] if args.draft_scales is not None else [])
+        if flags:
+            flags = ", ".join("--" + name.replace("_", "-") for name in flags)
+            raise MMSpecError(f"{flags}: not options of MAR; {pipe.model_name!r} is a MAR model "
+                              f"(methods {', '.join(pipe.methods)}; settings from its card)")
     elif args.draft_scales is not None:
         raise MMSpecError(f"--draft-scales applies to VAR models (method code); {pipe.model_name!r} is not one")
     out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
@@ -135,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(pipe, "family", None) == "var":  # no drafts are verified: tau and alpha mean nothing here
             print(f"{out.method}: {s.new_tokens} tokens over {out.settings['scales']} scales, {s.target_forwards} large / "
                   f"{s.drafter_forwards} refiner forwards, {s.total_time * 1e3:.0f} ms", file=sys.stderr)
+        elif getattr(pipe, "family", None) == "mar":  # forwards per model; cspd: window tokens kept
+            kept = f", {s.accepted}/{s.drafted} drafted tokens accepted" if out.method == "cspd" else ""
+            print(f"{out.method}: {s.new_tokens} tokens in {out.settings['num_iter']} steps, {s.target_forwards} target / "
+                  f"{s.drafter_forwards} draft forwards{kept}, {s.total_time * 1e3:.0f} ms", file=sys.stderr)
         else:
             print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
     return 0

@@ -1,0 +1,233 @@
+"""MARPipeline: the diffusers pipeline of MAR and CSpD (tiny random MARs + a tiny AutoencoderKL, float32, CPU).
+
+Save / load round trip through model_index.json, `.to()`, the progress bar, generators, the output
+(a diffusers BaseOutput with `.images` and `.stats`), both methods against the functions they run (cspd
+with draft == target against ar, with a failing control), one clear error for each bad setting, and the
+CLI (generate-image, bench image) on a saved folder.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKL
+from diffusers.utils import BaseOutput
+
+from mmspec.errors import MMSpecError
+from mmspec.image_ar import SpeculativeImagePipeline
+from mmspec.image_ar.mar import tiny_mar
+from mmspec.image_ar.mar_pipeline import MARPipeline
+from mmspec.image_ar.masked_decode import target_generate
+from mmspec.pipelines import SpeculativePipeline
+from mmspec.sampling import seeded_generator
+
+CLASSES = [f"shape {i}" for i in range(10)]
+CARD = {"num_iter": 6, "num_draft": 2, "prefill_ratio": 0.15}
+EXACT = dict(num_draft=1, prefill_ratio=0.0)  # where cspd_generate with draft == target gives the ar output
+
+
+def tiny_vae(seed: int = 0) -> AutoencoderKL:
+    """16 x 16 RGB <-> 4 x 4 x 4 latents (tiny_mar's tokens)."""
+    torch.manual_seed(seed)
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
+                         up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 8, 8), layers_per_block=1,
+                         latent_channels=4, norm_num_groups=4, sample_size=16).eval()
+
+
+@pytest.fixture(scope="module")
+def vae():
+    return tiny_vae()
+
+
+@pytest.fixture(scope="module")
+def pipe(vae):
+    return MARPipeline(tiny_mar(0), vae, tiny_mar(1, encoder_embed_dim=16, decoder_embed_dim=16), class_names=CLASSES,
+                       model_name="tiny-mar", card=CARD)
+
+
+def test_save_and_load_round_trip(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["_class_name"] == "MARPipeline"
+    assert index["model"] == ["mmspec.image_ar.mar", "MAR"] and index["draft"] == ["mmspec.image_ar.mar", "MAR"]
+    assert index["vae"] == ["diffusers", "AutoencoderKL"] and index["card"] == CARD and index["class_names"] == CLASSES
+    loaded = MARPipeline.from_pretrained(tmp_path)
+    assert SpeculativePipeline.from_pretrained(tmp_path).__class__ is MARPipeline
+    assert SpeculativeImagePipeline.from_pretrained(tmp_path).__class__ is MARPipeline
+    for name in ("model", "vae", "draft"):
+        ours, theirs = getattr(pipe, name).state_dict(), getattr(loaded, name).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    a = pipe(class_labels=[1, 3], method="cspd", seed=5, progress_bar=False)
+    b = loaded(class_labels=[1, 3], method="cspd", seed=5, progress_bar=False)
+    assert torch.equal(a.tokens, b.tokens) and np.array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
+    without = MARPipeline.from_pretrained(tmp_path, draft=False)
+    assert without.available_methods == ["ar"] and without.default_method == "ar"
+    assert loaded.default_method == "cspd"
+
+
+def test_the_output_is_a_base_output_with_images_and_stats(pipe):
+    out = pipe(prompt="shape 3", method="cspd", seed=0, progress_bar=False, num_images=2)
+    assert isinstance(out, BaseOutput)
+    assert out[0] is out.images and out["images"] is out.images and len(out.images) == 2
+    assert out.images[0].size == (16, 16) and out.class_labels == [3, 3] and out.tokens.shape == (2, 16, 4)
+    assert out.stats.method == "cspd" and out.stats.new_tokens == 2 * 16
+    assert out.stats.drafter_forwards > 0 and out.stats.drafted > 0 and out.stats.rounds > 0
+    assert out.settings["num_iter"] == 6 and out.settings["num_draft"] == 2  # the card's
+    arrays = pipe(class_labels=0, method="ar", seed=0, output_type="np", progress_bar=False).images
+    assert isinstance(arrays, np.ndarray) and arrays.shape == (1, 16, 16, 3) and 0 <= arrays.min() <= arrays.max() <= 1
+
+
+def test_ar_is_the_target_alone_and_the_images_are_its_decoded_latents(pipe):
+    out = pipe(class_labels=[2, 4], method="ar", num_iter=5, guidance_scale=2.0, seed=9, progress_bar=False,
+               output_type="np")
+    tokens, stats = target_generate(pipe.model, 2, num_iter=5, cfg=2.0, labels=torch.tensor([2, 4]),
+                                    generator=seeded_generator("cpu", 9))
+    assert torch.equal(out.tokens, tokens)
+    assert out.stats.target_forwards == stats.target_forwards == 5 and out.stats.drafter_forwards == 0
+    latents = pipe.model.unpatchify(tokens) / pipe.vae.config.scaling_factor
+    pixels = ((pipe.vae.decode(latents).sample.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).detach().numpy()
+    assert np.allclose(out.images, pixels)
+
+
+@pytest.mark.parametrize("cfg", [1.0, 2.0])
+def test_cspd_with_the_target_as_draft_reproduces_ar(pipe, cfg):
+    same = MARPipeline(pipe.model, pipe.vae, pipe.model, class_names=CLASSES)
+    ar = same(class_labels=[1, 5], method="ar", num_iter=6, guidance_scale=cfg, seed=3, progress_bar=False)
+    spec = same(class_labels=[1, 5], method="cspd", num_iter=6, guidance_scale=cfg, seed=3, progress_bar=False, **EXACT)
+    assert spec.stats.accepted == spec.stats.drafted > 0
+    assert torch.equal(ar.tokens, spec.tokens)
+    # control: the real (different) draft gets some tokens rejected and redrawn, so the output changes
+    other = pipe(class_labels=[1, 5], method="cspd", num_iter=6, guidance_scale=cfg, seed=3, progress_bar=False, **EXACT)
+    assert other.stats.accepted < other.stats.drafted and not torch.equal(ar.tokens, other.tokens)
+
+
+def test_to_moves_every_component_and_it_still_generates():
+    pipe = MARPipeline(tiny_mar(0), tiny_vae(), tiny_mar(1), card=CARD)
+    pipe.to(torch.bfloat16)
+    assert pipe.dtype == torch.bfloat16 and {m.dtype for m in (pipe.model, pipe.vae, pipe.draft)} == {torch.bfloat16}
+    assert len(pipe(class_labels=1, method="cspd", seed=0, progress_bar=False).images) == 1
+    pipe.to("cpu", torch.float32)
+    assert pipe.device == torch.device("cpu") and pipe.draft.dtype == torch.float32
+
+
+def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(pipe):
+    a = pipe(class_labels=3, method="cspd", seed=7, progress_bar=False)
+    b = pipe(class_labels=3, method="cspd", generator=torch.Generator("cpu").manual_seed(7), progress_bar=False)
+    assert torch.equal(a.tokens, b.tokens)
+    assert not torch.equal(a.tokens, pipe(class_labels=3, method="cspd", seed=8, progress_bar=False).tokens)
+    torch.manual_seed(1)
+    c = pipe(class_labels=3, method="ar", progress_bar=False)
+    torch.manual_seed(1)
+    d = pipe(class_labels=3, method="ar", progress_bar=False)
+    assert torch.equal(c.tokens, d.tokens)
+
+
+def test_the_progress_bar_counts_steps_and_can_be_hidden(pipe, capsys):
+    pipe(class_labels=0, method="cspd", seed=0)
+    assert "image (cspd)" in capsys.readouterr().err
+    pipe(class_labels=0, method="ar", seed=0, progress_bar=False)
+    assert "image (ar)" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "sjd"}, "unknown method 'sjd'; choose from ar, cspd"),
+    ({"method": "code"}, "unknown method 'code'; choose from ar, cspd"),
+    ({"method": "ar", "num_draft": 2}, "num_draft: settings of method 'cspd', not 'ar'"),
+    ({"method": "cspd", "num_draft": 0}, "num_draft must be an integer >= 1"),
+    ({"method": "cspd", "prefill_ratio": 1.0}, "prefill_ratio must be in [0, 1)"),
+    ({"method": "ar", "num_iter": 17}, "num_iter must be an integer in 1..16"),
+    ({"method": "ar", "guidance_scale": 0.5}, "guidance_scale must be a finite number >= 1"),
+    ({"method": "ar", "temperature": 0}, "temperature must be a finite number > 0"),
+    ({"method": "cspd", "temperature": float("nan")}, "temperature must be a finite number > 0"),
+    ({"method": "ar", "top_k": 5}, "top_k does not apply to MAR"),
+    ({"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
+])
+def test_bad_settings_are_one_clear_error(pipe, kwargs, message):
+    with pytest.raises(MMSpecError) as error:
+        pipe(class_labels=0, seed=0, progress_bar=False, **kwargs)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_bad_conditions_a_missing_draft_and_mismatched_parts_are_refused(pipe, vae):
+    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
+        pipe(prompt="pink circle", progress_bar=False)
+    with pytest.raises(MMSpecError, match=r"class labels must be integers in \[0, 10\)"):
+        pipe(class_labels=[10], progress_bar=False)
+    with pytest.raises(MMSpecError, match="needs a draft"):
+        MARPipeline(pipe.model, vae)(class_labels=0, method="cspd", progress_bar=False)
+    with pytest.raises(MMSpecError, match="latent channels"):
+        MARPipeline(tiny_mar(0, vae_embed_dim=8), vae)
+    with pytest.raises(MMSpecError, match="the draft makes"):
+        MARPipeline(pipe.model, vae, tiny_mar(1, img_size=32, vae_stride=4))
+
+
+def test_a_folder_that_is_no_saved_mar_pipeline_is_one_error(tmp_path):
+    with pytest.raises(MMSpecError, match="is not a folder saved by MARPipeline"):
+        MARPipeline.from_pretrained(tmp_path)
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "VARPipeline"}))
+    with pytest.raises(MMSpecError, match="not a MARPipeline"):
+        MARPipeline.from_pretrained(tmp_path)
+
+
+# ---- the CLI: generate-image and bench image on a saved MAR pipeline ------------------------------
+
+@pytest.fixture(scope="module")
+def saved(pipe, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-mar")
+    pipe.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("method", ["cspd", "ar"])
+def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
+    from mmspec.cli import main
+
+    out = tmp_path / "x.png"
+    assert main(["generate-image", "shape 2", "--model", str(saved), "--method", method, "--seed", "2",
+                 "--guidance-scale", "1.5", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["method"] == method and report["class_id"] == 2 and report["settings"]["cfg"] == 1.5
+    assert report["settings"]["num_iter"] == 6 and report["stats"]["target_forwards"] > 0
+    assert (report["stats"]["drafter_forwards"] > 0) == (method == "cspd")
+    assert out.is_file()
+    assert main(["generate-image", "4", "--model", str(saved), "--method", method, "--out", str(out)]) == 0
+    assert f"{method}: 16 tokens in 6 steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "sjd"], "unknown method 'sjd'; choose from ar, cspd"),
+    (["--draft-scales", "2"], "--draft-scales: not options of MAR"),
+    (["--lantern-k", "4"], "--lantern-k: not options of MAR"),
+    (["--temperature", "0"], "temperature must be a finite number > 0"),
+    (["--top-k", "3"], "top_k does not apply to MAR"),
+])
+def test_generate_image_refuses_what_mar_does_not_take(saved, tmp_path, capsys, argv, message):
+    from mmspec.cli import main
+
+    assert main(["generate-image", "shape 1", "--model", str(saved), "--out", str(tmp_path / "x.png"), *argv]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("mmspec: error:") and message in last and "Traceback" not in err
+
+
+def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
+    from mmspec.cli import main
+
+    grid = tmp_path / "grid.png"
+    assert main(["bench", "image", "--model", str(saved), "--n", "2", "--threads", "1", "--json",
+                 "--grid-out", str(grid)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["method"]: r for r in report["methods"]}
+    assert list(rows) == ["ar", "cspd k=2"]
+    assert rows["ar"]["target_forwards"] == 2 * 6 and rows["ar"]["drafter_forwards"] == 0
+    assert rows["cspd k=2"]["drafter_forwards"] > 0 and rows["cspd k=2"]["drafted"] > 0
+    assert rows["ar"]["speed_up"] == pytest.approx(1.0) and rows["cspd k=2"]["speed_up"] > 0
+    assert report["settings"]["num_iter"] == 6 and grid.is_file()
+    assert main(["bench", "image", "--model", str(saved), "--n", "1", "--threads", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "cspd k=2" in table and "target fwd" in table and "speed-up" in table
+    assert main(["bench", "image", "--model", str(saved), "--lantern", "0.1,4"]) == 2
+    assert "not options of MAR rows" in capsys.readouterr().err
