@@ -54,7 +54,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from transformers import AutoTokenizer, LlavaNextVideoForConditionalGeneration
 
@@ -67,7 +66,7 @@ from mmspec.world.detailed_captions import MAX_TOKENS
 from mmspec.zoo import MODELS_DIR
 
 from . import captioner_data as cd
-from .train_video_captioner import LM_DIR, build_model, caption_batch
+from .train_video_captioner import LM_DIR, VideoHead, build_model, caption_batch
 
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
 RELATIONS = ("behind", "in front of", "meets")
@@ -80,26 +79,6 @@ def aux_targets(scene) -> np.ndarray:
     turns = np.zeros(4, np.float32)
     turns[min(len(event_slots(scene)), 3)] = 1.0
     return np.concatenate([cd.aux_targets(scene), np.array([r in relations for r in RELATIONS], np.float32), turns])
-
-
-class VideoHead(nn.Module):
-    """Throw-away head: one transformer block over a video's pooled tokens, multi-label out."""
-
-    def __init__(self, dim: int, frames: int, out: int = AUX_OUT):
-        super().__init__()
-        self.frames = frames
-        self.frame_emb = nn.Parameter(torch.randn(frames, 1, dim) * 0.02)
-        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
-        self.block = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
-        self.norm = nn.LayerNorm(dim)
-        self.out = nn.Linear(dim, out)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        """``[B*T, 36, dim]`` -> ``[B, out]`` logits."""
-        bt, n, d = pooled.shape
-        x = pooled.view(bt // self.frames, self.frames, n, d) + self.frame_emb
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x.flatten(1, 2)], 1)
-        return self.out(self.norm(self.block(x)[:, 0]))
 
 
 # ---------------------------------------------------------------- model and data
@@ -202,7 +181,7 @@ def train(args) -> None:
     start = time.time()
     model, tok = load_model(args)
     model.train()
-    head = VideoHead(model.config.vision_config.hidden_size, args.frames)
+    head = VideoHead(model.config.vision_config.hidden_size, args.frames, AUX_OUT)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"captioner: {n_params / 1e6:.2f}M parameters, {cd.TOKENS_PER_FRAME * args.frames} visual tokens "
           f"per video ({args.frames} frames)", flush=True)

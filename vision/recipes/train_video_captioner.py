@@ -124,10 +124,8 @@ def build_model(lm_dir: Path, seed: int):
     return model, tok, old_vocab
 
 
-class AuxHead(nn.Module):
-    """Throw-away heads for stage A: a per-token linear head (colour and kind of the shape
-    under each pooled token, per frame) and one transformer block over the 288 pooled
-    tokens of a video for video-level multi-label targets (motions, directions, ...)."""
+class VideoHead(nn.Module):
+    """Throw-away video-level head: one transformer block over a video's pooled tokens, multi-label out."""
 
     def __init__(self, dim: int, frames: int, out: int):
         super().__init__()
@@ -137,16 +135,30 @@ class AuxHead(nn.Module):
         self.block = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.norm = nn.LayerNorm(dim)
         self.out = nn.Linear(dim, out)
+
+    def video_logits(self, pooled: torch.Tensor) -> torch.Tensor:
+        """``[B*T, 36, dim]`` -> ``[B, out]`` logits."""
+        bt, n, d = pooled.shape
+        x = pooled.view(bt // self.frames, self.frames, n, d) + self.frame_emb
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x.flatten(1, 2)], 1)
+        return self.out(self.norm(self.block(x)[:, 0]))
+
+    forward = video_logits
+
+
+class AuxHead(VideoHead):
+    """Throw-away heads for stage A: the video-level head (motions, directions, ...) plus a per-token
+    linear head (colour and kind of the shape under each pooled token, per frame)."""
+
+    def __init__(self, dim: int, frames: int, out: int):
+        super().__init__(dim, frames, out)
         self.dense = nn.Linear(dim, len(cd.DENSE_COLOURS) + len(cd.DENSE_KINDS))
         self.frame = nn.Linear(dim, cd.FRAME_TARGET_DIM)  # every token predicts its whole frame's content
         self.kind = nn.Linear(dim, len(cd.AUX_KINDS))  # stage A1: one-shape frames, kind from the mean token
 
     def forward(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B*T, 36, dim]`` -> video logits ``[B, out]``, token logits ``[B*T, 36, 12]``."""
-        bt, n, d = pooled.shape
-        x = pooled.view(bt // self.frames, self.frames, n, d) + self.frame_emb
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x.flatten(1, 2)], 1)
-        return self.out(self.norm(self.block(x)[:, 0])), self.dense(pooled)
+        return self.video_logits(pooled), self.dense(pooled)
 
 
 DENSE_CLASS_WEIGHT = torch.tensor([0.25] + [1.0] * 6), torch.tensor([0.25] + [1.0] * 4)  # background down-weighted
