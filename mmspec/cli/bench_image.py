@@ -30,8 +30,11 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--seed", type=checks.seed, default=0, help="image i of every method is seeded with seed + i")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None)
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
-    parser.add_argument("--window", type=checks.positive_int, default=16, help="Jacobi window of SJD / GSD / LANTERN-jacobi")
-    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=4, help="drafter tokens per round")
+    parser.add_argument("--window", type=checks.positive_int, default=None,
+                        help="Jacobi window of SJD / GSD / LANTERN-jacobi (default 16)")
+    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=None,
+                        help="drafter tokens per round (default 4); MAR models: the cspd row's draft steps per "
+                        "verification (default: the card's)")
     parser.add_argument("--lantern", nargs="+", default=None, metavar="DELTA,K",
                         help="LANTERN rows: budget delta (on the TV between p and each candidate's boosted p), codebook "
                         "neighbours k (default: the model card's setting); rows report the measured TV of the output law")
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         card = pipe.lantern_settings() if hasattr(pipe, "lantern_settings") else {}
         lantern = [(card.get("lantern_delta", LANTERN_DELTA), card.get("lantern_k", LANTERN_K))]
     gsd_defaults = pipe.gsd_settings() if hasattr(pipe, "gsd_settings") else None
-    methods = default_methods(pipe.drafter is not None, window=args.window, num_draft_tokens=args.num_draft_tokens,
+    methods = default_methods(pipe.drafter is not None, window=args.window or 16,
+                              num_draft_tokens=args.num_draft_tokens or 4,
                               lantern_settings=lantern, gsd_defaults=gsd_defaults, gsd_settings=gsd)
     if args.methods:
         methods = {row: config for row, config in methods.items() if config.method in {"ar", *args.methods}}
@@ -134,12 +138,14 @@ def run_mar(pipe, name: str, args: argparse.Namespace) -> int:
     from ..image_ar.mar_bench import bench_mar
 
     given = [flag for flag, value in (("--lantern", args.lantern), ("--gsd", args.gsd), ("--methods", args.methods),
-                                      ("--draft-scales", args.draft_scales)) if value]
+                                      ("--draft-scales", args.draft_scales), ("--window", args.window)) if value]
     if given:
         raise MMSpecError(f"{', '.join(given)}: not options of MAR rows; {name!r} is a MAR model "
-                          "(rows: ar and cspd at the card's draft window)")
+                          "(rows: ar and cspd at -k draft steps, default the card's draft window)")
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
-    report = bench_mar(pipe, labels, seed=args.seed, guidance_scale=args.guidance_scale, temperature=args.temperature,
+    num_drafts = [args.num_draft_tokens] if args.num_draft_tokens else None
+    report = bench_mar(pipe, labels, seed=args.seed, num_drafts=num_drafts,
+                       guidance_scale=args.guidance_scale, temperature=args.temperature,
                        repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     if args.grid_out:
         atomic_write(args.grid_out, report.grid.save)

@@ -229,5 +229,8 @@ def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
     assert main(["bench", "image", "--model", str(saved), "--n", "1", "--threads", "1"]) == 0
     table = capsys.readouterr().out
     assert "cspd k=2" in table and "target fwd" in table and "speed-up" in table
-    assert main(["bench", "image", "--model", str(saved), "--lantern", "0.1,4"]) == 2
-    assert "not options of MAR rows" in capsys.readouterr().err
+    assert main(["bench", "image", "--model", str(saved), "--n", "1", "--threads", "1", "-k", "3", "--json"]) == 0
+    assert [r["method"] for r in json.loads(capsys.readouterr().out)["methods"]] == ["ar", "cspd k=3"]
+    for flags in (["--lantern", "0.1,4"], ["--window", "8"]):
+        assert main(["bench", "image", "--model", str(saved), *flags]) == 2
+        assert "not options of MAR rows" in capsys.readouterr().err
