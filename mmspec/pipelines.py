@@ -247,12 +247,19 @@ class SpeculativePipeline(DiffusionPipeline):
         saved = _saved_class_name(folder)
         if saved != cls.__name__:
             raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
+        from diffusers.utils import logging as diffusers_logging
+
+        shown = diffusers_logging.is_progress_bar_enabled()
+        diffusers_logging.disable_progress_bar()  # a "Loading pipeline components" bar per load is noise on stderr
         try:
             pipe = super().from_pretrained(str(folder), dtype=dtype, **kwargs)
         except MMSpecError:
             raise
         except Exception as error:  # noqa: BLE001 - OSError, ValueError, safetensors errors: all "cannot load"
             raise MMSpecError(f"cannot load the saved pipeline {name!r}: {first_line(error)}") from None
+        finally:
+            if shown:
+                diffusers_logging.enable_progress_bar()
         return pipe.to(device) if device is not None else pipe
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
