@@ -35,6 +35,11 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         "speculative decoding with its draft MAR")
     parser.add_argument("--draft-scales", dest="draft_scales", type=checks.positive_int, default=None, metavar="N",
                         help="VAR, method code: scales the large model runs, 1..scales-1 (default: the model card's)")
+    parser.add_argument("--num-iter", dest="num_iter", type=checks.positive_int, default=None, metavar="N",
+                        help="MAR: steps of the cosine schedule, at most the token count (default: the model card's, "
+                        "else min(64, tokens))")
+    parser.add_argument("--draft-steps", dest="draft_steps", type=checks.positive_int, default=None, metavar="N",
+                        help="MAR, method cspd: draft steps per target verification (default: the model card's, else 8)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None, help="classifier-free guidance (default: the model card's)")
@@ -125,9 +130,15 @@ def run(args: argparse.Namespace) -> int:
         if flags:
             flags = ", ".join("--" + name.replace("_", "-") for name in flags)
             raise MMSpecError(f"{flags}: not options of MAR; {pipe.model_name!r} is a MAR model "
-                              f"(methods {', '.join(pipe.methods)}; settings from its card)")
+                              f"(methods {', '.join(pipe.methods)}; --num-iter, --draft-steps)")
+        if args.draft_steps is not None and (args.method or pipe.default_method) != "cspd":
+            raise MMSpecError(f"--draft-steps applies to method cspd, not {args.method or pipe.default_method!r}")
+        options = {"num_iter": args.num_iter, "num_draft": args.draft_steps}
     elif args.draft_scales is not None:
         raise MMSpecError(f"--draft-scales applies to VAR models (method code); {pipe.model_name!r} is not one")
+    if getattr(pipe, "family", None) != "mar" and (args.num_iter is not None or args.draft_steps is not None):
+        given = ", ".join(f for f, v in (("--num-iter", args.num_iter), ("--draft-steps", args.draft_steps)) if v)
+        raise MMSpecError(f"{given}: options of MAR models; {pipe.model_name!r} is not one")
     out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
                top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json,
                **options)

@@ -195,6 +195,11 @@ def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
     assert out.is_file()
     assert main(["generate-image", "4", "--model", str(saved), "--method", method, "--out", str(out)]) == 0
     assert f"{method}: 16 tokens in 6 steps" in capsys.readouterr().err
+    steps = ["--draft-steps", "3"] if method == "cspd" else []
+    assert main(["generate-image", "4", "--model", str(saved), "--method", method, "--num-iter", "8", *steps,
+                 "--out", str(out), "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings["num_iter"] == 8 and settings.get("num_draft") == (3 if method == "cspd" else None)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -203,6 +208,8 @@ def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
     (["--lantern-k", "4"], "--lantern-k: not options of MAR"),
     (["--temperature", "0"], "temperature must be a finite number > 0"),
     (["--top-k", "3"], "top_k does not apply to MAR"),
+    (["--method", "ar", "--draft-steps", "2"], "--draft-steps applies to method cspd, not 'ar'"),
+    (["--num-iter", "17"], "num_iter must be an integer in 1..16"),
 ])
 def test_generate_image_refuses_what_mar_does_not_take(saved, tmp_path, capsys, argv, message):
     from mmspec.cli import main
@@ -234,3 +241,14 @@ def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
     for flags in (["--lantern", "0.1,4"], ["--window", "8"]):
         assert main(["bench", "image", "--model", str(saved), *flags]) == 2
         assert "not options of MAR rows" in capsys.readouterr().err
+
+
+def test_mar_flags_on_another_family_are_refused(tmp_path, capsys):
+    from mmspec.cli import main
+
+    from .tiny_image_folder import build_tiny_folder
+
+    folder = build_tiny_folder(tmp_path / "llamagen")
+    assert main(["generate-image", "red circle", "--model", str(folder), "--num-iter", "4",
+                 "--out", str(tmp_path / "x.png")]) == 2
+    assert "--num-iter: options of MAR models" in capsys.readouterr().err
