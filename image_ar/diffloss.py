@@ -28,7 +28,7 @@ from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import randn
+from mmspec.sampling import randint, randn
 
 SCHEDULERS = ("ddpm", "ddim")
 
@@ -200,8 +200,7 @@ class DiffLoss(nn.Module):
         """Noise-prediction MSE plus the variational bound on the learned variance (the mean's
         gradient stopped there), as the official "hybrid" loss; masked mean over tokens."""
         steps = self.train_scheduler.config.num_train_timesteps
-        t = torch.randint(0, steps, (target.shape[0],), generator=generator,
-                          device=generator.device if generator is not None else "cpu").to(target.device)
+        t = randint(steps, (target.shape[0],), generator, target.device)
         noise = randn(tuple(target.shape), generator, target.device, target.dtype)
         x_t = self.train_scheduler.add_noise(target, noise, t)
         out = self.net(x_t, t, z)

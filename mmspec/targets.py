@@ -161,8 +161,9 @@ class Target(CachedModel):
     def keep_tree_path(self, tree: DraftTree, path: list[int]) -> None:
         """After `score_tree`: keep the cache entries of the prefix, the root and the accepted `path` only."""
         root = self.length - tree.size - 1
-        nodes = torch.tensor(path, dtype=torch.long) + root + 1
-        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1), nodes]))
+        device = self.model.device
+        nodes = torch.tensor(path, dtype=torch.long, device=device) + root + 1
+        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=device), nodes]))
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens, tree.path_tokens(path)[None].to(self._tokens.device)], dim=1)
 

@@ -135,7 +135,8 @@ class ModelDrafter(AutoregressiveDrafter):
                 break
             kept.append(node)
         base = committed.shape[0]
-        positions = torch.cat([torch.arange(base), torch.tensor([base + slot[grown[n]] for n in kept], dtype=torch.long)])
+        positions = torch.cat([torch.arange(base, device=committed.device),
+                               torch.tensor([base + slot[grown[n]] for n in kept], dtype=torch.long, device=committed.device)])
         keep_cache_positions(self.lm.cache, positions)
         self.cached_tokens = torch.cat([committed, tree.path_tokens(kept).to(committed.device)])
 

@@ -36,6 +36,8 @@ REVIEWED = {
     ("image_ar/llamagen.py", "rope_table_2d"): "the rotary table is computed once on the CPU and moved to the model's "
                                                 "device (bitwise the same table on every device)",
     ("image_ar/llamagen.py", "__init__"): "RMSNorm's weight, an nn.Parameter moved with the module",
+    ("image_ar/mar.py", "__init__"): "learned position embeddings, mask token and fake latent: nn.Parameters moved "
+                                      "with the module",
 }
 # torch functions that consume random numbers: image_ar must draw through mmspec.sampling instead.
 RANDOM = {"rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "normal", "poisson", "rand_like",
