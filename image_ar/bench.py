@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -39,29 +37,16 @@ from mmspec.bench.harness import run_benchmark
 from mmspec.sampling import SamplingConfig, seeded_generator
 from mmspec.stats import SpecStats
 
+from .bench_report import REFERENCE, ImageReport
 from .imaging import image_grid, to_pil
 from .methods import MethodConfig
 from .pipeline import SpeculativeImagePipeline
 from .rules import LANTERN_DELTA, LANTERN_K, lantern_output_law, total_variation
 
-REFERENCE = "ar"
 MAX_TV_STEPS = 2048  # acceptance steps per LANTERN row whose exact output law is computed
 
 
-@dataclass
-class ImageBenchReport:
-    title: str
-    rows: list[dict[str, Any]]
-    settings: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    grid: Image.Image | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "reference": REFERENCE, "settings": self.settings, "methods": self.rows, "notes": self.notes}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
+class ImageBenchReport(ImageReport):
     def to_table(self) -> str:
         quality = any("class_accuracy" in r for r in self.rows)
         tv = any("output_tv_mean" in r for r in self.rows)

@@ -8,35 +8,23 @@ columns: no MAR judge exists in the zoo, and CSpD's output is sampled (not token
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from PIL import Image
 
-from mmspec.bench.harness import TableReport, run_benchmark
+from mmspec.bench.harness import run_benchmark
 from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 from mmspec.stats import SpecStats
 
+from .bench_report import REFERENCE, ImageReport
 from .imaging import image_grid
 from .mar_pipeline import MARPipeline
 
-REFERENCE = "ar"
 
 
-@dataclass
-class MARBenchReport(TableReport):
-    title: str
-    rows: list[dict[str, Any]]
-    settings: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    grid: Image.Image | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "reference": REFERENCE, "settings": self.settings, "methods": self.rows,
-                "notes": self.notes}
-
+class MARBenchReport(ImageReport):
     def to_table(self) -> str:
         header = (f"{'method':<16} {'target fwd':>10} {'draft fwd':>9} {'drafted':>8} {'accepted':>8} {'wall s':>8} "
                   f"{'min-max s':>15} {'speed-up':>8}")

@@ -13,22 +13,21 @@ since the CPU allocator has no peak counter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 from PIL import Image
 
-from mmspec.bench.harness import TableReport, run_benchmark
+from mmspec.bench.harness import run_benchmark
 from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 from mmspec.stats import SpecStats
 
+from .bench_report import REFERENCE, ImageReport
 from .imaging import image_grid
 from .judge import DEFAULT_JUDGE, get_judge
 from .var_pipeline import VARPipeline
 
-REFERENCE = "ar"
 
 
 def default_draft_scales(num_scales: int) -> list[int]:
@@ -36,18 +35,7 @@ def default_draft_scales(num_scales: int) -> list[int]:
     return [n for n in range(num_scales - 1, num_scales - 5, -1) if n >= 1]
 
 
-@dataclass
-class VARBenchReport(TableReport):
-    title: str
-    rows: list[dict[str, Any]]
-    settings: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    grid: Image.Image | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "reference": REFERENCE, "settings": self.settings, "methods": self.rows,
-                "notes": self.notes}
-
+class VARBenchReport(ImageReport):
     def to_table(self) -> str:
         quality = any("class_accuracy" in r for r in self.rows)
         header = (f"{'method':<16} {'large fwd':>9} {'refiner fwd':>11} {'wall s':>8} {'min-max s':>15} {'speed-up':>8} "
