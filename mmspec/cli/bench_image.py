@@ -106,47 +106,46 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
     report = bench_image(pipe, labels, seed=args.seed, methods=methods, sampling=sampling, guidance_scale=args.guidance_scale,
                          repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
-    if args.grid_out:
-        atomic_write(args.grid_out, report.grid.save)
-        report.settings["grid"] = args.grid_out
-    emit(report, args)
-    return 0
+    return finish(report, args)
 
 
 def run_var(pipe, name: str, args: argparse.Namespace) -> int:
     """The VAR rows: the large model alone and CoDe at each --draft-scales (`image_ar.var_bench`)."""
     from ..image_ar.var_bench import bench_var
 
-    given = [flag for flag, value in (("--lantern", args.lantern), ("--gsd", args.gsd), ("--methods", args.methods))
-             if value]
-    if given:
-        raise MMSpecError(f"{', '.join(given)}: options of LlamaGen-style rows; {name!r} is a VAR model "
-                          "(rows: ar and code at --draft-scales)")
+    refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens"),
+                 f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     report = bench_var(pipe, labels, seed=args.seed, draft_scales=args.draft_scales, guidance_scale=args.guidance_scale,
                        temperature=args.temperature, repeats=args.repeats, judge=pipe.card.get("judge"),
                        progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
-    if args.grid_out:
-        atomic_write(args.grid_out, report.grid.save)
-        report.settings["grid"] = args.grid_out
-    emit(report, args)
-    return 0
+    return finish(report, args)
 
 
 def run_mar(pipe, name: str, args: argparse.Namespace) -> int:
     """The MAR rows: the target MAR alone and CSpD with its draft MAR (`image_ar.mar_bench`)."""
     from ..image_ar.mar_bench import bench_mar
 
-    given = [flag for flag, value in (("--lantern", args.lantern), ("--gsd", args.gsd), ("--methods", args.methods),
-                                      ("--draft-scales", args.draft_scales), ("--window", args.window)) if value]
-    if given:
-        raise MMSpecError(f"{', '.join(given)}: not options of MAR rows; {name!r} is a MAR model "
-                          "(rows: ar and cspd at -k draft steps, default the card's draft window)")
+    refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window"),
+                 f"not options of MAR rows; {name!r} is a MAR model "
+                 "(rows: ar and cspd at -k draft steps, default the card's draft window)")
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     num_drafts = [args.num_draft_tokens] if args.num_draft_tokens else None
     report = bench_mar(pipe, labels, seed=args.seed, num_drafts=num_drafts,
                        guidance_scale=args.guidance_scale, temperature=args.temperature,
                        repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
+    return finish(report, args)
+
+
+def refuse_flags(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    """One error naming every given flag among `names` (argparse dests) that this model family has no use for."""
+    given = ["--" + n.replace("_", "-") for n in names if getattr(args, n)]
+    if given:
+        raise MMSpecError(f"{', '.join(given)}: {why}")
+
+
+def finish(report, args: argparse.Namespace) -> int:
+    """Write the report's image grid where asked (atomically), then print the report."""
     if args.grid_out:
         atomic_write(args.grid_out, report.grid.save)
         report.settings["grid"] = args.grid_out
