@@ -66,7 +66,7 @@ from mmspec.world.detailed_captions import MAX_TOKENS
 from mmspec.zoo import MODELS_DIR
 
 from . import captioner_data as cd
-from .train_video_captioner import LM_DIR, VideoHead, build_model, caption_batch
+from .train_video_captioner import LM_DIR, VideoHead, build_model, caption_batch, save_captioner_weights
 
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
 RELATIONS = ("behind", "in front of", "meets")
@@ -255,12 +255,7 @@ def train(args) -> None:
 
 
 def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: list[dict]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in folder.glob("*.safetensors"):
-        f.unlink()
-    model.half().save_pretrained(folder, safe_serialization=True)
-    cd.build_processor(tok).save_pretrained(folder)
-    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    size = save_captioner_weights(model, tok, folder)
     card = {
         "name": folder.name,
         "task": "video-captioning (detailed shapes world)",

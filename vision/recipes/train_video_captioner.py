@@ -582,14 +582,18 @@ def rebuild_command(args, info: dict) -> str:
     return " ".join(parts)
 
 
-def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[dict]) -> None:
+def save_captioner_weights(model, tok, folder: Path) -> int:
+    """Write the captioner (fp16, replacing any older shards) and its processor; returns the weights' bytes."""
     folder.mkdir(parents=True, exist_ok=True)
     for f in folder.glob("*.safetensors"):
         f.unlink()
     model.half().save_pretrained(folder, safe_serialization=True)
-    processor = cd.build_processor(tok)
-    processor.save_pretrained(folder)
-    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    cd.build_processor(tok).save_pretrained(folder)
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[dict]) -> None:
+    size = save_captioner_weights(model, tok, folder)
     card = {
         "name": folder.name,
         "task": "video-captioning",
