@@ -40,7 +40,8 @@ from mmspec.sampling import SamplingConfig
 from .imaging import OUTPUT_TYPES, convert
 from .janus import JanusCFGTarget
 from .methods import MethodConfig, MethodRunner
-from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder, per_image_rounds
+from .pipeline_common import (ImageGenerationOutput, check_guidance_scale, from_saved_folder, load_model, local_folder,
+                              per_image_rounds)
 
 JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")  # + "sd" with a drafter
 DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5
@@ -119,9 +120,7 @@ class JanusImagePipeline(SpeculativePipeline):
                 kwargs["drafter"] = None
             elif drafter is not None:
                 kwargs["drafter"] = cls._load_drafter(drafter, dtype)
-            pipe = cls._from_saved(saved, name=name, dtype=dtype, model_name=name, **kwargs)
-            pipe.folder = saved
-            return pipe.to(device)
+            return from_saved_folder(cls, saved, name, dtype, device, **kwargs)
         folder = local_folder(name)
         if not is_janus_folder(folder):
             raise MMSpecError(f"{name!r} is not a Janus checkpoint (config.json model_type is not 'janus')")

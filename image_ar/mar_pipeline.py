@@ -27,20 +27,19 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from diffusers import AutoencoderKL
 
-from mmspec.errors import MMSpecError, first_line
-from mmspec.pipelines import (DrafterFactory, ImagePipelineOutput, SpeculativePipeline, _saved_class_name,
-                              resolve_dtype, saved_pipeline_folder)
+from mmspec.errors import MMSpecError
+from mmspec.pipelines import DrafterFactory, ImagePipelineOutput, SpeculativePipeline, resolve_dtype
 
 from .cspd import cspd_generate
 from .imaging import OUTPUT_TYPES, convert
 from .mar import MAR
 from .masked_decode import target_generate
+from .pipeline_common import ClassConditionalMixin, from_saved_folder, load_component, load_optional_component
 
 MAR_METHODS = ("ar", "cspd")
 DEFAULT_NUM_ITER = 64  # the official sampler's steps (256 tokens); fewer tokens cap it at the token count
@@ -62,14 +61,7 @@ class MARPipelineOutput(ImagePipelineOutput):
     settings: dict[str, Any] | None = None
 
 
-def _load(cls: type, folder: Path, subfolder: str, what: str, dtype: torch.dtype):
-    try:
-        return cls.from_pretrained(str(folder), subfolder=subfolder, torch_dtype=dtype).eval()
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise MMSpecError(f"cannot load the {what} from {str(folder / subfolder)!r}: {first_line(error)}") from None
-
-
-class MARPipeline(SpeculativePipeline):
+class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
     """Class-conditional image generation by MAR, alone or with continuous speculative decoding.
 
     Args:
@@ -83,6 +75,7 @@ class MARPipeline(SpeculativePipeline):
 
     conditioning = "class"
     family = "mar"
+    speculative_method = "cspd"
     _optional_components = ["draft"]
 
     def __init__(self, model: MAR, vae: AutoencoderKL, draft: MAR | None = None,
@@ -99,12 +92,8 @@ class MARPipeline(SpeculativePipeline):
         if class_names is not None and len(class_names) != model.config.class_num:
             raise MMSpecError(f"{len(class_names)} class names for a model with {model.config.class_num} classes")
         super().__init__()
-        self.register_modules(model=model.eval(), vae=vae.eval(), draft=draft.eval() if draft is not None else None)
-        self.class_names = list(class_names) if class_names is not None else None
-        self.card = dict(card or {})
-        self.register_to_config(class_names=self.class_names, card=self.card)
-        self.model_name = model_name or type(model).__name__
-        self.folder: Path | None = None
+        self._register_parts(class_names, card, model_name or type(model).__name__, model=model.eval(), vae=vae.eval(),
+                             draft=draft.eval() if draft is not None else None)
 
     # --- loading --------------------------------------------------------------------------------
 
@@ -119,76 +108,26 @@ class MARPipeline(SpeculativePipeline):
         """
         dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
-        folder = saved_pipeline_folder(name)
-        if folder is None:
-            raise MMSpecError(f"{name!r} is not a folder saved by MARPipeline.save_pretrained "
-                              "(model_index.json with model/, vae/ and optionally draft/)")
-        saved = _saved_class_name(folder)
-        if saved != cls.__name__:
-            raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
-        model = _load(MAR, folder, "model", "MAR", dtype)
-        vae = _load(AutoencoderKL, folder, "vae", "VAE", dtype)
-        if draft is None and (folder / "draft" / "config.json").is_file():
-            draft = _load(MAR, folder, "draft", "draft MAR", dtype)
-        elif draft is False:
-            draft = None
-        elif draft is not None and not isinstance(draft, MAR):
-            path = Path(str(draft))
-            draft = _load(MAR, path.parent, path.name, "draft MAR", dtype)
-        pipe = cls._from_saved(folder, name=name, dtype=dtype, model=model, vae=vae, draft=draft, model_name=name)
-        pipe.folder = folder
-        return pipe.to(device)
+        folder = cls._saved_folder(name, f"{name!r} is not a folder saved by MARPipeline.save_pretrained "
+                                         "(model_index.json with model/, vae/ and optionally draft/)")
+        model = load_component(MAR, folder, "model", "MAR", dtype)
+        vae = load_component(AutoencoderKL, folder, "vae", "VAE", dtype)
+        draft = load_optional_component(MAR, draft, folder, "draft", "draft MAR", dtype)
+        return from_saved_folder(cls, folder, name, dtype, device, model=model, vae=vae, draft=draft)
 
     # --- methods --------------------------------------------------------------------------------
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
         """ar always; cspd once a draft MAR is loaded (the pipeline runs both itself, so a factory gives the draft)."""
-        return {"ar": lambda: None, "cspd": (lambda: self.draft) if self.draft is not None else None}
+        return self._factories_with(self.draft)
 
     def unavailable_reason(self, method: str) -> str:
         return (f"method {method!r} needs a draft: a smaller MAR making the same tokens with the same diffusion "
                 "steps (a draft/ folder, or draft=...)")
 
     @property
-    def default_method(self) -> str:
-        chosen = self.card.get("default_method")
-        available = self.available_methods
-        return chosen if chosen in available else ("cspd" if "cspd" in available else "ar")
-
-    @property
     def num_classes(self) -> int:
         return int(self.model.config.class_num)
-
-    def class_id(self, name: str) -> int:
-        if self.class_names is None:
-            raise MMSpecError(f"{self.model_name!r} has no class names, so prompts cannot be read; pass class_labels")
-        wanted = " ".join(name.lower().split())
-        for i, known in enumerate(self.class_names):
-            if " ".join(known.lower().split()) == wanted:
-                return i
-        shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
-        raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
-
-    def resolve_labels(self, class_labels: Any, prompt: str | Sequence[str] | None, num_images: int) -> list[int]:
-        if (class_labels is None) == (prompt is None):
-            raise MMSpecError("pass exactly one of class_labels=... (ids) or prompt=... (class names)")
-        if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
-            raise MMSpecError(f"num_images must be an integer >= 1, got {num_images!r}")
-        if prompt is not None:
-            labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
-        else:
-            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()
-        if not labels:
-            raise MMSpecError("no class label or prompt given")
-        bad = [label for label in labels if not (isinstance(label, int) and 0 <= label < self.num_classes)]
-        if bad:
-            raise MMSpecError(f"class labels must be integers in [0, {self.num_classes}), got {bad}")
-        return [label for label in labels for _ in range(num_images)]
-
-    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
-        """Class labels for n benchmark images, cycling through `prompts` (class names) or all classes."""
-        ids = [self.class_id(p) for p in prompts] if prompts else list(range(self.num_classes))
-        return [ids[i % len(ids)] for i in range(n)]
 
     def settings_for(self, method: str, num_iter: int | None, num_draft: int | None, prefill_ratio: float | None,
                      guidance_scale: float | None, temperature: float, inner_temperature: float) -> dict[str, Any]:

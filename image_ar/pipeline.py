@@ -41,7 +41,8 @@ from mmspec.zoo import resolve
 
 from .imaging import OUTPUT_TYPES, convert
 from .janus_pipeline import JanusImagePipeline, is_janus_folder
-from .pipeline_common import ImageGenerationOutput, check_guidance_scale, load_model, local_folder, per_image_rounds, read_json
+from .pipeline_common import (ClassConditionalMixin, ImageGenerationOutput, check_guidance_scale, check_saved_class,
+                              from_saved_folder, load_model, local_folder, per_image_rounds, read_json)
 from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
 from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
@@ -65,7 +66,7 @@ MODEL_DEFAULT: Any = _ModelDefault()
 DEFAULT_GUIDANCE_SCALE = 4.0  # LlamaGen's class-conditional default (used when the card states none)
 
 
-class SpeculativeImagePipeline(SpeculativePipeline):
+class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
     """Class-conditional image generation with an AR transformer, a VQ decoder and speculative methods.
 
     Use `from_pretrained` for both this and Janus folders (it returns a `JanusImagePipeline` for those).
@@ -84,6 +85,8 @@ class SpeculativeImagePipeline(SpeculativePipeline):
 
     conditioning = "class"  # the CLI reads its prompt as a class name or id (Janus: "text")
     _optional_components = ["drafter"]
+    speculative_method = "sjd"  # training-free and lossless: the default when the card names none
+    class_names_source = "classes.json"
 
     def __init__(
         self,
@@ -101,12 +104,9 @@ class SpeculativeImagePipeline(SpeculativePipeline):
         if class_names is not None and len(class_names) != model.config.num_classes:
             raise MMSpecError(f"classes.json lists {len(class_names)} names for a model with {model.config.num_classes} classes")
         super().__init__()
-        self.register_modules(model=model.eval(), vq=vq.eval(), drafter=drafter)
-        self.class_names = list(class_names) if class_names is not None else None
-        self.card = dict(card or {})
-        self.register_to_config(class_names=self.class_names, card=self.card)
-        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
-        self.folder: Path | None = None  # set by from_pretrained (the benchmark looks for judge/ there)
+        self._register_parts(class_names, card,
+                             model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__,
+                             model=model.eval(), vq=vq.eval(), drafter=drafter)
         self.runner = MethodRunner(CFGTarget(model, self.default_guidance_scale), drafter, vq.codebook_embeddings())
 
     @classmethod
@@ -173,15 +173,11 @@ class SpeculativeImagePipeline(SpeculativePipeline):
                     dtype: torch.dtype) -> "SpeculativeImagePipeline":
         """A folder written by `save_pretrained`. The mmspec models are read from their subfolders here
         and handed to diffusers' loader (which reads `model_index.json`: class names, card)."""
-        saved = _saved_class_name(folder)
-        if saved != cls.__name__:
-            raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
+        check_saved_class(cls, folder, name)
         model = load_model(LlamaGenForClassConditional, str(folder), "image model", subfolder="model", dtype=dtype)
         vq = load_model(VQModel, str(folder), "VQ tokenizer", subfolder="vq", dtype=dtype)
-        pipe = cls._from_saved(folder, name=name, dtype=dtype, model=model, vq=vq,
-                               drafter=cls._load_drafter(drafter, folder, dtype), model_name=name)
-        pipe.folder = folder
-        return pipe.to(device)
+        return from_saved_folder(cls, folder, name, dtype, device, model=model, vq=vq,
+                                 drafter=cls._load_drafter(drafter, folder, dtype))
 
     def to(self, *args: Any, **kwargs: Any) -> "SpeculativeImagePipeline":
         """Move the model, VQ and drafter (a device and/or a dtype, as diffusers' `pipe.to`)."""
@@ -237,44 +233,12 @@ class SpeculativeImagePipeline(SpeculativePipeline):
                 for name, value in defaults.items()}
 
     @property
-    def default_method(self) -> str:
-        """The zoo card's choice if available, else SJD (training-free and lossless)."""
-        chosen = self.card.get("default_method")
-        return chosen if chosen in self.available_methods else "sjd"
+    def num_classes(self) -> int:
+        return self.model.config.num_classes
 
-    def class_id(self, name: str) -> int:
-        """A class name from classes.json -> its id (case and spacing are ignored)."""
-        if self.class_names is None:
-            raise MMSpecError(f"{self.model_name!r} has no classes.json, so prompts cannot be read; pass class_labels")
-        wanted = " ".join(name.lower().split())
-        for i, known in enumerate(self.class_names):
-            if " ".join(known.lower().split()) == wanted:
-                return i
-        shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
-        raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
-
-    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
-        """Class labels for n benchmark images, cycling through `prompts` (class names) or all classes."""
-        ids = [self.class_id(p) for p in prompts] if prompts else list(range(self.model.config.num_classes))
-        return [ids[i % len(ids)] for i in range(n)]
-
-    def resolve_labels(self, class_labels: int | Sequence[int] | torch.Tensor | None, prompt: str | Sequence[str] | None,
-                       num_images: int) -> list[int]:
-        if (class_labels is None) == (prompt is None):
-            raise MMSpecError("pass exactly one of class_labels=... (ids) or prompt=... (class names)")
+    def check_num_images(self, num_images: int) -> None:
         if num_images < 1:
             raise MMSpecError(f"num_images must be >= 1, got {num_images}")
-        if prompt is not None:
-            labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
-        else:
-            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()  # host ints
-        if not labels:
-            raise MMSpecError("no class label or prompt given")
-        count = self.model.config.num_classes
-        bad = [label for label in labels if not (isinstance(label, int) and 0 <= label < count)]
-        if bad:
-            raise MMSpecError(f"class labels must be integers in [0, {count}), got {bad}")
-        return [label for label in labels for _ in range(num_images)]
 
     @torch.inference_mode()
     def __call__(

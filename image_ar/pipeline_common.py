@@ -1,7 +1,9 @@
-"""What both image pipelines share: their output, checkpoint loading and folder resolution.
+"""What the image pipelines share: their output, checkpoint loading and folder resolution, and the
+class-conditional part (class names -> ids, labels, saved folders, default method) of the LlamaGen,
+VAR and MAR pipelines.
 
-Kept apart from the pipelines so that the class-conditional pipeline (which hands Janus folders to
-the Janus pipeline) and the Janus pipeline both import it, and not each other.
+Kept apart from the pipelines so that the class-conditional pipeline (which hands Janus, VAR and MAR
+folders to their pipelines) and those pipelines all import it, and not each other.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from mmspec.errors import MMSpecError
-from mmspec.pipelines import ImagePipelineOutput, RoundReporter
+from mmspec.errors import MMSpecError, first_line
+from mmspec.pipelines import ImagePipelineOutput, RoundReporter, _saved_class_name, saved_pipeline_folder
 from mmspec.zoo import resolve
 
 
@@ -83,3 +85,127 @@ def local_folder(name: str) -> Path:
         raise MMSpecError(f"{name!r} is not a zoo model, a folder with a config.json (a LlamaGen or Janus checkpoint), "
                           "or a Hub id available here")
     return folder
+
+
+def load_component(cls: type, folder: Path, subfolder: str, what: str, dtype: torch.dtype):
+    """One diffusers component (`ModelMixin`) of a saved pipeline folder, in eval mode."""
+    try:
+        return cls.from_pretrained(str(folder), subfolder=subfolder, torch_dtype=dtype).eval()
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise MMSpecError(f"cannot load the {what} from {str(folder / subfolder)!r}: {first_line(error)}") from None
+
+
+def load_optional_component(cls: type, given: Any, folder: Path, subfolder: str, what: str, dtype: torch.dtype):
+    """A pipeline's optional second model (draft, refiner): None = the folder's `subfolder/` if present;
+    False = none; a folder = loaded from it; an instance of `cls` = that one."""
+    if given is None and (folder / subfolder / "config.json").is_file():
+        return load_component(cls, folder, subfolder, what, dtype)
+    if given is None or given is False:
+        return None
+    if not isinstance(given, cls):
+        path = Path(str(given))
+        return load_component(cls, path.parent, path.name, what, dtype)
+    return given
+
+
+def check_saved_class(cls: type, folder: Path, name: str) -> None:
+    """A folder written by `save_pretrained` of another pipeline class is refused by name."""
+    saved = _saved_class_name(folder)
+    if saved != cls.__name__:
+        raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
+
+
+def from_saved_folder(cls: type, folder: Path, name: str, dtype: torch.dtype, device: str | torch.device,
+                      **components: Any):
+    """A pipeline from a `save_pretrained` folder, its components already loaded (diffusers' loader reads
+    `model_index.json`: class names, card), on `device`; `pipe.folder` remembers where it came from."""
+    pipe = cls._from_saved(folder, name=name, dtype=dtype, model_name=name, **components)
+    pipe.folder = folder
+    return pipe.to(device)
+
+
+class ClassConditionalMixin:
+    """What the class-conditional pipelines (LlamaGen, VAR, MAR) share, on top of `SpeculativePipeline`:
+    class names -> ids, label resolution, benchmark conditions, the default method and the settings
+    every one of them registers.
+
+    A pipeline sets `speculative_method` (its default when it can run, else "ar") and `num_classes`.
+    """
+
+    speculative_method = "ar"
+    class_names_source = "class names"  # where the names come from, in the error when there are none
+
+    @property
+    def num_classes(self) -> int:
+        raise NotImplementedError
+
+    def _register_parts(self, class_names: Sequence[str] | None, card: dict[str, Any] | None, model_name: str,
+                        **components: Any) -> None:
+        """Components, class names and card (settings in model_index.json); the folder is set by from_pretrained."""
+        self.register_modules(**components)
+        self.class_names = list(class_names) if class_names is not None else None
+        self.card = dict(card or {})
+        self.register_to_config(class_names=self.class_names, card=self.card)
+        self.model_name = model_name
+        self.folder: Path | None = None  # set by from_pretrained (the benchmark looks for judge/ there)
+
+    @classmethod
+    def _saved_folder(cls, name: str, not_saved: str) -> Path:
+        """The folder `save_pretrained` wrote for `name` (a zoo name or a path); `not_saved` is the error otherwise."""
+        folder = saved_pipeline_folder(name)
+        if folder is None:
+            raise MMSpecError(not_saved)
+        check_saved_class(cls, folder, name)
+        return folder
+
+    def _factories_with(self, second: Any) -> dict[str, Any]:
+        """ar always; the speculative method once its second model is loaded (the pipeline runs both itself,
+        so the factory gives that model)."""
+        return {"ar": lambda: None, self.speculative_method: (lambda: second) if second is not None else None}
+
+    @property
+    def default_method(self) -> str:
+        """The zoo card's choice if available, else the pipeline's speculative method if it can run, else ar."""
+        chosen = self.card.get("default_method")
+        available = self.available_methods
+        preferred = self.speculative_method
+        return chosen if chosen in available else (preferred if preferred in available else "ar")
+
+    def class_id(self, name: str) -> int:
+        """A class name -> its id (case and spacing are ignored)."""
+        if self.class_names is None:
+            raise MMSpecError(f"{self.model_name!r} has no {self.class_names_source}, so prompts cannot be read; "
+                              "pass class_labels")
+        wanted = " ".join(name.lower().split())
+        for i, known in enumerate(self.class_names):
+            if " ".join(known.lower().split()) == wanted:
+                return i
+        shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
+        raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
+
+    def check_num_images(self, num_images: int) -> None:
+        if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
+            raise MMSpecError(f"num_images must be an integer >= 1, got {num_images!r}")
+
+    def resolve_labels(self, class_labels: int | Sequence[int] | torch.Tensor | None, prompt: str | Sequence[str] | None,
+                       num_images: int) -> list[int]:
+        """Class ids (or class-name prompts) -> one label per image, each repeated `num_images` times."""
+        if (class_labels is None) == (prompt is None):
+            raise MMSpecError("pass exactly one of class_labels=... (ids) or prompt=... (class names)")
+        self.check_num_images(num_images)
+        if prompt is not None:
+            labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
+        else:
+            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()  # host ints
+        if not labels:
+            raise MMSpecError("no class label or prompt given")
+        count = self.num_classes
+        bad = [label for label in labels if not (isinstance(label, int) and 0 <= label < count)]
+        if bad:
+            raise MMSpecError(f"class labels must be integers in [0, {count}), got {bad}")
+        return [label for label in labels for _ in range(num_images)]
+
+    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
+        """Class labels for n benchmark images, cycling through `prompts` (class names) or all classes."""
+        ids = [self.class_id(p) for p in prompts] if prompts else list(range(self.num_classes))
+        return [ids[i % len(ids)] for i in range(n)]

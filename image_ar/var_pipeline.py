@@ -27,18 +27,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import (DrafterFactory, ImagePipelineOutput, SpeculativePipeline, _saved_class_name,
-                              resolve_dtype, saved_pipeline_folder)
+from mmspec.pipelines import DrafterFactory, ImagePipelineOutput, SpeculativePipeline, resolve_dtype
 from mmspec.stats import SpecStats
 
 from .code import check_draft_steps, code_generate
 from .imaging import OUTPUT_TYPES, convert
+from .pipeline_common import ClassConditionalMixin, from_saved_folder, load_component, load_optional_component
 from .var import VAR, VARSampling
 from .var_vq import VQVAE
 
@@ -62,14 +61,7 @@ class VARPipelineOutput(ImagePipelineOutput):
     settings: dict[str, Any] | None = None
 
 
-def _load(cls: type, folder: Path, subfolder: str, what: str, dtype: torch.dtype):
-    try:
-        return cls.from_pretrained(str(folder), subfolder=subfolder, torch_dtype=dtype).eval()
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise MMSpecError(f"cannot load the {what} from {str(folder / subfolder)!r}: {str(error).splitlines()[0]}") from None
-
-
-class VARPipeline(SpeculativePipeline):
+class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
     """Class-conditional image generation by next-scale prediction (VAR), alone or with CoDe.
 
     Args:
@@ -83,6 +75,7 @@ class VARPipeline(SpeculativePipeline):
 
     conditioning = "class"
     family = "var"
+    speculative_method = "code"
     _optional_components = ["refiner"]
 
     def __init__(self, model: VAR, vq: VQVAE, refiner: VAR | None = None, class_names: Sequence[str] | None = None,
@@ -95,12 +88,8 @@ class VARPipeline(SpeculativePipeline):
         if class_names is not None and len(class_names) != model.num_classes:
             raise MMSpecError(f"{len(class_names)} class names for a model with {model.num_classes} classes")
         super().__init__()
-        self.register_modules(model=model.eval(), vq=vq.eval(), refiner=refiner.eval() if refiner is not None else None)
-        self.class_names = list(class_names) if class_names is not None else None
-        self.card = dict(card or {})
-        self.register_to_config(class_names=self.class_names, card=self.card)
-        self.model_name = model_name or type(model).__name__
-        self.folder: Path | None = None
+        self._register_parts(class_names, card, model_name or type(model).__name__, model=model.eval(), vq=vq.eval(),
+                             refiner=refiner.eval() if refiner is not None else None)
 
     # --- loading --------------------------------------------------------------------------------
 
@@ -115,41 +104,26 @@ class VARPipeline(SpeculativePipeline):
         """
         dtype = resolve_dtype(dtype, torch_dtype)
         name = str(model_id_or_path)
-        folder = saved_pipeline_folder(name)
-        if folder is None:
-            raise MMSpecError(f"{name!r} is not a zoo VAR model or a folder saved by VARPipeline.save_pretrained "
-                              "(model_index.json with model/, vq/ and optionally refiner/)")
-        saved = _saved_class_name(folder)
-        if saved != cls.__name__:
-            raise MMSpecError(f"{name!r} holds a saved {saved or 'unknown pipeline'}, not a {cls.__name__}")
-        model = _load(VAR, folder, "model", "VAR", dtype)
-        vq = _load(VQVAE, folder, "vq", "VQ-VAE", dtype)
-        if refiner is None and (folder / "refiner" / "config.json").is_file():
-            refiner = _load(VAR, folder, "refiner", "refiner VAR", dtype)
-        elif refiner is False:
-            refiner = None
-        elif refiner is not None and not isinstance(refiner, VAR):
-            path = Path(str(refiner))
-            refiner = _load(VAR, path.parent, path.name, "refiner VAR", dtype)
-        pipe = cls._from_saved(folder, name=name, dtype=dtype, model=model, vq=vq, refiner=refiner, model_name=name)
-        pipe.folder = folder
-        return pipe.to(device)
+        folder = cls._saved_folder(name, f"{name!r} is not a zoo VAR model or a folder saved by "
+                                         "VARPipeline.save_pretrained (model_index.json with model/, vq/ and optionally refiner/)")
+        model = load_component(VAR, folder, "model", "VAR", dtype)
+        vq = load_component(VQVAE, folder, "vq", "VQ-VAE", dtype)
+        refiner = load_optional_component(VAR, refiner, folder, "refiner", "refiner VAR", dtype)
+        return from_saved_folder(cls, folder, name, dtype, device, model=model, vq=vq, refiner=refiner)
 
     # --- methods --------------------------------------------------------------------------------
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
         """ar always; code once a refiner is loaded (the pipeline runs both itself, so a factory gives the refiner)."""
-        return {"ar": lambda: None, "code": (lambda: self.refiner) if self.refiner is not None else None}
+        return self._factories_with(self.refiner)
 
     def unavailable_reason(self, method: str) -> str:
         return (f"method {method!r} needs a refiner: a small VAR on the same VQ-VAE and classes "
                 "(a refiner/ folder, or refiner=...)")
 
     @property
-    def default_method(self) -> str:
-        chosen = self.card.get("default_method")
-        available = self.available_methods
-        return chosen if chosen in available else ("code" if "code" in available else "ar")
+    def num_classes(self) -> int:
+        return int(self.model.num_classes)
 
     @property
     def num_scales(self) -> int:
@@ -163,38 +137,6 @@ class VARPipeline(SpeculativePipeline):
     @property
     def default_guidance_scale(self) -> float:
         return float(self.card.get("cfg", DEFAULT_CFG))
-
-    def class_id(self, name: str) -> int:
-        if self.class_names is None:
-            raise MMSpecError(f"{self.model_name!r} has no class names, so prompts cannot be read; pass class_labels")
-        wanted = " ".join(name.lower().split())
-        for i, known in enumerate(self.class_names):
-            if " ".join(known.lower().split()) == wanted:
-                return i
-        shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
-        raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
-
-    def resolve_labels(self, class_labels: Any, prompt: str | Sequence[str] | None, num_images: int) -> list[int]:
-        if (class_labels is None) == (prompt is None):
-            raise MMSpecError("pass exactly one of class_labels=... (ids) or prompt=... (class names)")
-        if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
-            raise MMSpecError(f"num_images must be an integer >= 1, got {num_images!r}")
-        if prompt is not None:
-            labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
-        else:
-            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()
-        if not labels:
-            raise MMSpecError("no class label or prompt given")
-        count = self.model.num_classes
-        bad = [label for label in labels if not (isinstance(label, int) and 0 <= label < count)]
-        if bad:
-            raise MMSpecError(f"class labels must be integers in [0, {count}), got {bad}")
-        return [label for label in labels for _ in range(num_images)]
-
-    def bench_conditions(self, n: int, prompts: Sequence[str] | None = None) -> list[int]:
-        """Class labels for n benchmark images, cycling through `prompts` (class names) or all classes."""
-        ids = [self.class_id(p) for p in prompts] if prompts else list(range(self.model.num_classes))
-        return [ids[i % len(ids)] for i in range(n)]
 
     def check_draft_scales(self, method: str, draft_scales: int | None) -> int | None:
         if method != "code":

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKL
-from diffusers.utils import BaseOutput
 
 from mmspec.errors import MMSpecError
 from mmspec.image_ar import SpeculativeImagePipeline
@@ -23,6 +22,10 @@ from mmspec.image_ar.mar_pipeline import MARPipeline
 from mmspec.image_ar.masked_decode import target_generate
 from mmspec.pipelines import SpeculativePipeline
 from mmspec.sampling import seeded_generator
+
+from .pipeline_checks import (assert_bad_conditions_refused, assert_images_output, assert_moves_to_bfloat16_and_back,
+                              assert_not_a_saved_folder_is_refused, assert_np_images, assert_one_clear_error,
+                              assert_same_components)
 
 CLASSES = [f"shape {i}" for i in range(10)]
 CARD = {"num_iter": 6, "num_draft": 2, "prefill_ratio": 0.15}
@@ -57,9 +60,7 @@ def test_save_and_load_round_trip(pipe, tmp_path):
     loaded = MARPipeline.from_pretrained(tmp_path)
     assert SpeculativePipeline.from_pretrained(tmp_path).__class__ is MARPipeline
     assert SpeculativeImagePipeline.from_pretrained(tmp_path).__class__ is MARPipeline
-    for name in ("model", "vae", "draft"):
-        ours, theirs = getattr(pipe, name).state_dict(), getattr(loaded, name).state_dict()
-        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert_same_components(pipe, loaded, ("model", "vae", "draft"))
     a = pipe(class_labels=[1, 3], method="cspd", seed=5, progress_bar=False)
     b = loaded(class_labels=[1, 3], method="cspd", seed=5, progress_bar=False)
     assert torch.equal(a.tokens, b.tokens) and np.array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
@@ -70,14 +71,12 @@ def test_save_and_load_round_trip(pipe, tmp_path):
 
 def test_the_output_is_a_base_output_with_images_and_stats(pipe):
     out = pipe(prompt="shape 3", method="cspd", seed=0, progress_bar=False, num_images=2)
-    assert isinstance(out, BaseOutput)
-    assert out[0] is out.images and out["images"] is out.images and len(out.images) == 2
-    assert out.images[0].size == (16, 16) and out.class_labels == [3, 3] and out.tokens.shape == (2, 16, 4)
+    assert_images_output(out, 2, (16, 16))
+    assert out.class_labels == [3, 3] and out.tokens.shape == (2, 16, 4)
     assert out.stats.method == "cspd" and out.stats.new_tokens == 2 * 16
     assert out.stats.drafter_forwards > 0 and out.stats.drafted > 0 and out.stats.rounds > 0
     assert out.settings["num_iter"] == 6 and out.settings["num_draft"] == 2  # the card's
-    arrays = pipe(class_labels=0, method="ar", seed=0, output_type="np", progress_bar=False).images
-    assert isinstance(arrays, np.ndarray) and arrays.shape == (1, 16, 16, 3) and 0 <= arrays.min() <= arrays.max() <= 1
+    assert_np_images(pipe, 16)
 
 
 def test_ar_is_the_target_alone_and_the_images_are_its_decoded_latents(pipe):
@@ -106,11 +105,7 @@ def test_cspd_with_the_target_as_draft_reproduces_ar(pipe, cfg):
 
 def test_to_moves_every_component_and_it_still_generates():
     pipe = MARPipeline(tiny_mar(0), tiny_vae(), tiny_mar(1), card=CARD)
-    pipe.to(torch.bfloat16)
-    assert pipe.dtype == torch.bfloat16 and {m.dtype for m in (pipe.model, pipe.vae, pipe.draft)} == {torch.bfloat16}
-    assert len(pipe(class_labels=1, method="cspd", seed=0, progress_bar=False).images) == 1
-    pipe.to("cpu", torch.float32)
-    assert pipe.device == torch.device("cpu") and pipe.draft.dtype == torch.float32
+    assert_moves_to_bfloat16_and_back(pipe, ("model", "vae", "draft"), "cspd")
 
 
 def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(pipe):
@@ -146,16 +141,11 @@ def test_the_progress_bar_counts_steps_and_can_be_hidden(pipe, capsys):
     ({"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
 ])
 def test_bad_settings_are_one_clear_error(pipe, kwargs, message):
-    with pytest.raises(MMSpecError) as error:
-        pipe(class_labels=0, seed=0, progress_bar=False, **kwargs)
-    assert message in str(error.value) and "\n" not in str(error.value)
+    assert_one_clear_error(pipe, kwargs, message)
 
 
 def test_bad_conditions_a_missing_draft_and_mismatched_parts_are_refused(pipe, vae):
-    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
-        pipe(prompt="pink circle", progress_bar=False)
-    with pytest.raises(MMSpecError, match=r"class labels must be integers in \[0, 10\)"):
-        pipe(class_labels=[10], progress_bar=False)
+    assert_bad_conditions_refused(pipe, 10)
     with pytest.raises(MMSpecError, match="needs a draft"):
         MARPipeline(pipe.model, vae)(class_labels=0, method="cspd", progress_bar=False)
     with pytest.raises(MMSpecError, match="latent channels"):
@@ -165,11 +155,7 @@ def test_bad_conditions_a_missing_draft_and_mismatched_parts_are_refused(pipe, v
 
 
 def test_a_folder_that_is_no_saved_mar_pipeline_is_one_error(tmp_path):
-    with pytest.raises(MMSpecError, match="is not a folder saved by MARPipeline"):
-        MARPipeline.from_pretrained(tmp_path)
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "VARPipeline"}))
-    with pytest.raises(MMSpecError, match="not a MARPipeline"):
-        MARPipeline.from_pretrained(tmp_path)
+    assert_not_a_saved_folder_is_refused(MARPipeline, tmp_path, "is not a folder saved by MARPipeline", "VARPipeline")
 
 
 # ---- the CLI: generate-image and bench image on a saved MAR pipeline ------------------------------

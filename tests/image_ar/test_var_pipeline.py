@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from diffusers.utils import BaseOutput
 
 from mmspec.errors import MMSpecError
 from mmspec.image_ar.code import code_generate
@@ -21,6 +19,10 @@ from mmspec.image_ar.var_pipeline import VARPipeline
 from mmspec.image_ar.var_vq import tiny_var_vq
 from mmspec.pipelines import SpeculativePipeline
 from mmspec.sampling import seeded_generator
+
+from .pipeline_checks import (assert_bad_conditions_refused, assert_images_output, assert_moves_to_bfloat16_and_back,
+                              assert_not_a_saved_folder_is_refused, assert_np_images, assert_one_clear_error,
+                              assert_same_components)
 
 PATCH_NUMS = (1, 2, 3, 4)
 CLASSES = ["red circle", "blue circle", "red square", "blue square", "green star"]
@@ -55,9 +57,7 @@ def test_save_and_load_round_trip(pipe, tmp_path):
     assert index["card"] == {"draft_scales": 2, "cfg": 2.0} and index["class_names"] == CLASSES
     loaded = VARPipeline.from_pretrained(tmp_path)
     assert SpeculativePipeline.from_pretrained(tmp_path).__class__ is VARPipeline
-    for name in ("model", "vq", "refiner"):
-        ours, theirs = getattr(pipe, name).state_dict(), getattr(loaded, name).state_dict()
-        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert_same_components(pipe, loaded, ("model", "vq", "refiner"))
     a = pipe(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
     b = loaded(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
     assert maps_equal(a.token_maps, b.token_maps)
@@ -67,14 +67,12 @@ def test_save_and_load_round_trip(pipe, tmp_path):
 
 def test_the_output_is_a_base_output_with_images_and_stats(pipe):
     out = pipe(prompt="blue square", method="code", seed=0, progress_bar=False, num_images=2)
-    assert isinstance(out, BaseOutput)
-    assert out[0] is out.images and out["images"] is out.images and len(out.images) == 2
-    assert out.images[0].size == (8, 8) and out.class_labels == [3, 3]
+    assert_images_output(out, 2, (8, 8))
+    assert out.class_labels == [3, 3]
     assert out.stats.target_forwards == 2 and out.stats.drafter_forwards == 2  # the card's draft_scales = 2 of 4
     assert out.stats.new_tokens == 2 * (1 + 4 + 9 + 16)
     assert out.settings["draft_scales"] == 2 and out.settings["cfg"] == 2.0
-    arrays = pipe(class_labels=0, method="ar", seed=0, output_type="np", progress_bar=False).images
-    assert isinstance(arrays, np.ndarray) and arrays.shape == (1, 8, 8, 3) and 0 <= arrays.min() <= arrays.max() <= 1
+    assert_np_images(pipe, 8)
 
 
 def test_ar_is_the_large_model_alone(pipe, vq):
@@ -109,12 +107,7 @@ def test_greedy_code_with_the_large_models_weights_as_refiner_equals_ar(pipe, vq
 
 def test_to_moves_every_component_and_it_still_generates(vq):
     pipe = VARPipeline(var_of(0, 2), tiny_var_vq(vocab_size=16, z_channels=8, patch_nums=PATCH_NUMS), var_of(1, 1))
-    pipe.to(torch.bfloat16)
-    assert pipe.dtype == torch.bfloat16 and {m.dtype for m in (pipe.model, pipe.vq, pipe.refiner)} == {torch.bfloat16}
-    out = pipe(class_labels=1, method="code", seed=0, progress_bar=False)
-    assert len(out.images) == 1
-    pipe.to("cpu", torch.float32)
-    assert pipe.device == torch.device("cpu") and pipe.refiner.dtype == torch.float32
+    assert_moves_to_bfloat16_and_back(pipe, ("model", "vq", "refiner"), "code")
 
 
 def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(pipe):
@@ -154,16 +147,11 @@ def test_the_progress_bar_counts_scales_and_can_be_hidden(pipe, capsys):
     ({"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
 ])
 def test_bad_settings_are_one_clear_error(pipe, kwargs, message):
-    with pytest.raises(MMSpecError) as error:
-        pipe(class_labels=0, seed=0, progress_bar=False, **kwargs)
-    assert message in str(error.value) and "\n" not in str(error.value)
+    assert_one_clear_error(pipe, kwargs, message)
 
 
 def test_bad_conditions_and_a_missing_refiner_are_refused(pipe, vq):
-    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
-        pipe(prompt="pink circle", progress_bar=False)
-    with pytest.raises(MMSpecError, match=r"class labels must be integers in \[0, 5\)"):
-        pipe(class_labels=[5], progress_bar=False)
+    assert_bad_conditions_refused(pipe, 5)
     with pytest.raises(MMSpecError, match="needs a refiner"):
         VARPipeline(pipe.model, vq)(class_labels=0, method="code", progress_bar=False)
     with pytest.raises(MMSpecError, match="does not match the VAR"):
@@ -171,11 +159,7 @@ def test_bad_conditions_and_a_missing_refiner_are_refused(pipe, vq):
 
 
 def test_a_folder_that_is_no_saved_var_pipeline_is_one_error(tmp_path):
-    with pytest.raises(MMSpecError, match="is not a zoo VAR model"):
-        VARPipeline.from_pretrained(tmp_path)
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "SpeculativeImagePipeline"}))
-    with pytest.raises(MMSpecError, match="not a VARPipeline"):
-        VARPipeline.from_pretrained(tmp_path)
+    assert_not_a_saved_folder_is_refused(VARPipeline, tmp_path, "is not a zoo VAR model", "SpeculativeImagePipeline")
 
 
 # ---- the CLI: generate-image and bench image on a saved VAR pipeline ------------------------------
