@@ -37,11 +37,11 @@ from mmspec.errors import MMSpecError
 from mmspec.pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, resolve_dtype, saved_pipeline_folder
 from mmspec.sampling import SamplingConfig
 
-from .imaging import OUTPUT_TYPES, convert
+from .imaging import convert
 from .janus import JanusCFGTarget
 from .methods import MethodConfig, MethodRunner
-from .pipeline_common import (ImageGenerationOutput, check_guidance_scale, from_saved_folder, load_model, local_folder,
-                              per_image_rounds)
+from .pipeline_common import (ImageGenerationOutput, check_guidance_scale, check_output_type, from_saved_folder,
+                              load_model, local_folder, per_image_rounds)
 
 JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")  # + "sd" with a drafter
 DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5
@@ -252,8 +252,7 @@ class JanusImagePipeline(SpeculativePipeline):
         """
         if class_labels is not None:
             raise MMSpecError("Janus is text-conditional: pass prompt=\"...\" instead of class_labels")
-        if output_type not in OUTPUT_TYPES:
-            raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+        check_output_type(output_type)
         if num_images < 1:
             raise MMSpecError(f"num_images must be >= 1, got {num_images}")
         if temperature < 0:

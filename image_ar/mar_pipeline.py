@@ -33,13 +33,13 @@ import torch
 from diffusers import AutoencoderKL
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import DrafterFactory, ImagePipelineOutput, SpeculativePipeline, resolve_dtype
+from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline, resolve_dtype
 
 from .cspd import cspd_generate
-from .imaging import OUTPUT_TYPES, convert
+from .imaging import convert
 from .mar import MAR
 from .masked_decode import target_generate
-from .pipeline_common import ClassConditionalMixin, from_saved_folder, load_component, load_optional_component
+from .pipeline_common import ClassConditionalMixin, check_class_count, check_output_type
 
 MAR_METHODS = ("ar", "cspd")
 DEFAULT_NUM_ITER = 64  # the official sampler's steps (256 tokens); fewer tokens cap it at the token count
@@ -76,6 +76,8 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
     conditioning = "class"
     family = "mar"
     speculative_method = "cspd"
+    speculative_needs = ("a draft: a smaller MAR making the same tokens with the same diffusion steps "
+                         "(a draft/ folder, or draft=...)")
     _optional_components = ["draft"]
 
     def __init__(self, model: MAR, vae: AutoencoderKL, draft: MAR | None = None,
@@ -87,10 +89,7 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
         if draft is not None and (draft.seq_len, draft.token_embed_dim) != (model.seq_len, model.token_embed_dim):
             raise MMSpecError(f"the draft makes {draft.seq_len} x {draft.token_embed_dim} tokens, the model "
                               f"{model.seq_len} x {model.token_embed_dim}")
-        if draft is not None and draft.config.class_num != model.config.class_num:
-            raise MMSpecError(f"the draft has {draft.config.class_num} classes, the model {model.config.class_num}")
-        if class_names is not None and len(class_names) != model.config.class_num:
-            raise MMSpecError(f"{len(class_names)} class names for a model with {model.config.class_num} classes")
+        check_class_count(model.config.class_num, class_names, "draft", None if draft is None else draft.config.class_num)
         super().__init__()
         self._register_parts(class_names, card, model_name or type(model).__name__, model=model.eval(), vae=vae.eval(),
                              draft=draft.eval() if draft is not None else None)
@@ -106,24 +105,13 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
         `draft`: None = the folder's draft/ if present; False = none; a folder or a `MAR`.
         `dtype` (or `torch_dtype`) defaults to float32.
         """
-        dtype = resolve_dtype(dtype, torch_dtype)
-        name = str(model_id_or_path)
-        folder = cls._saved_folder(name, f"{name!r} is not a folder saved by MARPipeline.save_pretrained "
-                                         "(model_index.json with model/, vae/ and optionally draft/)")
-        model = load_component(MAR, folder, "model", "MAR", dtype)
-        vae = load_component(AutoencoderKL, folder, "vae", "VAE", dtype)
-        draft = load_optional_component(MAR, draft, folder, "draft", "draft MAR", dtype)
-        return from_saved_folder(cls, folder, name, dtype, device, model=model, vae=vae, draft=draft)
+        return cls._load_saved_parts(model_id_or_path, device, resolve_dtype(dtype, torch_dtype),
+                                     {"model": (MAR, "MAR"), "vae": (AutoencoderKL, "VAE")},
+                                     ("draft", MAR, "draft MAR", draft),
+                                     "{name!r} is not a folder saved by MARPipeline.save_pretrained "
+                                     "(model_index.json with model/, vae/ and optionally draft/)")
 
     # --- methods --------------------------------------------------------------------------------
-
-    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
-        """ar always; cspd once a draft MAR is loaded (the pipeline runs both itself, so a factory gives the draft)."""
-        return self._factories_with(self.draft)
-
-    def unavailable_reason(self, method: str) -> str:
-        return (f"method {method!r} needs a draft: a smaller MAR making the same tokens with the same diffusion "
-                "steps (a draft/ folder, or draft=...)")
 
     @property
     def num_classes(self) -> int:
@@ -190,8 +178,7 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
         inner_temperature (exponent scale of the acceptance ratio; 1 = the paper's, exact).
         `generator`: a `torch.Generator` (a CPU one works with a model on any device); `seed`: an int instead.
         """
-        if output_type not in OUTPUT_TYPES:
-            raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+        check_output_type(output_type)
         if top_k is not None:
             raise MMSpecError("top_k does not apply to MAR: its tokens are continuous (sampled by a diffusion head)")
         method = self.check_method(method)

@@ -39,10 +39,11 @@ from mmspec.pipelines import (DrafterFactory, RoundCallback, SpeculativePipeline
 from mmspec.sampling import SamplingConfig
 from mmspec.zoo import resolve
 
-from .imaging import OUTPUT_TYPES, convert
+from .imaging import convert
 from .janus_pipeline import JanusImagePipeline, is_janus_folder
-from .pipeline_common import (ClassConditionalMixin, ImageGenerationOutput, check_guidance_scale, check_saved_class,
-                              from_saved_folder, load_model, local_folder, per_image_rounds, read_json)
+from .pipeline_common import (ClassConditionalMixin, ImageGenerationOutput, check_guidance_scale, check_output_type,
+                              check_saved_class, from_saved_folder, load_model, local_folder, per_image_rounds,
+                              read_json)
 from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
 from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
@@ -87,6 +88,8 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
     _optional_components = ["drafter"]
     speculative_method = "sjd"  # training-free and lossless: the default when the card names none
     class_names_source = "classes.json"
+    speculative_needs = ("a drafter: a small LlamaGen with the model's codebook and classes "
+                         "(a drafter/ folder, or drafter=...; CLI --drafter PATH)")
 
     def __init__(
         self,
@@ -198,10 +201,6 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         return {method: (lambda: self.runner) if method != "sd" or self.drafter is not None else None
                 for method in METHODS}
 
-    def unavailable_reason(self, method: str) -> str:
-        return (f"method {method!r} needs a drafter: a small LlamaGen with the model's codebook and classes "
-                "(a drafter/ folder, or drafter=...; CLI --drafter PATH)")
-
     def gsd_settings(self, **given: Any) -> dict[str, Any]:
         """GSD's group options: those given, else the zoo card's `gsd_defaults`, else the paper's.
 
@@ -280,8 +279,7 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         `info` is a `mmspec.pipelines.RoundInfo`: the committed token ids, drafted / accepted counts,
         `chunk` = which image of the call, `position` = the raster index of the first token in its grid.
         """
-        if output_type not in OUTPUT_TYPES:
-            raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+        check_output_type(output_type)
         labels = self.resolve_labels(class_labels, prompt, num_images)
         method = self.check_method(method)
         config = MethodConfig(method=method, window=window, init=init, num_draft_tokens=num_draft_tokens, drafts=drafts,

@@ -17,8 +17,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmspec.errors import MMSpecError, first_line
-from mmspec.pipelines import ImagePipelineOutput, RoundReporter, _saved_class_name, saved_pipeline_folder
+from mmspec.pipelines import (DrafterFactory, ImagePipelineOutput, RoundReporter, _saved_class_name,
+                              saved_pipeline_folder)
 from mmspec.zoo import resolve
+
+from .imaging import OUTPUT_TYPES
 
 
 @dataclass
@@ -55,6 +58,11 @@ def load_model(cls: type, path: str, what: str, subfolder: str = "", dtype: torc
     except (OSError, ValueError, KeyError) as error:
         where = f"{path}/{subfolder}" if subfolder else path
         raise MMSpecError(f"cannot load the {what} from {where!r}: {str(error).splitlines()[0]}") from None
+
+
+def check_output_type(output_type: str) -> None:
+    if output_type not in OUTPUT_TYPES:
+        raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
 
 
 def check_guidance_scale(scale: float) -> float:
@@ -108,6 +116,16 @@ def load_optional_component(cls: type, given: Any, folder: Path, subfolder: str,
     return given
 
 
+def check_class_count(count: int, class_names: Sequence[str] | None, second: str = "",
+                      second_count: int | None = None) -> None:
+    """The optional second model (`second`: "draft", "refiner") and the class names agree with the model's
+    `count` classes."""
+    if second_count is not None and second_count != count:
+        raise MMSpecError(f"the {second} has {second_count} classes, the model {count}")
+    if class_names is not None and len(class_names) != count:
+        raise MMSpecError(f"{len(class_names)} class names for a model with {count} classes")
+
+
 def check_saved_class(cls: type, folder: Path, name: str) -> None:
     """A folder written by `save_pretrained` of another pipeline class is refused by name."""
     saved = _saved_class_name(folder)
@@ -133,6 +151,7 @@ class ClassConditionalMixin:
     """
 
     speculative_method = "ar"
+    speculative_needs = ""  # what the speculative method needs, in the error while it is missing
     class_names_source = "class names"  # where the names come from, in the error when there are none
 
     @property
@@ -150,6 +169,19 @@ class ClassConditionalMixin:
         self.folder: Path | None = None  # set by from_pretrained (the benchmark looks for judge/ there)
 
     @classmethod
+    def _load_saved_parts(cls, model_id_or_path: Any, device: str | torch.device, dtype: torch.dtype,
+                          parts: dict[str, tuple[type, str]], optional: tuple[str, type, str, Any], not_saved: str):
+        """`from_pretrained` for a pipeline whose components all sit in subfolders of a `save_pretrained`
+        folder: `parts` = {subfolder: (class, what)}; `optional` = (subfolder, class, what, given) for the
+        draft / refiner (`load_optional_component`); `not_saved`: the error ({name!r} filled in) otherwise."""
+        name = str(model_id_or_path)
+        folder = cls._saved_folder(name, not_saved.format(name=name))
+        components = {sub: load_component(kind, folder, sub, what, dtype) for sub, (kind, what) in parts.items()}
+        sub, kind, what, given = optional
+        components[sub] = load_optional_component(kind, given, folder, sub, what, dtype)
+        return from_saved_folder(cls, folder, name, dtype, device, **components)
+
+    @classmethod
     def _saved_folder(cls, name: str, not_saved: str) -> Path:
         """The folder `save_pretrained` wrote for `name` (a zoo name or a path); `not_saved` is the error otherwise."""
         folder = saved_pipeline_folder(name)
@@ -158,10 +190,14 @@ class ClassConditionalMixin:
         check_saved_class(cls, folder, name)
         return folder
 
-    def _factories_with(self, second: Any) -> dict[str, Any]:
-        """ar always; the speculative method once its second model is loaded (the pipeline runs both itself,
-        so the factory gives that model)."""
+    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
+        """ar always; the speculative method once the optional second model (`_optional_components`: draft,
+        refiner) is loaded (the pipeline runs both itself, so a factory gives that model)."""
+        second = getattr(self, self._optional_components[0])
         return {"ar": lambda: None, self.speculative_method: (lambda: second) if second is not None else None}
+
+    def unavailable_reason(self, method: str) -> str:
+        return f"method {method!r} needs {self.speculative_needs}"
 
     @property
     def default_method(self) -> str:

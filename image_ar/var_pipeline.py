@@ -32,12 +32,12 @@ from typing import Any, Sequence
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import DrafterFactory, ImagePipelineOutput, SpeculativePipeline, resolve_dtype
+from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline, resolve_dtype
 from mmspec.stats import SpecStats
 
 from .code import check_draft_steps, code_generate
-from .imaging import OUTPUT_TYPES, convert
-from .pipeline_common import ClassConditionalMixin, from_saved_folder, load_component, load_optional_component
+from .imaging import convert
+from .pipeline_common import ClassConditionalMixin, check_class_count, check_output_type
 from .var import VAR, VARSampling
 from .var_vq import VQVAE
 
@@ -76,6 +76,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
     conditioning = "class"
     family = "var"
     speculative_method = "code"
+    speculative_needs = "a refiner: a small VAR on the same VQ-VAE and classes (a refiner/ folder, or refiner=...)"
     _optional_components = ["refiner"]
 
     def __init__(self, model: VAR, vq: VQVAE, refiner: VAR | None = None, class_names: Sequence[str] | None = None,
@@ -83,10 +84,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         model.check_vq(vq)
         if refiner is not None:
             refiner.check_vq(vq)
-            if refiner.num_classes != model.num_classes:
-                raise MMSpecError(f"the refiner has {refiner.num_classes} classes, the model {model.num_classes}")
-        if class_names is not None and len(class_names) != model.num_classes:
-            raise MMSpecError(f"{len(class_names)} class names for a model with {model.num_classes} classes")
+        check_class_count(model.num_classes, class_names, "refiner", None if refiner is None else refiner.num_classes)
         super().__init__()
         self._register_parts(class_names, card, model_name or type(model).__name__, model=model.eval(), vq=vq.eval(),
                              refiner=refiner.eval() if refiner is not None else None)
@@ -102,28 +100,17 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         `refiner`: None = the folder's refiner/ if present; False = none; a folder or a `VAR`.
         `dtype` (or `torch_dtype`) defaults to float32.
         """
-        dtype = resolve_dtype(dtype, torch_dtype)
-        name = str(model_id_or_path)
-        folder = cls._saved_folder(name, f"{name!r} is not a zoo VAR model or a folder saved by "
-                                         "VARPipeline.save_pretrained (model_index.json with model/, vq/ and optionally refiner/)")
-        model = load_component(VAR, folder, "model", "VAR", dtype)
-        vq = load_component(VQVAE, folder, "vq", "VQ-VAE", dtype)
-        refiner = load_optional_component(VAR, refiner, folder, "refiner", "refiner VAR", dtype)
-        return from_saved_folder(cls, folder, name, dtype, device, model=model, vq=vq, refiner=refiner)
+        return cls._load_saved_parts(model_id_or_path, device, resolve_dtype(dtype, torch_dtype),
+                                     {"model": (VAR, "VAR"), "vq": (VQVAE, "VQ-VAE")},
+                                     ("refiner", VAR, "refiner VAR", refiner),
+                                     "{name!r} is not a zoo VAR model or a folder saved by VARPipeline.save_pretrained "
+                                     "(model_index.json with model/, vq/ and optionally refiner/)")
 
     # --- methods --------------------------------------------------------------------------------
 
-    def drafter_factories(self) -> dict[str, DrafterFactory | None]:
-        """ar always; code once a refiner is loaded (the pipeline runs both itself, so a factory gives the refiner)."""
-        return self._factories_with(self.refiner)
-
-    def unavailable_reason(self, method: str) -> str:
-        return (f"method {method!r} needs a refiner: a small VAR on the same VQ-VAE and classes "
-                "(a refiner/ folder, or refiner=...)")
-
     @property
     def num_classes(self) -> int:
-        return int(self.model.num_classes)
+        return self.model.num_classes
 
     @property
     def num_scales(self) -> int:
@@ -188,8 +175,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         (method "code"): scales the large model runs, 1..scales-1 (default: the card's, else scales - 2).
         `generator`: a `torch.Generator` (a CPU one works with a model on any device); `seed`: an int instead.
         """
-        if output_type not in OUTPUT_TYPES:
-            raise MMSpecError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+        check_output_type(output_type)
         method = self.check_method(method)
         n = self.check_draft_scales(method, draft_scales)
         labels = self.resolve_labels(class_labels, prompt, num_images)
