@@ -212,8 +212,12 @@ def test_bench_image_has_the_ar_and_code_rows(saved, capsys):
     assert any("the model card names no judge" in note for note in report["notes"])
 
 
-def test_bench_image_refuses_llamagen_rows_for_a_var_model(saved, capsys):
+@pytest.mark.parametrize("flags, named", [
+    (["--methods", "sjd"], "--methods"),
+    (["--window", "8", "-k", "3"], "--window, --num-draft-tokens"),  # were ignored silently
+])
+def test_bench_image_refuses_llamagen_rows_for_a_var_model(saved, capsys, flags, named):
     from mmspec.cli import main
 
-    assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", "--methods", "sjd"]) == 2
-    assert "--methods: options of LlamaGen-style rows" in capsys.readouterr().err
+    assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", *flags]) == 2
+    assert f"{named}: options of LlamaGen-style rows" in capsys.readouterr().err
