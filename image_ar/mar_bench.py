@@ -11,15 +11,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from PIL import Image
 
-from mmspec.bench.harness import run_benchmark
 from mmspec.errors import MMSpecError
-from mmspec.sampling import seeded_generator
-from mmspec.stats import SpecStats
 
-from .bench_report import REFERENCE, ImageReport
-from .imaging import image_grid
+from .bench_report import REFERENCE, ImageReport, rows_grid, rows_without, run_pipeline_rows
 from .mar_pipeline import MARPipeline
 
 
@@ -53,35 +48,18 @@ def bench_mar(pipe: MARPipeline, labels: Sequence[int], *, seed: int = 0, num_dr
     rows_spec = {REFERENCE: ("ar", None), **{f"cspd k={k}": ("cspd", k) for k in windows}}
     for method, k in rows_spec.values():  # bad settings fail before anything runs
         pipe.settings_for(method, None, k, None, guidance_scale, temperature, 1.0)
-    images: dict[str, dict[int, Image.Image]] = {name: {} for name in rows_spec}
-
-    def runner_for(name: str, method: str, k: int | None):
-        def run(item: tuple[int, int]) -> tuple[list[float], SpecStats]:
-            index, label = item
-            out = pipe(class_labels=[label], method=method, num_draft=k,
-                       generator=seeded_generator("cpu", seed + index), **options)
-            images[name][index] = out.images[0]
-            return out.tokens.flatten().tolist(), out.stats
-
-        return run
-
-    items = list(enumerate(labels))
     settings = pipe.settings_for("cspd", None, windows[0], None, guidance_scale, temperature, 1.0)
-    report = run_benchmark(title, {name: runner_for(name, *spec) for name, spec in rows_spec.items()}, items,
-                           reference=REFERENCE, repeats=repeats, warmup=warmup, progress=progress,
-                           settings={"images": len(items), "tokens": pipe.model.seq_len,
-                                     "num_iter": settings["num_iter"], "prefill_ratio": settings["prefill_ratio"],
-                                     "cfg": settings["cfg"], "temperature": temperature, "seed": seed,
-                                     "repeats": repeats, "threads": torch.get_num_threads(), "device": str(pipe.device)})
-    rows = []
-    for row in report.to_dict()["methods"]:
-        method, k = rows_spec[row["method"]]
-        row.update(method_family=method, num_draft=k)
-        for key in ("identical_to_reference", "mismatched_outputs", "alpha", "tau", "step_compression",
-                    "position_attempts", "position_accepts", "per_position_acceptance"):
-            row.pop(key, None)  # sampled continuous tokens are not comparable token by token
-        rows.append(row)
+    report, images, items = run_pipeline_rows(
+        pipe, title, rows_spec, labels, knob="num_draft", tokens_of=lambda out: out.tokens.flatten().tolist(),
+        seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress,
+        settings={"tokens": pipe.model.seq_len, "num_iter": settings["num_iter"],
+                  "prefill_ratio": settings["prefill_ratio"], "cfg": settings["cfg"], "temperature": temperature,
+                  "seed": seed, "repeats": repeats, "threads": torch.get_num_threads(), "device": str(pipe.device)})
+    # Sampled continuous tokens are not comparable token by token.
+    rows = rows_without(report, rows_spec, "num_draft", ("identical_to_reference", "mismatched_outputs", "alpha", "tau",
+                                                         "step_compression", "position_attempts", "position_accepts",
+                                                         "per_position_acceptance"))
     notes = ["no quality columns: there is no MAR judge; cspd's output is the target's law only approximately "
              "(diffusion-head densities)"]
-    grid = image_grid([(name, [by[i] for i, _ in items][:grid_columns]) for name, by in images.items()])
+    grid = rows_grid(images, items, grid_columns)
     return MARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)

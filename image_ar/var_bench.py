@@ -16,15 +16,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from PIL import Image
 
-from mmspec.bench.harness import run_benchmark
 from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
-from mmspec.stats import SpecStats
 
-from .bench_report import REFERENCE, ImageReport
-from .imaging import image_grid
+from .bench_report import REFERENCE, ImageReport, rows_grid, rows_without, run_pipeline_rows
 from .judge import DEFAULT_JUDGE, get_judge
 from .var_pipeline import VARPipeline
 
@@ -73,26 +69,15 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     for n in draft_scales:
         pipe.check_draft_scales("code", n)
     rows_spec = {REFERENCE: ("ar", None), **{f"code {n}/{scales - n}": ("code", n) for n in draft_scales}}
-    images: dict[str, dict[int, Image.Image]] = {name: {} for name in rows_spec}
     options = {"guidance_scale": guidance_scale, "temperature": temperature, "progress_bar": False}
-
-    def runner_for(name: str, method: str, n: int | None):
-        def run(item: tuple[int, int]) -> tuple[list[int], SpecStats]:
-            index, label = item
-            out = pipe(class_labels=[label], method=method, draft_scales=n,
-                       generator=seeded_generator("cpu", seed + index), **options)
-            images[name][index] = out.images[0]
-            return torch.cat(out.token_maps, dim=1).flatten().tolist(), out.stats
-
-        return run
-
-    items = list(enumerate(labels))
-    report = run_benchmark(title, {name: runner_for(name, *spec) for name, spec in rows_spec.items()}, items,
-                           reference=REFERENCE, repeats=repeats, warmup=warmup, progress=progress,
-                           settings={"images": len(items), "scales": scales, "seed": seed,
-                                     "cfg": pipe.default_guidance_scale if guidance_scale is None else guidance_scale,
-                                     "temperature": temperature, "repeats": repeats,
-                                     "threads": torch.get_num_threads(), "device": str(pipe.device)})
+    report, images, items = run_pipeline_rows(
+        pipe, title, rows_spec, labels, knob="draft_scales",
+        tokens_of=lambda out: torch.cat(out.token_maps, dim=1).flatten().tolist(),
+        seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress,
+        settings={"scales": scales, "seed": seed,
+                  "cfg": pipe.default_guidance_scale if guidance_scale is None else guidance_scale,
+                  "temperature": temperature, "repeats": repeats,
+                  "threads": torch.get_num_threads(), "device": str(pipe.device)})
     memory = peak_memory(pipe, rows_spec, labels[0], options)
     notes = []
     quality: dict[str, dict[str, float]] = {}
@@ -106,18 +91,14 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
             made = [images[name][i] for i, _ in items]
             quality[name] = {"class_accuracy": judged.class_accuracy(made, list(labels)),
                              "fd_vs_ar": judged.frechet_distance(made, reference)}
-    rows = []
-    for row in report.to_dict()["methods"]:
-        name = row["method"]
-        method, n = rows_spec[name]
-        row.update(method_family=method, draft_scales=n, **memory[name], **quality.get(name, {}))
-        for key in ("identical_to_reference", "mismatched_outputs", "drafted", "accepted", "alpha", "tau",
-                    "step_compression", "position_attempts", "position_accepts", "per_position_acceptance", "rounds"):
-            row.pop(key, None)  # sampled outputs are not comparable token by token; no drafts are verified
-        rows.append(row)
+    # Sampled outputs are not comparable token by token; no drafts are verified.
+    rows = rows_without(report, rows_spec, "draft_scales",
+                        ("identical_to_reference", "mismatched_outputs", "drafted", "accepted", "alpha", "tau",
+                         "step_compression", "position_attempts", "position_accepts", "per_position_acceptance", "rounds"),
+                        extra=lambda name: {**memory[name], **quality.get(name, {})})
     if not torch.cuda.is_available() or pipe.device.type != "cuda":
         notes.append("memory MB = bytes of the weights the row keeps loaded (the CPU has no peak allocation counter)")
-    grid = image_grid([(name, [by[i] for i, _ in items][:grid_columns]) for name, by in images.items()])
+    grid = rows_grid(images, items, grid_columns)
     return VARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
 
 
