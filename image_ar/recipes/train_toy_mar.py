@@ -4,12 +4,13 @@
     python -m mmspec.image_ar.recipes.train_toy_mar --stage all --steps 3 --batch-size 4 --out /tmp/x   # smoke
 
 Data: the class-conditional 64 x 64 renders of `image_ar_data` (24 classes = kind x colour), a fresh
-seeded stream. Three stages, each its own folder under --out (diffusers `save_pretrained`, fp16):
+seeded stream. Three stages, each its own folder under --out (diffusers `save_pretrained`, fp16); once
+all three exist, --out is also a saved `MARPipeline` (model_index.json over vae/, model/, draft/):
 
 - vae/: a small diffusers `AutoencoderKL` (3 levels, downsample 4, 4 latent channels): 64 x 64 image
   <-> 4 x 16 x 16 latents; loss = MSE + kl_weight x KL; its `scaling_factor` is set to 1 / the std of
   the latents after training, as Stable Diffusion's and MAR's KL-16 are;
-- target/, draft/: `mmspec.image_ar.mar.MAR` on the scaled latents with patch size 2 (64 tokens of
+- model/ (the target), draft/: `mmspec.image_ar.mar.MAR` on the scaled latents with patch size 2 (64 tokens of
   16 channels), the official training loss (random order, masking ratio from the truncated normal,
   diffusion loss on the masked tokens, 10% label dropout for CFG); the draft is narrower and shallower.
 
@@ -38,6 +39,7 @@ from . import image_ar_data as data
 
 NAME = "shapes-mar"
 ZOO_DIR = data.ZOO_DIR.parent / NAME
+FOLDERS = {"vae": "vae", "target": "model", "draft": "draft"}  # MARPipeline's component folders
 SIZES = {"target": dict(width=192, depth=4, heads=6, head_width=256, head_depth=3),
          "draft": dict(width=96, depth=1, heads=4, head_width=128, head_depth=2)}
 
@@ -94,7 +96,7 @@ def train_mar(role: str, args: argparse.Namespace, out: Path) -> dict:
         loss = model(latents, batch.labels, generator=generator)
         optimizer_step(opt, loss, model.parameters())
         loop.log(step, loss.item(), every=50)
-    return save(model.eval(), out / role, loop, {"parameters": sum(p.numel() for p in model.parameters())})
+    return save(model.eval(), out / FOLDERS[role], loop, {"parameters": sum(p.numel() for p in model.parameters())})
 
 
 def save(model: torch.nn.Module, folder: Path, loop: TrainingLoop, extra: dict) -> dict:
@@ -109,7 +111,7 @@ def save(model: torch.nn.Module, folder: Path, loop: TrainingLoop, extra: dict) 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_output_arguments(parser, NAME, "the model folder (vae/, target/, draft/)")
+    add_output_arguments(parser, NAME, "the pipeline folder (vae/, model/, draft/)")
     parser.add_argument("--stage", choices=("vae", "target", "draft", "all"), default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=10.0, help="wall-clock budget of EACH stage")
@@ -131,7 +133,21 @@ def main(argv: list[str] | None = None) -> dict:
     stages = ("vae", "target", "draft") if args.stage == "all" else (args.stage,)
     if stages[0] != "vae" and not (out / "vae" / "config.json").is_file():
         parser.error(f"no trained VAE in {out / 'vae'}: run --stage vae first")
-    return {stage: train_vae(args, out) if stage == "vae" else train_mar(stage, args, out) for stage in stages}
+    info = {stage: train_vae(args, out) if stage == "vae" else train_mar(stage, args, out) for stage in stages}
+    if all((out / folder / "config.json").is_file() for folder in FOLDERS.values()):
+        assemble(out)
+    return info
+
+
+def assemble(out: Path) -> None:
+    """Make OUT a saved `MARPipeline` (model_index.json over model/, vae/, draft/, with the class names),
+    so `MARPipeline.from_pretrained(OUT)` and `mmspec generate-image --model OUT` load it."""
+    from mmspec.image_ar.mar_pipeline import MARPipeline
+
+    parts = {"model": MAR, "vae": AutoencoderKL, "draft": MAR}
+    loaded = {name: cls.from_pretrained(out / name, torch_dtype=torch.float16) for name, cls in parts.items()}
+    MARPipeline(**loaded, class_names=data.label_names(), model_name=NAME).save_pretrained(out)
+    print(f"saved the MARPipeline folder {out}", flush=True)
 
 
 if __name__ == "__main__":

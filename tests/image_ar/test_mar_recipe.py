@@ -21,9 +21,9 @@ def test_three_steps_of_each_stage_save_a_loadable_pair(tmp_path):
     out = tmp_path / "shapes-mar"
     info = train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE])
     assert [info[s]["steps"] for s in ("vae", "target", "draft")] == [3, 3, 3]
-    assert json.loads((out / "target" / "training.json").read_text())["steps"] == 3
+    assert json.loads((out / "model" / "training.json").read_text())["steps"] == 3
     vae = AutoencoderKL.from_pretrained(out / "vae", torch_dtype=torch.float32).eval()
-    target = MAR.from_pretrained(out / "target", torch_dtype=torch.float32).eval()
+    target = MAR.from_pretrained(out / "model", torch_dtype=torch.float32).eval()
     draft = MAR.from_pretrained(out / "draft", torch_dtype=torch.float32).eval()
     assert target.seq_len == 64 and target.token_embed_dim == 16 and vae.config.scaling_factor != 1.0
     assert sum(p.numel() for p in draft.parameters()) < sum(p.numel() for p in target.parameters())
@@ -38,3 +38,15 @@ def test_a_model_stage_without_a_vae_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         train_toy_mar.main(["--stage", "target", "--out", str(tmp_path / "x"), *SMOKE])
     assert info.value.code == 2 and "run --stage vae first" in capsys.readouterr().err
+
+
+def test_the_three_stages_make_a_saved_pipeline(tmp_path):
+    from mmspec.image_ar.mar_pipeline import MARPipeline
+
+    out = tmp_path / "shapes-mar"
+    train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE])
+    assert json.loads((out / "model_index.json").read_text())["_class_name"] == "MARPipeline"
+    pipe = MARPipeline.from_pretrained(out)
+    assert pipe.draft is not None and pipe.class_names[3] == train_toy_mar.data.label_names()[3]
+    image = pipe(prompt=pipe.class_names[3], method="cspd", num_iter=4, seed=0, progress_bar=False).images[0]
+    assert image.size == (64, 64)
