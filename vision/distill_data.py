@@ -13,7 +13,8 @@ feature is recorded too.
 
 On disk: `out_dir/metadata.json` and `out_dir/shard-00000.pt`, ... Each shard is a `torch.save`d
 list of traces: {"input_ids" [L] long, "embeds" [L, H] fp16, "features" [L, H] fp16,
-"visual_mask" [L] bool, "prompt_length" int, "modality" "multimodal" | "text"}.
+"visual_mask" [L] bool, "prompt_length" int, "modality" "multimodal" | "text"}, plus on a Qwen2-VL
+target with visual inputs "position_ids" [3, L] long (the target's M-RoPE positions of the trace).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from mmspec.targets import as_target
 
 from .feature_drafter import DistillBatch
 from .models import feature_token_ids, inputs_on_model, visual_token_ids
+from .rope_positions import positions_at, target_prompt_positions
 
 DISTILL_FORMAT = "mmspec-distill-v1"
 MULTIMODAL, TEXT = "multimodal", "text"
@@ -73,6 +75,7 @@ def trace_target(
     target = as_target(model)
     target.output_hidden_states = True
     sequence = target.initial_sequence(input_ids, model_inputs)
+    rope_table = target_prompt_positions(model, sequence, model_inputs)  # the target's M-RoPE positions, if any
     step = target.start(sequence, **model_inputs)
     embeds, features = [step.hidden_states[0][0]], [step.hidden_states[-1][0]]
     generated = []
@@ -89,7 +92,7 @@ def trace_target(
     ids = torch.cat([sequence[0], torch.cat(generated)]).cpu()
     visual = torch.isin(ids, _ids(model, feature_token_ids, ids.device))
     visual[input_ids.shape[1]:] = False  # generated placeholder ids are plain tokens, as in generate
-    return {
+    trace = {
         "input_ids": ids,
         "embeds": torch.cat(embeds).to("cpu", torch.float16),
         "features": torch.cat(features).to("cpu", torch.float16),
@@ -97,6 +100,10 @@ def trace_target(
         "prompt_length": int(input_ids.shape[1]),
         "modality": MULTIMODAL if bool(visual.any()) else TEXT,
     }
+    if rope_table is not None:  # the positions decoding gives these tokens (MSD/FLASH drafters use them)
+        indices = torch.arange(ids.shape[0], device=sequence.device)[None]
+        trace["position_ids"] = positions_at(indices, rope_table)[:, 0].cpu()
+    return trace
 
 
 def generate_distill_data(
@@ -235,6 +242,9 @@ def collate(
     visual = torch.zeros(batch, length, dtype=torch.bool)
     attention = torch.zeros(batch, length, dtype=torch.long)
     loss_mask = torch.zeros(batch, length, dtype=torch.bool)
+    with_positions = any("position_ids" in s for s in samples)
+    # Traces without M-RoPE positions (and padding) take sequence indices on all three axes.
+    positions = torch.arange(length).expand(3, batch, length).clone() if with_positions else None
     for b, s in enumerate(samples):
         n = int(s["input_ids"].shape[0])
         input_ids[b, :n] = s["input_ids"]
@@ -243,7 +253,10 @@ def collate(
         visual[b, :n] = s["visual_mask"]
         attention[b, :n] = 1
         loss_mask[b, :n] = trace_loss_mask(n, int(s["prompt_length"]))
+        if positions is not None and "position_ids" in s:
+            positions[:, b, :n] = s["position_ids"]
     return DistillBatch(
         input_ids=input_ids.to(device), embeds=embeds.to(device), features=features.to(device),
         visual_mask=visual.to(device), attention_mask=attention.to(device), loss_mask=loss_mask.to(device),
+        position_ids=None if positions is None else positions.to(device),
     )

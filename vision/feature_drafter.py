@@ -45,6 +45,8 @@ class DistillBatch:
     visual_mask: torch.BoolTensor  # [B, L] True at visual placeholder positions
     attention_mask: torch.LongTensor  # [B, L] 1 on real tokens, 0 on right padding
     loss_mask: torch.BoolTensor  # [B, L]
+    # [3, B, L] the target's M-RoPE positions (Qwen2-VL traces); None: sequence indices (1-D RoPE)
+    position_ids: torch.LongTensor | None = None
 
 
 def uniform_noise_like(features: torch.Tensor, std: float, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ the target's feature f_{t+1}:
   enters the drafter as the target saw it instead of being mixed with a text-trained fusion.
 
 Slot t sits at position t (the position of the feature it reads), with a causal mask, as in
-EAGLE. Training (in `drafter_training`) uses EAGLE's loss on self-distilled traces, with MSD's
+EAGLE; on a Qwen2-VL target that is the target's own M-RoPE position of token t (`rope_positions`). Training (in `drafter_training`) uses EAGLE's loss on self-distilled traces, with MSD's
 two-stage curriculum: text-only traces first, then a rising share of multimodal ones.
 """
 
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, DynamicCache, LlamaConfig, PretrainedConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
@@ -37,6 +37,7 @@ from mmspec.types import Proposal
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
                               eagle_loss, load_drafter_model, plain_rope_parameters, target_layer_shape,
                               uniform_noise_like)
+from .rope_positions import mrope_section, positions_at, rotary_embedding, target_prompt_positions
 
 
 class MSDConfig(PretrainedConfig):
@@ -63,6 +64,7 @@ class MSDConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         target_vocab_size: int | None = None,
         target_model_type: str | None = None,
+        mrope_section: list[int] | None = None,
         **kwargs: Any,
     ) -> None:
         self.hidden_size = hidden_size
@@ -80,6 +82,9 @@ class MSDConfig(PretrainedConfig):
         # Recorded so a drafter can be checked against the target it is paired with.
         self.target_vocab_size = target_vocab_size
         self.target_model_type = target_model_type
+        # The target's M-RoPE split (Qwen2-VL): the drafter rotates by the target's 3-D positions.
+        # None (drafters saved before it existed, LLaVA-family targets): 1-D sequence indices.
+        self.mrope_section = list(mrope_section) if mrope_section else None
         super().__init__(**kwargs)
 
     @classmethod
@@ -91,6 +96,7 @@ class MSDConfig(PretrainedConfig):
             rope_theta=float(rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))),
             target_vocab_size=text_config.vocab_size,
             target_model_type=getattr(text_config, "model_type", None),
+            mrope_section=mrope_section(text_config),
         )
         fields.update(options)
         return cls(**fields)
@@ -158,7 +164,7 @@ class MSDDrafterModel(FeatureDrafterModel):
         layer_config = config.layer_config()
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(layer_config, layer_idx=i) for i in range(config.num_hidden_layers))
-        self.rotary_emb = LlamaRotaryEmbedding(layer_config)
+        self.rotary_emb = rotary_embedding(layer_config, config.mrope_section)
         self.post_init()
 
     @classmethod
@@ -186,7 +192,7 @@ class MSDDrafterModel(FeatureDrafterModel):
         past_key_values: DynamicCache | None = None,
         use_cache: bool = False,
     ) -> BaseModelOutputWithPast:
-        """Predicted features [B, L, H] for slot inputs [B, L, H] at `position_ids` [B, L].
+        """Predicted features [B, L, H] for slot inputs [B, L, H] at `position_ids` [B, L] ([3, B, L] for M-RoPE).
 
         attention_mask [B, past + L] marks real slots (1) against right padding (0); None = no padding; a 4-D
         additive mask [B, 1, L, past + L] (a draft tree's) is used as it is.
@@ -221,6 +227,8 @@ class MSDDrafterModel(FeatureDrafterModel):
         inputs = self.slot_inputs(token_embeds, features, batch.visual_mask[:, 1:], batch.embeds[:, 1:])
         slots = inputs.shape[1]
         positions = torch.arange(slots, device=inputs.device)[None].expand(inputs.shape[0], -1)
+        if self.config.mrope_section and batch.position_ids is not None:
+            positions = batch.position_ids[..., :-1].to(inputs.device)  # slot t sits at the target's position t
         predicted = self(inputs, positions, attention_mask=batch.attention_mask[:, 1:]).last_hidden_state
         return eagle_loss(predicted, batch.features[:, 1:], lm_head, batch.loss_mask[:, :-1])
 
@@ -250,9 +258,16 @@ class MSDDrafter(TargetFeatureDrafter):
         self._fed = 0  # true slots in the cache
         self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
+        self._model_inputs: dict[str, Any] = {}
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # the target's M-RoPE prompt positions
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.cache, self._fed, self._features, self._last_hidden = None, 0, None, None
+        self._model_inputs, self._rope_table = model_inputs, None
+
+    def position_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
+        """Rotary positions of sequence `indices` [B, L]: the target's own (3-D) under M-RoPE, else the indices."""
+        return positions_at(indices, self._rope_table)
 
     def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
         """Build the drafter's cache over the prompt's slots from the target's prefill hidden states."""
@@ -261,6 +276,8 @@ class MSDDrafter(TargetFeatureDrafter):
         length = sequence.shape[1]
         embeds, self._features = step.hidden_states[0][:, :length], step.hidden_states[-1][:, :length]
         self.cache, self._fed = DynamicCache(), 0
+        if self.model.config.mrope_section:
+            self._rope_table = target_prompt_positions(self.target.model, sequence, self._model_inputs)
         if length >= 2:
             # Slots 0..L-2 consume the prompt's tokens 1..L-1; visual ones bring the target's visual embedding.
             visual = torch.isin(sequence[:, 1:], self.visual_ids.to(sequence.device))
@@ -313,7 +330,7 @@ class MSDDrafter(TargetFeatureDrafter):
             features = torch.stack([predicted[parent_list[node]] for node in level])[None]
             inputs = self.model.slot_inputs(self.embed_tokens(tokens[level][None]), features)
             mask = level_attention_mask(parent_list, fed, level, past, inputs.dtype, inputs.device)
-            positions = torch.tensor(depths, device=inputs.device)[None] + base_position - 1
+            positions = self.position_ids(torch.tensor(depths, device=inputs.device)[None] + base_position - 1)
             self.forwards += 1
             out = self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
             fed.extend(level)
@@ -351,7 +368,8 @@ class MSDDrafter(TargetFeatureDrafter):
 
     def _forward(self, inputs: torch.Tensor, start: int) -> torch.Tensor:
         """Run slots at true positions start, start + 1, ... on top of the cache; last output [B, H]."""
-        positions = torch.arange(start, start + inputs.shape[1], device=inputs.device)[None].expand(inputs.shape[0], -1)
+        indices = torch.arange(start, start + inputs.shape[1], device=inputs.device)[None].expand(inputs.shape[0], -1)
+        positions = self.position_ids(indices)
         self.forwards += 1
         out = self.model(inputs, positions, past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state[:, -1]

@@ -1,0 +1,121 @@
+"""Feature drafters on a Qwen2-VL target rotate by the target's own M-RoPE positions: 3-D on the
+prompt (as `get_rope_index` places it), sequence index + rope_deltas after it; lossless either way;
+training builds the positions decoding uses; LLaVA-family drafters and old configs keep 1-D RoPE."""
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
+
+from mmspec import FixedDraftLength, speculative_generate
+from mmspec.testing import assert_greedy_equal
+from mmspec.trees import TreeConfig
+from mmspec.vision.distill_data import DistillDataset, collate, generate_distill_data
+from mmspec.vision.drafter_training import train_drafter
+from mmspec.vision.msd import MSDConfig, MSDDrafter, MSDDrafterModel
+from mmspec.vision.rope_positions import positions_at
+
+from .tiny_vlms import llava, qwen2_vl_image, qwen2_vl_model, qwen2_vl_video
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return qwen2_vl_model()
+
+
+def msd_for(model, seed=0):
+    torch.manual_seed(seed)
+    return MSDDrafterModel.from_target_config(model.config.get_text_config())
+
+
+def target_positions(model, sequence, prompt_types):
+    """The target's own M-RoPE positions [3, 1, L] of a whole sequence (generated tokens are text)."""
+    types = torch.zeros_like(sequence, dtype=torch.int32)
+    types[:, : prompt_types.shape[1]] = prompt_types
+    case_inputs = {k: v for k, v in model.case_inputs.items() if k.endswith("grid_thw")}
+    positions, _ = model.model.get_rope_index(sequence, mm_token_type_ids=types, **case_inputs)
+    return positions
+
+
+class RecordingMSD(MSDDrafter):
+    """Records every (sequence indices, rotary positions) pair the drafter runs slots at."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.seen = []
+
+    def position_ids(self, indices):
+        positions = super().position_ids(indices)
+        self.seen.append((indices, positions))
+        return positions
+
+
+@pytest.mark.parametrize("build", [qwen2_vl_image, qwen2_vl_video], ids=["image", "video"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_msd_runs_at_the_targets_positions_and_stays_lossless(qwen, build, tree):
+    case = build(model=qwen)
+    drafter = RecordingMSD(msd_for(qwen))
+    assert drafter.model.config.mrope_section == [2, 3, 3]
+    assert isinstance(drafter.model.rotary_emb, Qwen2VLRotaryEmbedding)
+    options = {"tree": TreeConfig(num_nodes=8, top_k=2, depth=3)} if tree else {"policy": FixedDraftLength(3)}
+    out = assert_greedy_equal(qwen, drafter, case.input_ids, max_new_tokens=12, **options, **case.inputs)
+    assert out.stats.drafted > 0
+    qwen.case_inputs = case.inputs
+    length = out.sequences.shape[1]
+    expected = target_positions(qwen, out.sequences, case.inputs["mm_token_type_ids"])
+    deltas = expected[0, 0, -1] - (length - 1)
+    assert int(deltas) != 0  # the image shifts the text after it
+    prompt_length = case.input_ids.shape[1]
+    checked_prompt = checked_drafts = 0
+    for indices, positions in drafter.seen:
+        assert positions.shape == (3, *indices.shape)
+        for index, position in zip(indices[0].tolist(), positions[:, 0].T.tolist()):
+            want = expected[:, 0, index].tolist() if index < length else [index + int(deltas)] * 3
+            assert position == want, (index, position, want)
+            checked_prompt += index < prompt_length
+            checked_drafts += index >= prompt_length
+    assert checked_prompt >= prompt_length - 1 and checked_drafts > 0
+    # Control: the 1-D sequence indices the drafter used before differ from the target's positions.
+    assert not torch.equal(torch.arange(length).expand(3, 1, length), expected)
+
+
+def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
+    case = qwen2_vl_image(model=qwen)
+    generate_distill_data(qwen, [{"input_ids": case.input_ids, **case.inputs}], tmp_path / "data", max_new_tokens=6,
+                          progress=False)
+    trace = DistillDataset(tmp_path / "data")[0]
+    qwen.case_inputs = case.inputs
+    expected = target_positions(qwen, trace["input_ids"][None], case.inputs["mm_token_type_ids"])
+    assert torch.equal(trace["position_ids"], expected[:, 0])
+    batch = collate([trace])
+    drafter = MSDDrafter(msd_for(qwen))
+    speculative_generate(qwen, drafter, case.input_ids, max_new_tokens=2, num_draft_tokens=1, **case.inputs)
+    indices = torch.arange(trace["input_ids"].shape[0])[None]
+    assert torch.equal(drafter.position_ids(indices), batch.position_ids)
+    trained = train_drafter(qwen, "msd", tmp_path / "data", tmp_path / "out", steps=1, batch_size=1,
+                            curriculum="none", checkpoint_every=0, progress=False)
+    assert trained.config.mrope_section == [2, 3, 3]
+    # The loss rotates slot t by the trace's position t (not by the 1-D index it used before).
+    seen = []
+    rotary_forward = trained.rotary_emb.forward
+    trained.rotary_emb.forward = lambda x, position_ids: seen.append(position_ids) or rotary_forward(x, position_ids)
+    embed, head = qwen.get_input_embeddings(), qwen.get_output_embeddings()
+    with torch.no_grad():
+        trained.training_loss(batch, embed, head)
+        batch.position_ids = None  # control: a trace without positions trains at sequence indices
+        trained.training_loss(batch, embed, head)
+    assert torch.equal(seen[0], trace["position_ids"][:, None, :-1])
+    assert not torch.equal(seen[1].expand(3, -1, -1), seen[0])
+
+
+def test_llava_and_saved_drafters_keep_1d_rope(qwen, tmp_path):
+    case = llava()
+    drafter = msd_for(case.model)
+    assert drafter.config.mrope_section is None and isinstance(drafter.rotary_emb, LlamaRotaryEmbedding)
+    # A drafter saved before the field existed loads with 1-D RoPE.
+    config = msd_for(qwen).config.to_dict()
+    config.pop("mrope_section")
+    old = MSDDrafterModel(MSDConfig.from_dict(config))
+    assert old.config.mrope_section is None and isinstance(old.rotary_emb, LlamaRotaryEmbedding)
+    indices = torch.arange(5)[None]
+    assert torch.equal(positions_at(indices, None), indices)
