@@ -35,6 +35,7 @@ from mmspec.types import Proposal
 
 from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
 from .feature_drafter import TargetFeatureDrafter, load_drafter_model
+from .rope_positions import positions_at, target_prompt_positions
 
 __all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
 
@@ -64,9 +65,16 @@ class FlashDrafter(TargetFeatureDrafter):
         self._committed = 0  # cache entries built from true target features only
         self._fed = 0  # first text position with no entry in the cache
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
+        self._model_inputs: dict[str, Any] = {}
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # the target's M-RoPE prompt positions
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
         self.cache, self._committed, self._fed, self._pending = None, 0, 0, None
+        self._model_inputs, self._rope_table = model_inputs, None
+
+    def position_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
+        """Rotary positions of sequence `indices` [B, L]: the target's own (3-D) under M-RoPE, else the indices."""
+        return positions_at(indices, self._rope_table)
 
     def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
         """Compress the visual embeddings and cache [text; compressed visual; text] for the prompt."""
@@ -79,10 +87,15 @@ class FlashDrafter(TargetFeatureDrafter):
         visual = torch.isin(sequence[0], self.visual_ids.to(sequence.device))
         visual[length - 1] = False  # the last prompt position drafts the first token: never compressed
         self.cache = DynamicCache()
+        if self.model.config.mrope_section:
+            self._rope_table = target_prompt_positions(self.target.model, sequence, self._model_inputs)
         if length > 1:
             text_hidden = self.model.text_inputs(embeds[1:], features[:-1])
-            hidden, positions, _ = self.model.assemble(text_hidden, embeds, visual)
-            self._run(hidden[None], positions[None])
+            rope_positions = None
+            if self._rope_table is not None:
+                rope_positions = self.position_ids(torch.arange(length, device=sequence.device)[None])[:, 0]
+            hidden, positions, _ = self.model.assemble(text_hidden, embeds, visual, rope_positions)
+            self._run(hidden[None], positions.unsqueeze(-2))
         self._committed = self.cache.get_seq_length()
         self._fed = length - 1
         self._pending = features[None, length - 1 :]
@@ -134,7 +147,7 @@ class FlashDrafter(TargetFeatureDrafter):
         Returns the n predicted features [1, n, H] of the last fed position.
         """
         hidden = self.model.text_inputs(self.embed_tokens(next_tokens), features)
-        positions = torch.arange(position, position + hidden.shape[1], device=hidden.device)[None]
+        positions = self.position_ids(torch.arange(position, position + hidden.shape[1], device=hidden.device)[None])
         return self._run(hidden, positions)
 
     def _run(self, hidden: torch.Tensor, positions: torch.LongTensor) -> torch.Tensor:

@@ -14,7 +14,9 @@ arXiv 2505.12728. The paper gives two ideas; the authors' released code does not
   enter the decoder layer as they are (no fc), like MSD's visual positions. Positions (RoPE):
   text keeps its true positions, so text-to-text distances equal the target's; the m compressed
   tokens are spread evenly over the span they replace (linspace(start, end - 1, m), rounded), so
-  text-to-visual distances stay close to the target's too. Attention is causal in sequence order.
+  text-to-visual distances stay close to the target's too. On a Qwen2-VL target the positions
+  are the target's M-RoPE ones (`rope_positions`): text at its own, the m tokens spread over the
+  block's t/h/w span, the same on all three axes. Attention is causal in sequence order.
 - Text positions are EAGLE's: h_t = fc([e_{t+1}; f_t]) with e_{t+1} the target's input
   embedding of the next token and f_t the target's last hidden state, into one
   `LlamaDecoderLayer` (transformers' own, with its own rotary embedding).
@@ -45,12 +47,14 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, LlamaConfig, PreTrainedConfig
 from transformers import initialization as init
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 from ..cached_model import cache_argument
 from ..errors import MMSpecError
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
                               plain_rope_parameters, target_layer_shape, uniform_noise_like)
+from .rope_positions import mrope_section as target_mrope_section
+from .rope_positions import rotary_embedding
 
 
 # ---- pure tensor functions -------------------------------------------------------------------
@@ -145,6 +149,7 @@ class FlashConfig(PreTrainedConfig):
         offset_weight_decay: float = 0.8,
         token_weight: float = 0.1,
         initializer_range: float = 0.02,
+        mrope_section: list[int] | None = None,
         **kwargs: Any,
     ) -> None:
         if num_queries < 1 or semi_ar_tokens < 1:
@@ -166,6 +171,9 @@ class FlashConfig(PreTrainedConfig):
         self.offset_weight_decay = offset_weight_decay
         self.token_weight = token_weight
         self.initializer_range = initializer_range
+        # The target's M-RoPE split (Qwen2-VL): the drafter rotates by the target's 3-D positions.
+        # None (drafters saved before it existed, LLaVA-family targets): 1-D sequence indices.
+        self.mrope_section = list(mrope_section) if mrope_section else None
         super().__init__(**kwargs)
 
     def layer_config(self) -> LlamaConfig:
@@ -197,7 +205,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         self.queries = nn.Parameter(torch.empty(config.num_queries, hidden))
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = LlamaDecoderLayer(layer_config, layer_idx=0)
-        self.rotary = LlamaRotaryEmbedding(layer_config)
+        self.rotary = rotary_embedding(layer_config, config.mrope_section)
         if n > 1:
             self.head_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
             self.head_in = nn.Linear(hidden, config.head_hidden_size)
@@ -217,6 +225,7 @@ class FlashDrafterModel(FeatureDrafterModel):
             num_queries=num_queries,
             semi_ar_tokens=semi_ar_tokens,
             compress=compress,
+            mrope_section=target_mrope_section(text_config),
             **options,
         )
         return cls(config)
@@ -244,34 +253,50 @@ class FlashDrafterModel(FeatureDrafterModel):
         return compress_visual(self.queries, visual_embeds) if self.config.compress else visual_embeds
 
     def assemble(
-        self, text_hidden: torch.Tensor, embeds: torch.Tensor, visual: torch.Tensor
+        self, text_hidden: torch.Tensor, embeds: torch.Tensor, visual: torch.Tensor,
+        rope_positions: torch.LongTensor | None = None,
     ) -> tuple[torch.Tensor, torch.LongTensor, torch.LongTensor]:
         """One example's drafter sequence in position order.
 
         text_hidden [T, H]: `text_inputs` for positions 0..T-1 (visual slots ignored); embeds
-        [>=T, H]: the target's input embeddings; visual [>=T] bool. Returns hidden [S, H],
-        RoPE positions [S] and sources [S] (the text position of each entry, -1 for visual).
+        [>=T, H]: the target's input embeddings; visual [>=T] bool; rope_positions [3, >=T]: the
+        target's M-RoPE positions of indices 0..T-1 (Qwen2-VL), None for 1-D RoPE. Returns hidden
+        [S, H], RoPE positions [S] ([3, S] with rope_positions) and sources [S] (the text position
+        of each entry, -1 for visual).
         """
         length = text_hidden.shape[0]
         device = text_hidden.device
+
+        def at(indices: torch.LongTensor) -> torch.LongTensor:
+            return indices if rope_positions is None else rope_positions[:, indices].to(device)
+
         hidden, positions, sources = [], [], []
         cursor = 0
         for start, end in visual_runs(visual[:length]):
             text = torch.arange(cursor, start, device=device)
             hidden += [text_hidden[cursor:start], self.compress(embeds[start:end])]
             block = hidden[-1].shape[0]
-            if self.config.compress:
+            if not self.config.compress:
+                block_positions = at(torch.arange(start, end, device=device))
+            elif rope_positions is None:
                 block_positions = spread_positions(start, end, block, device=device)
             else:
-                block_positions = torch.arange(start, end, device=device)
-            positions += [text, block_positions]
+                # M-RoPE: each compressed token summarises the whole block (a softmax over all of it),
+                # not one (t, h, w) cell, so it takes one position on all three axes; the m of them
+                # are spread over the target's positional span of the block (its smallest to largest
+                # t/h/w position), as the 1-D case spreads them over the block's indices: text keeps
+                # its distances to the visual span, and the text after it still comes after.
+                span = rope_positions[:, start:end]
+                lowest, highest = int(span.min()), int(span.max())
+                block_positions = spread_positions(lowest, highest + 1, block, device=device).expand(3, -1)
+            positions += [at(text), block_positions]
             sources += [text, torch.full((block,), -1, dtype=torch.long, device=device)]
             cursor = end
         tail = torch.arange(cursor, length, device=device)
         hidden.append(text_hidden[cursor:length])
-        positions.append(tail)
+        positions.append(at(tail))
         sources.append(tail)
-        return torch.cat(hidden), torch.cat(positions), torch.cat(sources)
+        return torch.cat(hidden), torch.cat(positions, dim=-1), torch.cat(sources)
 
     def forward(
         self,
@@ -280,7 +305,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         key_padding: torch.Tensor | None = None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
-        """The decoder layer over hidden [B, S, H] at positions [B, S]; causal in sequence order.
+        """The decoder layer over hidden [B, S, H] at positions [B, S] ([3, B, S] for M-RoPE); causal in sequence order.
 
         With `past_key_values` (a DynamicCache) the new entries attend to the cached ones too.
         """
@@ -322,18 +347,20 @@ class FlashDrafterModel(FeatureDrafterModel):
         text_hidden = self.text_inputs(batch.embeds[:, 1:], features[:, :-1])
         is_target = F.pad(batch.loss_mask.bool()[:, :-1], (1, 0), value=False)
         visual = batch.visual_mask.bool() & ~is_target
+        mrope = bool(self.config.mrope_section) and batch.position_ids is not None
         rows = []
         for b in range(batch_size):
             inputs = int(batch.attention_mask[b].sum()) - 1
-            rows.append(self.assemble(text_hidden[b, :inputs], batch.embeds[b], visual[b]))
+            rope_positions = batch.position_ids[:, b] if mrope else None
+            rows.append(self.assemble(text_hidden[b, :inputs], batch.embeds[b], visual[b], rope_positions))
         width = max(row[0].shape[0] for row in rows)
         hidden = text_hidden.new_zeros(batch_size, width, hidden_size)
-        positions = torch.zeros(batch_size, width, dtype=torch.long, device=features.device)
+        positions = torch.zeros(*((3,) if mrope else ()), batch_size, width, dtype=torch.long, device=features.device)
         sources = torch.full((batch_size, width), -1, dtype=torch.long, device=features.device)
         padding = torch.zeros(batch_size, width, dtype=torch.bool, device=features.device)
         for b, (row_hidden, row_positions, row_sources) in enumerate(rows):
             size = row_hidden.shape[0]
-            hidden[b, :size], positions[b, :size], sources[b, :size] = row_hidden, row_positions, row_sources
+            hidden[b, :size], positions[..., b, :size], sources[b, :size] = row_hidden, row_positions, row_sources
             padding[b, :size] = True
         predicted = self.semi_ar(self.forward(hidden, positions, key_padding=padding))
         out = predicted.new_zeros(batch_size, length, self.config.semi_ar_tokens, hidden_size)

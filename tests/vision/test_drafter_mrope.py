@@ -12,6 +12,8 @@ from mmspec.testing import assert_greedy_equal
 from mmspec.trees import TreeConfig
 from mmspec.vision.distill_data import DistillDataset, collate, generate_distill_data
 from mmspec.vision.drafter_training import train_drafter
+from mmspec.vision.flash import FlashDrafter
+from mmspec.vision.flash_model import FlashConfig, FlashDrafterModel
 from mmspec.vision.msd import MSDConfig, MSDDrafter, MSDDrafterModel
 from mmspec.vision.rope_positions import positions_at
 
@@ -28,6 +30,11 @@ def msd_for(model, seed=0):
     return MSDDrafterModel.from_target_config(model.config.get_text_config())
 
 
+def flash_for(model, seed=0, **options):
+    torch.manual_seed(seed)
+    return FlashDrafterModel.from_target_config(model.config.get_text_config(), num_queries=2, semi_ar_tokens=2, **options)
+
+
 def target_positions(model, sequence, prompt_types):
     """The target's own M-RoPE positions [3, 1, L] of a whole sequence (generated tokens are text)."""
     types = torch.zeros_like(sequence, dtype=torch.int32)
@@ -37,8 +44,8 @@ def target_positions(model, sequence, prompt_types):
     return positions
 
 
-class RecordingMSD(MSDDrafter):
-    """Records every (sequence indices, rotary positions) pair the drafter runs slots at."""
+class Recording:
+    """Records every (sequence indices, rotary positions) pair the drafter runs text slots at."""
 
     def __init__(self, model):
         super().__init__(model)
@@ -48,6 +55,36 @@ class RecordingMSD(MSDDrafter):
         positions = super().position_ids(indices)
         self.seen.append((indices, positions))
         return positions
+
+
+class RecordingMSD(Recording, MSDDrafter):
+    pass
+
+
+class RecordingFlash(Recording, FlashDrafter):
+    pass
+
+
+def assert_positions_are_the_targets(qwen, case, out, seen):
+    """Every recorded slot sits at the target's own position of its index; returns the target's positions."""
+    qwen.case_inputs = case.inputs
+    length = out.sequences.shape[1]
+    expected = target_positions(qwen, out.sequences, case.inputs["mm_token_type_ids"])
+    deltas = expected[0, 0, -1] - (length - 1)
+    assert int(deltas) != 0  # the image shifts the text after it
+    prompt_length = case.input_ids.shape[1]
+    checked_prompt = checked_drafts = 0
+    for indices, positions in seen:
+        assert positions.shape == (3, *indices.shape)
+        for index, position in zip(indices[0].tolist(), positions[:, 0].T.tolist()):
+            want = expected[:, 0, index].tolist() if index < length else [index + int(deltas)] * 3
+            assert position == want, (index, position, want)
+            checked_prompt += index < prompt_length
+            checked_drafts += index >= prompt_length
+    assert checked_prompt >= 1 and checked_drafts > 0
+    # Control: the 1-D sequence indices the drafters used before differ from the target's positions.
+    assert not torch.equal(torch.arange(length).expand(3, 1, length), expected)
+    return expected
 
 
 @pytest.mark.parametrize("build", [qwen2_vl_image, qwen2_vl_video], ids=["image", "video"])
@@ -60,23 +97,40 @@ def test_msd_runs_at_the_targets_positions_and_stays_lossless(qwen, build, tree)
     options = {"tree": TreeConfig(num_nodes=8, top_k=2, depth=3)} if tree else {"policy": FixedDraftLength(3)}
     out = assert_greedy_equal(qwen, drafter, case.input_ids, max_new_tokens=12, **options, **case.inputs)
     assert out.stats.drafted > 0
-    qwen.case_inputs = case.inputs
-    length = out.sequences.shape[1]
-    expected = target_positions(qwen, out.sequences, case.inputs["mm_token_type_ids"])
-    deltas = expected[0, 0, -1] - (length - 1)
-    assert int(deltas) != 0  # the image shifts the text after it
+    assert_positions_are_the_targets(qwen, case, out, drafter.seen)
     prompt_length = case.input_ids.shape[1]
-    checked_prompt = checked_drafts = 0
-    for indices, positions in drafter.seen:
-        assert positions.shape == (3, *indices.shape)
-        for index, position in zip(indices[0].tolist(), positions[:, 0].T.tolist()):
-            want = expected[:, 0, index].tolist() if index < length else [index + int(deltas)] * 3
-            assert position == want, (index, position, want)
-            checked_prompt += index < prompt_length
-            checked_drafts += index >= prompt_length
-    assert checked_prompt >= prompt_length - 1 and checked_drafts > 0
-    # Control: the 1-D sequence indices the drafter used before differ from the target's positions.
-    assert not torch.equal(torch.arange(length).expand(3, 1, length), expected)
+    assert sum(int((indices < prompt_length).sum()) for indices, _ in drafter.seen) == prompt_length  # each once
+
+
+@pytest.mark.parametrize("build", [qwen2_vl_image, qwen2_vl_video], ids=["image", "video"])
+@pytest.mark.parametrize("compress", [True, False], ids=["compressed", "uncompressed"])
+def test_flash_runs_at_the_targets_positions_and_stays_lossless(qwen, build, compress):
+    case = build(model=qwen)
+    drafter = RecordingFlash(flash_for(qwen, compress=compress))
+    assert drafter.model.config.mrope_section == [2, 3, 3]
+    assert isinstance(drafter.model.rotary, Qwen2VLRotaryEmbedding)
+    layer_positions = []
+    rotary_forward = drafter.model.rotary.forward
+    drafter.model.rotary.forward = lambda x, ids: layer_positions.append(ids) or rotary_forward(x, ids)
+    out = assert_greedy_equal(qwen, drafter, case.input_ids, max_new_tokens=12, policy=FixedDraftLength(3),
+                              **case.inputs)
+    assert out.stats.drafted > 0
+    expected = assert_positions_are_the_targets(qwen, case, out, drafter.seen)
+    # The prompt's forward: [text; visual block; text], the text at the target's positions, the block inside
+    # the target's span of it (compressed: m tokens, each at one position on all three axes).
+    prompt = layer_positions[0][:, 0]
+    visual = case.input_ids[0] == case.input_ids[0, 4]  # the placeholder run right after VISION_START
+    count, block_size = int(visual.sum()), 2 if compress else int(visual.sum())
+    span = expected[:, 0, 4 : 4 + count]
+    block = prompt[:, 4 : 4 + block_size]
+    assert torch.equal(prompt[:, :4], expected[:, 0, :4])
+    assert torch.equal(prompt[:, 4 + block_size :], expected[:, 0, 4 + count : case.input_ids.shape[1] - 1])
+    if compress:
+        assert torch.equal(block[0], block[1]) and torch.equal(block[0], block[2])
+        assert block[0].tolist() == [int(span.min()), int(span.max())]
+    else:
+        assert torch.equal(block, span)
+    assert int(block.min()) >= int(span.min()) and int(block.max()) <= int(span.max())
 
 
 def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
@@ -108,6 +162,32 @@ def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
     assert not torch.equal(seen[1].expand(3, -1, -1), seen[0])
 
 
+def test_flash_trains_at_the_positions_decoding_uses(qwen, tmp_path):
+    case = qwen2_vl_image(model=qwen)
+    generate_distill_data(qwen, [{"input_ids": case.input_ids, **case.inputs}], tmp_path / "data", max_new_tokens=6,
+                          progress=False)
+    trace = DistillDataset(tmp_path / "data")[0]
+    trained = train_drafter(qwen, "flash", tmp_path / "data", tmp_path / "out", steps=1, batch_size=1,
+                            curriculum="none", checkpoint_every=0, progress=False)
+    assert trained.config.mrope_section == [2, 3, 3]
+    seen = []
+    rotary_forward = trained.rotary.forward
+    trained.rotary.forward = lambda x, position_ids: seen.append(position_ids) or rotary_forward(x, position_ids)
+    batch = collate([trace])
+    with torch.no_grad():
+        trained.training_loss(batch, qwen.get_input_embeddings(), qwen.get_output_embeddings())
+    speculative_generate(qwen, FlashDrafter(trained), case.input_ids, max_new_tokens=2, num_draft_tokens=1, **case.inputs)
+    training, prompt = seen[0][:, 0], seen[1][:, 0]
+    assert training.shape[0] == 3
+    # Training's sequence starts with exactly the prompt forward decoding runs; its text after the prompt
+    # sits at the trace's positions (index + rope_deltas), as decoding feeds them.
+    assert torch.equal(training[:, : prompt.shape[1]], prompt)
+    prompt_length = case.input_ids.shape[1]
+    tail = training[:, prompt.shape[1] :]
+    assert tail.shape[1] > 0
+    assert torch.equal(tail, trace["position_ids"][:, prompt_length - 1 : prompt_length - 1 + tail.shape[1]])
+
+
 def test_llava_and_saved_drafters_keep_1d_rope(qwen, tmp_path):
     case = llava()
     drafter = msd_for(case.model)
@@ -117,5 +197,11 @@ def test_llava_and_saved_drafters_keep_1d_rope(qwen, tmp_path):
     config.pop("mrope_section")
     old = MSDDrafterModel(MSDConfig.from_dict(config))
     assert old.config.mrope_section is None and isinstance(old.rotary_emb, LlamaRotaryEmbedding)
+    flash = flash_for(case.model)
+    assert flash.config.mrope_section is None and isinstance(flash.rotary, LlamaRotaryEmbedding)
+    config = flash_for(qwen).config.to_dict()
+    config.pop("mrope_section")
+    old = FlashDrafterModel(FlashConfig.from_dict(config))
+    assert old.config.mrope_section is None and isinstance(old.rotary, LlamaRotaryEmbedding)
     indices = torch.arange(5)[None]
     assert torch.equal(positions_at(indices, None), indices)

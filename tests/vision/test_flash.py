@@ -94,7 +94,8 @@ def stack(batches: list[DistillBatch]) -> DistillBatch:
         widths = (0, 0, 0, width - t.shape[1]) if t.dim() == 3 else (0, width - t.shape[1])
         return torch.nn.functional.pad(t, widths)
 
-    return DistillBatch(*(torch.cat([pad(getattr(b, f)) for b in batches]) for f in DistillBatch.__dataclass_fields__))
+    fields = [f for f in DistillBatch.__dataclass_fields__ if f != "position_ids"]  # LLaVA: 1-D, none stored
+    return DistillBatch(*(torch.cat([pad(getattr(b, f)) for b in batches]) for f in fields))
 
 
 # ---- pure functions ------------------------------------------------------------------------
