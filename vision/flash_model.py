@@ -54,7 +54,7 @@ from ..errors import MMSpecError
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
                               plain_rope_parameters, target_layer_shape, uniform_noise_like)
 from .rope_positions import mrope_section as target_mrope_section
-from .rope_positions import rotary_embedding
+from .rope_positions import require_trace_positions, rotary_embedding
 
 
 # ---- pure tensor functions -------------------------------------------------------------------
@@ -347,6 +347,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         text_hidden = self.text_inputs(batch.embeds[:, 1:], features[:, :-1])
         is_target = F.pad(batch.loss_mask.bool()[:, :-1], (1, 0), value=False)
         visual = batch.visual_mask.bool() & ~is_target
+        require_trace_positions(self.config.mrope_section, batch.position_ids, batch.visual_mask)
         mrope = bool(self.config.mrope_section) and batch.position_ids is not None
         rows = []
         for b in range(batch_size):

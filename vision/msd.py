@@ -37,7 +37,7 @@ from mmspec.types import Proposal
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
                               eagle_loss, load_drafter_model, plain_rope_parameters, target_layer_shape,
                               uniform_noise_like)
-from .rope_positions import mrope_section, positions_at, rotary_embedding, target_prompt_positions
+from .rope_positions import mrope_section, positions_at, require_trace_positions, rotary_embedding, target_prompt_positions
 
 
 class MSDConfig(PretrainedConfig):
@@ -226,6 +226,7 @@ class MSDDrafterModel(FeatureDrafterModel):
         features = features + uniform_noise_like(features, noise_std, generator)
         inputs = self.slot_inputs(token_embeds, features, batch.visual_mask[:, 1:], batch.embeds[:, 1:])
         slots = inputs.shape[1]
+        require_trace_positions(self.config.mrope_section, batch.position_ids, batch.visual_mask)
         positions = torch.arange(slots, device=inputs.device)[None].expand(inputs.shape[0], -1)
         if self.config.mrope_section and batch.position_ids is not None:
             positions = batch.position_ids[..., :-1].to(inputs.device)  # slot t sits at the target's position t

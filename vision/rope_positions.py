@@ -17,6 +17,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 
+from mmspec.errors import MMSpecError
+
 from .models import modality_token_types
 
 MROPE_MODEL_TYPES = ("qwen2_vl",)
@@ -75,3 +77,11 @@ def positions_at(indices: torch.LongTensor, table: tuple[torch.LongTensor, torch
     after = (indices + deltas)[None].expand(3, *indices.shape)
     inside = prompt.gather(2, indices.clamp(max=length - 1)[None].expand(3, *indices.shape))
     return torch.where((indices < length)[None], inside, after)
+
+
+def require_trace_positions(mrope: list[int] | None, position_ids: torch.Tensor | None, visual_mask: torch.Tensor) -> None:
+    """An M-RoPE drafter learns at the target's positions: distillation traces made before they were
+    stored would train it at sequence indices, which decoding never uses. Refuse them."""
+    if mrope and position_ids is None and bool(visual_mask.any()):
+        raise MMSpecError("these distillation traces hold no target positions (made before M-RoPE drafters); "
+                          "an M-RoPE drafter would learn at the wrong positions: make the traces again")

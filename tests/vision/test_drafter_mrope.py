@@ -8,6 +8,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 
 from mmspec import FixedDraftLength, speculative_generate
+from mmspec.errors import MMSpecError
 from mmspec.testing import assert_greedy_equal
 from mmspec.trees import TreeConfig
 from mmspec.vision.distill_data import DistillDataset, collate, generate_distill_data
@@ -156,10 +157,11 @@ def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
     embed, head = qwen.get_input_embeddings(), qwen.get_output_embeddings()
     with torch.no_grad():
         trained.training_loss(batch, embed, head)
-        batch.position_ids = None  # control: a trace without positions trains at sequence indices
-        trained.training_loss(batch, embed, head)
-    assert torch.equal(seen[0], trace["position_ids"][:, None, :-1])
-    assert not torch.equal(seen[1].expand(3, -1, -1), seen[0])
+        assert torch.equal(seen[0], trace["position_ids"][:, None, :-1])
+        assert not torch.equal(torch.arange(seen[0].shape[-1]).expand_as(seen[0]), seen[0])  # not the 1-D indices
+        batch.position_ids = None  # a trace made before positions were stored would train at sequence indices
+        with pytest.raises(MMSpecError, match="make the traces again"):
+            trained.training_loss(batch, embed, head)
 
 
 def test_flash_trains_at_the_positions_decoding_uses(qwen, tmp_path):
