@@ -29,6 +29,8 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
 
+from .rope_positions import positions_at, target_prompt_positions
+
 
 @dataclass
 class DistillBatch:
@@ -219,6 +221,25 @@ class TargetFeatureDrafter(Drafter):
         self.forwards = 0
         self.target: Any = None
         self.cache: DynamicCache | None = None
+        self._model_inputs: dict[str, Any] = {}
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # the target's M-RoPE prompt positions
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        """A new prompt: no cache and no prompt positions yet; the target's inputs are kept for its M-RoPE positions."""
+        self.cache, self._model_inputs, self._rope_table = None, model_inputs, None
+
+    def position_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
+        """Rotary positions of sequence `indices` [B, L]: the target's own (3-D) under M-RoPE, else the indices."""
+        return positions_at(indices, self._rope_table)
+
+    def _require_hidden_states(self, step: Any) -> None:
+        if step.hidden_states is None:
+            raise MMSpecError(f"{self.method_name} needs the target's hidden states (run it through SpeculativeDecoder)")
+
+    def _read_rope_table(self, sequence: torch.LongTensor) -> None:
+        """At the target's prefill: a drafter of an M-RoPE target takes the target's positions of the prompt."""
+        if self.model.config.mrope_section:
+            self._rope_table = target_prompt_positions(self.target.model, sequence, self._model_inputs)
 
     def bind(self, target: Any) -> None:
         parts = borrow_target_parts(target.model, self.model.config.hidden_size, self.method_name)

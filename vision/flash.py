@@ -35,7 +35,6 @@ from mmspec.types import Proposal
 
 from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
 from .feature_drafter import TargetFeatureDrafter, load_drafter_model
-from .rope_positions import positions_at, target_prompt_positions
 
 __all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
 
@@ -65,21 +64,14 @@ class FlashDrafter(TargetFeatureDrafter):
         self._committed = 0  # cache entries built from true target features only
         self._fed = 0  # first text position with no entry in the cache
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
-        self._model_inputs: dict[str, Any] = {}
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # the target's M-RoPE prompt positions
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        self.cache, self._committed, self._fed, self._pending = None, 0, 0, None
-        self._model_inputs, self._rope_table = model_inputs, None
-
-    def position_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
-        """Rotary positions of sequence `indices` [B, L]: the target's own (3-D) under M-RoPE, else the indices."""
-        return positions_at(indices, self._rope_table)
+        super().prefill(sequence, model_inputs)
+        self._committed, self._fed, self._pending = 0, 0, None
 
     def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
         """Compress the visual embeddings and cache [text; compressed visual; text] for the prompt."""
-        if step.hidden_states is None:
-            raise MMSpecError("FLASH needs the target's hidden states (run it through SpeculativeDecoder)")
+        self._require_hidden_states(step)
         if sequence.shape[0] != 1:
             raise MMSpecError(f"FLASH drafts for one sequence at a time, got a batch of {sequence.shape[0]}")
         embeds, features = step.hidden_states[0][0], step.hidden_states[-1][0]
@@ -87,8 +79,7 @@ class FlashDrafter(TargetFeatureDrafter):
         visual = torch.isin(sequence[0], self.visual_ids.to(sequence.device))
         visual[length - 1] = False  # the last prompt position drafts the first token: never compressed
         self.cache = DynamicCache()
-        if self.model.config.mrope_section:
-            self._rope_table = target_prompt_positions(self.target.model, sequence, self._model_inputs)
+        self._read_rope_table(sequence)
         if length > 1:
             text_hidden = self.model.text_inputs(embeds[1:], features[:-1])
             rope_positions = None

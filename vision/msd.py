@@ -28,7 +28,6 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
-from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.sampling import SamplingConfig, probabilities
 from mmspec.trees import DraftTree, TreeConfig, grow_tree, level_attention_mask, node_path
@@ -37,7 +36,7 @@ from mmspec.types import Proposal
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
                               eagle_loss, load_drafter_model, plain_rope_parameters, target_layer_shape,
                               uniform_noise_like)
-from .rope_positions import mrope_section, positions_at, require_trace_positions, rotary_embedding, target_prompt_positions
+from .rope_positions import mrope_section, require_trace_positions, rotary_embedding
 
 
 class MSDConfig(PretrainedConfig):
@@ -259,26 +258,18 @@ class MSDDrafter(TargetFeatureDrafter):
         self._fed = 0  # true slots in the cache
         self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
-        self._model_inputs: dict[str, Any] = {}
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # the target's M-RoPE prompt positions
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        self.cache, self._fed, self._features, self._last_hidden = None, 0, None, None
-        self._model_inputs, self._rope_table = model_inputs, None
-
-    def position_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
-        """Rotary positions of sequence `indices` [B, L]: the target's own (3-D) under M-RoPE, else the indices."""
-        return positions_at(indices, self._rope_table)
+        super().prefill(sequence, model_inputs)
+        self._fed, self._features, self._last_hidden = 0, None, None
 
     def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
         """Build the drafter's cache over the prompt's slots from the target's prefill hidden states."""
-        if step.hidden_states is None:
-            raise MMSpecError("MSDDrafter needs the target's hidden states (run it through SpeculativeDecoder)")
+        self._require_hidden_states(step)
         length = sequence.shape[1]
         embeds, self._features = step.hidden_states[0][:, :length], step.hidden_states[-1][:, :length]
         self.cache, self._fed = DynamicCache(), 0
-        if self.model.config.mrope_section:
-            self._rope_table = target_prompt_positions(self.target.model, sequence, self._model_inputs)
+        self._read_rope_table(sequence)
         if length >= 2:
             # Slots 0..L-2 consume the prompt's tokens 1..L-1; visual ones bring the target's visual embedding.
             visual = torch.isin(sequence[:, 1:], self.visual_ids.to(sequence.device))
