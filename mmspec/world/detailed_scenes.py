@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass, replace
 
 from .render import shape_state
-from .scenes import (BACKGROUNDS, COLOURS, DIRECTION_VECTORS, DIRECTIONS, KINDS, SIZES, TRAVEL, Scene, Shape,
-                     _pick, _start, as_rng)
+from .scenes import (BACKGROUNDS, COLOURS, DIRECTION_VECTORS, KINDS, SIZES, Scene, Shape,
+                     _motion_details, _pick, _start, as_rng)
 
 MAX_SHAPES = 4
 # No bouncing (see the module docstring); moving is the most common so interactions are common.
@@ -158,13 +158,7 @@ def _sample_shape(rng: random.Random, taken: set[tuple[str, str]]) -> Shape:
         if (colour, kind) not in taken:
             break
     size, motion = _pick(rng, SIZES), _pick(rng, DETAILED_MOTIONS)
-    direction, velocity, to_colour = None, (0.0, 0.0), None
-    if motion == "moving":
-        direction = rng.choice(DIRECTIONS)
-        dx, dy = DIRECTION_VECTORS[direction]
-        velocity = (dx * TRAVEL, dy * TRAVEL)
-    elif motion == "changing":
-        to_colour = _pick(rng, {c: w for c, w in COLOURS.items() if c != colour})
+    direction, velocity, to_colour = _motion_details(rng, motion, colour)
     x, y = _start(rng, direction)
     return Shape(kind, colour, size, x, y, motion, direction, velocity, to_colour)
 

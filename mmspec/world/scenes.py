@@ -131,11 +131,8 @@ def _start(rng: random.Random, direction: str | None) -> tuple[float, float]:
     return round(x, 4), round(y, 4)
 
 
-def _sample_shape(rng: random.Random) -> Shape:
-    kind = _pick(rng, KINDS)
-    colour = _pick(rng, COLOURS)
-    size = _pick(rng, SIZES)
-    motion = _pick(rng, MOTIONS)
+def _motion_details(rng: random.Random, motion: str, colour: str) -> tuple[str | None, tuple[float, float], str | None]:
+    """What a shape's `motion` draws: its direction, velocity and end colour (None, (0, 0), None where unused)."""
     direction, velocity, to_colour = None, (0.0, 0.0), None
     if motion == "moving":
         direction = rng.choice(DIRECTIONS)
@@ -147,6 +144,15 @@ def _sample_shape(rng: random.Random) -> Shape:
     elif motion == "changing":
         others = {c: w for c, w in COLOURS.items() if c != colour}
         to_colour = _pick(rng, others)
+    return direction, velocity, to_colour
+
+
+def _sample_shape(rng: random.Random) -> Shape:
+    kind = _pick(rng, KINDS)
+    colour = _pick(rng, COLOURS)
+    size = _pick(rng, SIZES)
+    motion = _pick(rng, MOTIONS)
+    direction, velocity, to_colour = _motion_details(rng, motion, colour)
     x, y = _start(rng, direction)
     return Shape(kind, colour, size, x, y, motion, direction,
                  (round(velocity[0], 4), round(velocity[1], 4)), to_colour)
