@@ -1,0 +1,217 @@
+"""Big targets through accelerate: a target loaded with `from_pretrained(device_map=..., offload_folder=...)`,
+some layers on the CPU and some offloaded to the disk, decodes speculatively exactly as its own `generate`.
+
+Tiny random models are saved and loaded back dispatched (the path a real checkpoint takes); the maps
+place whole layers on "disk", so accelerate loads their weights from the offload folder at every forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, WhisperForConditionalGeneration
+
+from mmspec import MMSpecError, speculative_generate
+from mmspec.devices import input_device, load_options, place_drafter
+from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal, tiny_llama
+
+from .speech.tiny_whisper import features, tiny_whisper
+from .vision.drafters import MultimodalNeverAgreeDrafter
+from .vision.tiny_vlms import llava, text_drafter_lm
+
+MAX_NEW = 16
+# Llama: embeddings and the first layers on the CPU, the last two layers offloaded to the disk.
+LLAMA_MAP = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu", "model.layers.2": "disk",
+             "model.layers.3": "disk", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+# The same with the embeddings offloaded too: the model's first parameter is then on the meta device.
+LLAMA_MAP_EMBEDDINGS_ON_DISK = {**LLAMA_MAP, "model.embed_tokens": "disk"}
+
+
+def dispatched(model, device_map, folder, **options):
+    """`model` saved to `folder` and loaded back spread by accelerate (`device_map`, offload to `folder/offload`)."""
+    model.save_pretrained(folder / "model")
+    loaded = type(model).from_pretrained(folder / "model", device_map=device_map, offload_folder=folder / "offload", **options)
+    return loaded.eval()
+
+
+def tiny_target(seed: int = 0, perturb_disk_layer: bool = False):
+    """A 4-layer random Llama; with `perturb_disk_layer`, the same weights but layer 3 (offloaded to disk) changed."""
+    model = tiny_llama(num_layers=4, hidden_size=32, seed=seed, initializer_range=0.3, eos_token_id=None)
+    if perturb_disk_layer:
+        with torch.no_grad():
+            model.model.layers[3].mlp.down_proj.weight.mul_(-1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return dispatched(tiny_target(), LLAMA_MAP, tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return tiny_llama(num_layers=1, hidden_size=32, seed=5, initializer_range=0.3, eos_token_id=None)
+
+
+PROMPT = torch.tensor([[1, 17, 23, 5, 60, 41, 9, 12]])
+
+
+def test_the_map_spreads_the_target_over_cpu_and_disk(llama):
+    assert set(llama.hf_device_map.values()) == {"cpu", "disk"}
+    assert llama.model.layers[3].mlp.down_proj.weight.device.type == "meta"  # its weights live in the offload folder
+    assert input_device(llama) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("kind", ["model", "self", "never"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_on_a_dispatched_target_equals_its_generate(llama, drafter, tmp_path, kind, k):
+    chosen = {"model": drafter, "self": tiny_target(), "never": NeverAgreeDrafter(tiny_target())}[kind]
+    out = assert_greedy_equal(llama, chosen, PROMPT, max_new_tokens=MAX_NEW, num_draft_tokens=k)
+    assert out.stats.new_tokens == MAX_NEW
+    if kind == "self":
+        assert out.stats.accepted > 0 and out.stats.target_forwards < MAX_NEW
+    if kind == "never":
+        assert out.stats.accepted == 0
+
+
+def test_control_the_offloaded_layers_take_part(llama, drafter, tmp_path):
+    """Failing control: a target differing only in a layer on the disk decodes differently, so the
+    equality above compares outputs that the offloaded weights decide."""
+    changed = dispatched(tiny_target(perturb_disk_layer=True), LLAMA_MAP, tmp_path)
+    ours = speculative_generate(llama, drafter, PROMPT, max_new_tokens=MAX_NEW).sequences
+    theirs = speculative_generate(changed, drafter, PROMPT, max_new_tokens=MAX_NEW).sequences
+    assert not torch.equal(ours, theirs)
+    with pytest.raises(AssertionError, match="differs from target.generate"):
+        assert_greedy_equal(changed, drafter, PROMPT, max_new_tokens=MAX_NEW,
+                            reference=llama.generate(PROMPT, do_sample=False, max_new_tokens=MAX_NEW))
+
+
+def test_dispatched_output_equals_the_whole_models(llama, drafter):
+    whole = tiny_target()
+    expected = whole.generate(PROMPT, do_sample=False, max_new_tokens=MAX_NEW)
+    assert torch.equal(speculative_generate(llama, drafter, PROMPT, max_new_tokens=MAX_NEW).sequences, expected)
+
+
+def test_sampling_on_a_dispatched_target_repeats_with_its_seed(llama, drafter):
+    def sample(seed):
+        return speculative_generate(llama, drafter, PROMPT, max_new_tokens=MAX_NEW, do_sample=True, temperature=1.5,
+                                    generator=torch.Generator().manual_seed(seed)).sequences
+
+    first = sample(3)
+    assert torch.equal(first, sample(3))
+    assert not torch.equal(first, sample(4))  # control: the seed decides the draws
+
+
+def test_max_memory_auto_map_offloads_and_stays_lossless(drafter, tmp_path):
+    """device_map="auto" bounded by max_memory: accelerate keeps what fits on the CPU and offloads the rest."""
+    model = dispatched(tiny_target(), "auto", tmp_path, max_memory={"cpu": "100KB"})
+    assert {"cpu", "disk"} <= set(model.hf_device_map.values())
+    assert_greedy_equal(model, drafter, PROMPT, max_new_tokens=MAX_NEW, num_draft_tokens=3)
+
+
+def test_embeddings_on_disk_greedy(drafter, tmp_path):
+    """The first parameter offloaded: `model.device` reads "meta", the inputs still go to the CPU."""
+    model = dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path)
+    assert model.device.type == "meta" and input_device(model) == torch.device("cpu")
+    assert_greedy_equal(model, drafter, PROMPT, max_new_tokens=MAX_NEW, num_draft_tokens=3)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="SpeculativeDecoder.generate seeds its private generator on target.model.device, which is "
+                          "'meta' when the first parameter is offloaded (META device type not an accelerator)")
+def test_embeddings_on_disk_sampling_without_a_generator(drafter, tmp_path):
+    model = dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path)
+    torch.manual_seed(0)
+    speculative_generate(model, drafter, PROMPT, max_new_tokens=MAX_NEW, do_sample=True)
+
+
+# --- encoder-decoder: Whisper --------------------------------------------------------------------------
+
+WHISPER_MAP = {"model.encoder": "cpu", "model.decoder.embed_tokens": "cpu", "model.decoder.embed_positions": "cpu",
+               "model.decoder.layers.0": "cpu", "model.decoder.layers.1": "disk", "model.decoder.layer_norm": "disk",
+               "proj_out": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory):
+    return dispatched(tiny_whisper(), WHISPER_MAP, tmp_path_factory.mktemp("whisper"))
+
+
+@pytest.mark.parametrize("kind", ["model", "never"])
+def test_whisper_with_decoder_layers_on_disk_equals_its_generate(whisper, kind):
+    assert set(whisper.hf_device_map.values()) == {"cpu", "disk"}
+    drafter = tiny_whisper(seed=1, decoder_layers=1) if kind == "model" else NeverAgreeDrafter(tiny_whisper())
+    for seed in (0, 1):
+        x = features(seed)
+        expected = whisper.generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
+        out = speculative_generate(whisper, drafter, None, max_new_tokens=MAX_NEW, num_draft_tokens=4, input_features=x)
+        assert torch.equal(out.sequences, expected)
+        if kind == "never":
+            assert out.stats.accepted == 0
+
+
+@pytest.mark.xfail(strict=True, raises=NotImplementedError,
+                   reason="the encoder offloaded to disk makes whisper.device 'meta'; the decoder prompt and Whisper's "
+                          "language detection are built on model.device (transformers' own generate fails the same way)")
+def test_whisper_with_the_encoder_on_disk(tmp_path):
+    model = dispatched(tiny_whisper(), {"model.encoder": "disk", "model.decoder": "cpu", "proj_out": "cpu"}, tmp_path)
+    x = features(0)
+    expected = tiny_whisper().generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
+    out = speculative_generate(model, NeverAgreeDrafter(tiny_whisper()), None, max_new_tokens=MAX_NEW, input_features=x)
+    assert torch.equal(out.sequences, expected)
+
+
+# --- a vision-language model: LLaVA ---------------------------------------------------------------------
+
+LLAVA_MAP = {"model.vision_tower": "cpu", "model.multi_modal_projector": "disk", "model.language_model.embed_tokens": "cpu",
+             "model.language_model.layers.0": "cpu", "model.language_model.layers.1": "disk",
+             "model.language_model.norm": "cpu", "model.language_model.rotary_emb": "cpu", "lm_head": "cpu"}
+
+
+@pytest.mark.parametrize("kind", ["text-only", "never"])
+def test_llava_with_layers_on_disk_equals_its_generate(tmp_path, kind):
+    from mmspec.vision import TextOnlyDrafter
+
+    case = llava()
+    model = dispatched(case.model, LLAVA_MAP, tmp_path)
+    assert set(model.hf_device_map.values()) == {"cpu", "disk"}
+    drafter = TextOnlyDrafter(text_drafter_lm(), model) if kind == "text-only" else MultimodalNeverAgreeDrafter(case.model)
+    expected = model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs)
+    out = speculative_generate(model, drafter, case.input_ids, max_new_tokens=MAX_NEW, num_draft_tokens=3, **case.inputs)
+    assert torch.equal(out.sequences, expected)
+    assert torch.equal(expected, case.model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs))
+
+
+# --- loading options and the drafter's device -----------------------------------------------------------
+
+def test_load_options():
+    assert load_options() == {} and load_options(device="cpu") == {}
+    assert load_options(max_memory={"cpu": "200MB"}) == {"device_map": "auto", "max_memory": {"cpu": "200MB"}}
+    assert load_options(device_map={"model": "cpu", "lm_head": "disk", "x": 0}, offload_folder="off") == {
+        "device_map": {"model": "cpu", "lm_head": "disk", "x": 0}, "offload_folder": "off"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"device": "cpu", "device_map": "auto"}, "not both"),
+    ({"offload_folder": "off"}, "pass device_map too"),
+    ({"device_map": "everywhere"}, "is not a strategy"),
+    ({"device_map": {}}, "non-empty"),
+    ({"device_map": {"lm_head": "floppy"}}, "device_map['lm_head']: 'floppy' is not a device"),
+    ({"device_map": {"lm_head": -1}}, "negative"),
+    ({"max_memory": {"cpu": "lots"}}, "max_memory['cpu']: 'lots' is not a size"),
+    ({"max_memory": {"cpu": 0}}, "is not a size"),
+    ({"max_memory": {"disk": "1GB"}}, "the disk takes what is left"),
+    ({"max_memory": "200MB"}, "max_memory must be a non-empty"),
+])
+def test_bad_load_options_are_one_clear_error(options, message):
+    with pytest.raises(MMSpecError, match=None) as raised:
+        load_options(**options)
+    assert message in str(raised.value)
+
+
+def test_drafter_follows_the_targets_input_device(llama):
+    model = tiny_llama(num_layers=1, hidden_size=32, seed=5)
+    assert place_drafter(model, None, llama) is model
+    assert model.device == input_device(llama) and not hasattr(model, "_hf_hook")
+    with pytest.raises(MMSpecError, match="drafter_device: 'gpu7' is not a device"):
+        place_drafter(model, "gpu7", llama)
