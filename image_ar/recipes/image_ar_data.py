@@ -35,7 +35,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -343,19 +343,32 @@ def finish(out: Path, section: str, info: dict[str, Any], folder: Path, wall: fl
 def update_card(out: Path, section: str, info: dict[str, Any]) -> dict[str, Any]:
     """Fill one section of `out/zoo_card.json` ("target" = top-level fields; "vq", "drafter", "judge" =
     `components[...]`), refresh sizes and `classes.json`, and write the card back."""
+    card = fill_card(out, section, info, top_level="target", new_card=base_card)
+    target_weights = Path(out) / "model.safetensors"
+    card["file_size_bytes"] = target_weights.stat().st_size if target_weights.is_file() else 0
+    walls = [card.get("train_wall_time_s")] + [c.get("train_wall_time_s") for c in card.get("components", {}).values()]
+    return write_card(out, card, walls)
+
+
+def fill_card(out: Path, section: str, info: dict[str, Any], *, top_level: str,
+              new_card: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """OUT/zoo_card.json (`new_card()` where there is none yet) with `info` as its top-level fields (section
+    `top_level`) or as `components[section]`; writes OUT/classes.json. `write_card` writes the card back."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     card_file = out / "zoo_card.json"
-    card = json.loads(card_file.read_text()) if card_file.is_file() else base_card()
-    if section == "target":
+    card = json.loads(card_file.read_text()) if card_file.is_file() else new_card()
+    if section == top_level:
         card.update(info)
     else:
         card.setdefault("components", {})[section] = info
     (out / "classes.json").write_text(json.dumps(label_names(), indent=1) + "\n")
-    target_weights = out / "model.safetensors"
-    card["file_size_bytes"] = target_weights.stat().st_size if target_weights.is_file() else 0
+    return card
+
+
+def write_card(out: Path, card: dict[str, Any], walls: list[float | None]) -> dict[str, Any]:
+    """The card with the folder's total size and the sum of the training `walls`, written to OUT/zoo_card.json."""
     card["total_size_bytes"] = folder_size(out)
-    walls = [card.get("train_wall_time_s")] + [c.get("train_wall_time_s") for c in card.get("components", {}).values()]
     card["train_wall_time_total_s"] = round(sum(w for w in walls if w), 1)
-    card_file.write_text(json.dumps(card, indent=2) + "\n")
+    (Path(out) / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
     return card

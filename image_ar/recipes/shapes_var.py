@@ -17,7 +17,6 @@ colour, 64 x 64 renders of the shapes world); the quality judge is that model's 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -70,17 +69,5 @@ def base_card() -> dict[str, Any]:
 
 def update_card(out: Path, section: str, info: dict[str, Any]) -> dict[str, Any]:
     """Fill `components[section]` (or the top level for "pipeline") of OUT/zoo_card.json and write classes.json."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    card_file = out / "zoo_card.json"
-    card = json.loads(card_file.read_text()) if card_file.is_file() else base_card()
-    if section == "pipeline":
-        card.update(info)
-    else:
-        card.setdefault("components", {})[section] = info
-    (out / "classes.json").write_text(json.dumps(data.label_names(), indent=1) + "\n")
-    card["total_size_bytes"] = data.folder_size(out)
-    walls = [c.get("train_wall_time_s") for c in card.get("components", {}).values()]
-    card["train_wall_time_total_s"] = round(sum(w for w in walls if w), 1)
-    card_file.write_text(json.dumps(card, indent=2) + "\n")
-    return card
+    card = data.fill_card(out, section, info, top_level="pipeline", new_card=base_card)
+    return data.write_card(out, card, [c.get("train_wall_time_s") for c in card.get("components", {}).values()])
