@@ -134,11 +134,28 @@ def test_flash_runs_at_the_targets_positions_and_stays_lossless(qwen, build, com
     assert int(block.min()) >= int(span.min()) and int(block.max()) <= int(span.max())
 
 
-def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
+def trained_on_a_trace(qwen, kind, tmp_path):
+    """A Qwen2-VL image case, its distill trace, and a `kind` drafter trained one step on it (with M-RoPE)."""
     case = qwen2_vl_image(model=qwen)
     generate_distill_data(qwen, [{"input_ids": case.input_ids, **case.inputs}], tmp_path / "data", max_new_tokens=6,
                           progress=False)
     trace = DistillDataset(tmp_path / "data")[0]
+    trained = train_drafter(qwen, kind, tmp_path / "data", tmp_path / "out", steps=1, batch_size=1,
+                            curriculum="none", checkpoint_every=0, progress=False)
+    assert trained.config.mrope_section == [2, 3, 3]
+    return case, trace, trained
+
+
+def record_rotary_positions(rotary):
+    """The list that receives the position_ids of every later call of the rotary embedding module `rotary`."""
+    seen = []
+    forward = rotary.forward
+    rotary.forward = lambda x, position_ids: seen.append(position_ids) or forward(x, position_ids)
+    return seen
+
+
+def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
+    case, trace, trained = trained_on_a_trace(qwen, "msd", tmp_path)
     qwen.case_inputs = case.inputs
     expected = target_positions(qwen, trace["input_ids"][None], case.inputs["mm_token_type_ids"])
     assert torch.equal(trace["position_ids"], expected[:, 0])
@@ -147,13 +164,8 @@ def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
     speculative_generate(qwen, drafter, case.input_ids, max_new_tokens=2, num_draft_tokens=1, **case.inputs)
     indices = torch.arange(trace["input_ids"].shape[0])[None]
     assert torch.equal(drafter.position_ids(indices), batch.position_ids)
-    trained = train_drafter(qwen, "msd", tmp_path / "data", tmp_path / "out", steps=1, batch_size=1,
-                            curriculum="none", checkpoint_every=0, progress=False)
-    assert trained.config.mrope_section == [2, 3, 3]
     # The loss rotates slot t by the trace's position t (not by the 1-D index it used before).
-    seen = []
-    rotary_forward = trained.rotary_emb.forward
-    trained.rotary_emb.forward = lambda x, position_ids: seen.append(position_ids) or rotary_forward(x, position_ids)
+    seen = record_rotary_positions(trained.rotary_emb)
     embed, head = qwen.get_input_embeddings(), qwen.get_output_embeddings()
     with torch.no_grad():
         trained.training_loss(batch, embed, head)
@@ -165,16 +177,8 @@ def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
 
 
 def test_flash_trains_at_the_positions_decoding_uses(qwen, tmp_path):
-    case = qwen2_vl_image(model=qwen)
-    generate_distill_data(qwen, [{"input_ids": case.input_ids, **case.inputs}], tmp_path / "data", max_new_tokens=6,
-                          progress=False)
-    trace = DistillDataset(tmp_path / "data")[0]
-    trained = train_drafter(qwen, "flash", tmp_path / "data", tmp_path / "out", steps=1, batch_size=1,
-                            curriculum="none", checkpoint_every=0, progress=False)
-    assert trained.config.mrope_section == [2, 3, 3]
-    seen = []
-    rotary_forward = trained.rotary.forward
-    trained.rotary.forward = lambda x, position_ids: seen.append(position_ids) or rotary_forward(x, position_ids)
+    case, trace, trained = trained_on_a_trace(qwen, "flash", tmp_path)
+    seen = record_rotary_positions(trained.rotary)
     batch = collate([trace])
     with torch.no_grad():
         trained.training_loss(batch, qwen.get_input_embeddings(), qwen.get_output_embeddings())
