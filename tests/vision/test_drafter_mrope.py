@@ -14,8 +14,8 @@ from mmspec.trees import TreeConfig
 from mmspec.vision.distill_data import DistillDataset, collate, generate_distill_data
 from mmspec.vision.drafter_training import train_drafter
 from mmspec.vision.flash import FlashDrafter
-from mmspec.vision.flash_model import FlashConfig, FlashDrafterModel
-from mmspec.vision.msd import MSDConfig, MSDDrafter, MSDDrafterModel
+from mmspec.vision.flash_model import FlashDrafterModel
+from mmspec.vision.msd import MSDDrafter, MSDDrafterModel
 from mmspec.vision.rope_positions import positions_at
 
 from .tiny_vlms import llava, qwen2_vl_image, qwen2_vl_model, qwen2_vl_video
@@ -194,20 +194,17 @@ def test_flash_trains_at_the_positions_decoding_uses(qwen, tmp_path):
     assert torch.equal(tail, trace["position_ids"][:, prompt_length - 1 : prompt_length - 1 + tail.shape[1]])
 
 
-def test_llava_and_saved_drafters_keep_1d_rope(qwen, tmp_path):
-    case = llava()
-    drafter = msd_for(case.model)
-    assert drafter.config.mrope_section is None and isinstance(drafter.rotary_emb, LlamaRotaryEmbedding)
+@pytest.mark.parametrize("build, rotary", [(msd_for, "rotary_emb"), (flash_for, "rotary")])
+def test_llava_and_saved_drafters_keep_1d_rope(qwen, build, rotary):
+    drafter = build(llava().model)
+    assert drafter.config.mrope_section is None and isinstance(getattr(drafter, rotary), LlamaRotaryEmbedding)
     # A drafter saved before the field existed loads with 1-D RoPE.
-    config = msd_for(qwen).config.to_dict()
+    config = build(qwen).config.to_dict()
     config.pop("mrope_section")
-    old = MSDDrafterModel(MSDConfig.from_dict(config))
-    assert old.config.mrope_section is None and isinstance(old.rotary_emb, LlamaRotaryEmbedding)
-    flash = flash_for(case.model)
-    assert flash.config.mrope_section is None and isinstance(flash.rotary, LlamaRotaryEmbedding)
-    config = flash_for(qwen).config.to_dict()
-    config.pop("mrope_section")
-    old = FlashDrafterModel(FlashConfig.from_dict(config))
-    assert old.config.mrope_section is None and isinstance(old.rotary, LlamaRotaryEmbedding)
+    old = type(drafter)(type(drafter.config).from_dict(config))
+    assert old.config.mrope_section is None and isinstance(getattr(old, rotary), LlamaRotaryEmbedding)
+
+
+def test_without_a_rope_table_positions_are_the_indices():
     indices = torch.arange(5)[None]
     assert torch.equal(positions_at(indices, None), indices)
