@@ -37,7 +37,7 @@ from mmspec.image_ar.var_vq import VQVAE
 
 from . import image_ar_data as data
 from . import shapes_var
-from .train_shapes_vq import fit_codebook_model, foreground_weights
+from .train_shapes_vq import add_fit_arguments, fit_codebook_model, foreground_weights
 
 
 def build_vq(args: argparse.Namespace) -> VQVAE:
@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vocab-size", type=int, default=512)
     parser.add_argument("--z-channels", type=int, default=16)
     parser.add_argument("--ch", type=int, default=32)
-    parser.add_argument("--fg-weight", type=float, default=8.0, help="extra reconstruction weight on shape pixels")
-    parser.add_argument("--restart-every", type=int, default=100, help="dead-code restart period in steps (0 = never)")
+    add_fit_arguments(parser)
     parser.add_argument("--eval-n", type=int, default=480)
     parser.add_argument("--judge", default="shapes-image-ar", help="judge of the reconstructions ('' = none)")
     return train(shapes_var.parse_recipe_args(parser, argv))

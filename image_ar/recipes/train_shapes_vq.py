@@ -156,6 +156,12 @@ def fit_codebook_model(args: argparse.Namespace, build: Callable[[argparse.Names
     return vq, loop, restarted
 
 
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `fit_codebook_model` reads besides the common recipe ones."""
+    parser.add_argument("--fg-weight", type=float, default=8.0, help="extra reconstruction weight on shape pixels")
+    parser.add_argument("--restart-every", type=int, default=100, help="dead-code restart period in steps (0 = never)")
+
+
 @torch.no_grad()
 def evaluate(vq: VQModel, heldout: data.ImageSet, batch_size: int = 128) -> dict:
     """Held-out PSNR (images in [0, 1], per image, averaged) and codebook usage."""
@@ -219,8 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--codebook-size", type=int, default=512)
     parser.add_argument("--embed-dim", type=int, default=8)
     parser.add_argument("--ch", type=int, default=32)
-    parser.add_argument("--fg-weight", type=float, default=8.0, help="extra reconstruction weight on shape pixels")
-    parser.add_argument("--restart-every", type=int, default=100, help="dead-code restart period in steps (0 = never)")
+    add_fit_arguments(parser)
     parser.add_argument("--eval-n", type=int, default=1024)
     return train(data.parse_recipe_args(parser, argv))
 
