@@ -21,9 +21,11 @@ DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 OFFLOADED = ("cpu", "disk")  # device_map values accelerate runs on the main device
 
 
-def is_dispatched(model: torch.nn.Module) -> bool:
-    """Whether accelerate placed the model's modules (`from_pretrained(device_map=...)`)."""
-    return bool(getattr(model, "hf_device_map", None))
+def is_spread(model: torch.nn.Module | None) -> bool:
+    """Whether accelerate spread the model over several devices, or offloaded part of it to the disk
+    (such a model cannot be moved with `.to()`)."""
+    placed = set((getattr(model, "hf_device_map", None) or {}).values())
+    return len(placed) > 1 or "disk" in placed
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

@@ -47,6 +47,7 @@ from diffusers import DiffusionPipeline
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput as DiffusersImagePipelineOutput
 from diffusers.utils import BaseOutput
 
+from .devices import input_device, is_spread
 from .drafters import Drafter
 from .errors import MMSpecError, first_line
 from .sampling import seeded_generator
@@ -279,13 +280,16 @@ class SpeculativePipeline(DiffusionPipeline):
 
     def to(self, *args: Any, **kwargs: Any) -> "SpeculativePipeline":
         """Move every component and extra drafter, as diffusers' `pipe.to("cuda")` / `pipe.to(torch.bfloat16)`."""
-        super().to(*args, **kwargs)
         device, dtype = kwargs.get("device"), kwargs.get("dtype")
         for arg in args:
             if isinstance(arg, torch.dtype):
                 dtype = arg
             elif arg is not None:
                 device = arg
+        if (device is not None or dtype is not None) and is_spread(self.__dict__.get("model")):
+            raise MMSpecError("the target model was spread by accelerate (device_map): it cannot be moved or cast; "
+                              "load it again with the device_map / device and dtype wanted")
+        super().to(*args, **kwargs)
         if device is not None or dtype is not None:
             for module in self.extra_modules().values():
                 module.to(device=device, dtype=dtype)
@@ -293,9 +297,10 @@ class SpeculativePipeline(DiffusionPipeline):
 
     @property
     def device(self) -> torch.device:
-        """The target model's device (diffusers' rule: the first accelerator component, when there is no `model`)."""
+        """The target model's device: where its inputs go, for a model spread by accelerate its first device
+        (diffusers' rule: the first accelerator component, when there is no `model`)."""
         model = self.__dict__.get("model")
-        return model.device if isinstance(model, torch.nn.Module) else super().device
+        return input_device(model) if isinstance(model, torch.nn.Module) else super().device
 
     @property
     def dtype(self) -> torch.dtype:

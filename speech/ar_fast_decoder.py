@@ -40,6 +40,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, WhisperForCausalLM
 
 from ..cached_model import cache_argument, model_vocab_size
+from ..devices import input_device
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig
@@ -365,9 +366,13 @@ def attach_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) 
     """Check that the fast decoder fits `model`, move it to the model's dtype and device (checkpoints ship
     in float16), then bind the target's embedding and head if it shares them."""
     check_ar_fast_decoder(fast_decoder, model)
-    if fast_decoder.dtype != model.dtype or fast_decoder.device != model.device:
-        fast_decoder.to(dtype=model.dtype, device=model.device)
+    device = input_device(model)  # `model.device` reads "meta" when accelerate offloaded the model's first parameter
+    if fast_decoder.dtype != model.dtype or fast_decoder.device != device:
+        fast_decoder.to(dtype=model.dtype, device=device)
     if fast_decoder.shares_target_embeddings:
+        if any(module.weight.device.type == "meta" for module in (model.get_decoder().embed_tokens, model.get_output_embeddings())):
+            raise MMSpecError("this AR fast decoder shares the model's token embedding and output head, which the device "
+                              "map offloads: keep model.decoder.embed_tokens and proj_out on a device, or use a CTC fast decoder")
         fast_decoder.share_target_embeddings(model)
     return fast_decoder
 

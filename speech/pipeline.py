@@ -59,6 +59,7 @@ from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForC
 
 from ..cached_model import model_vocab_size
 from ..decoding import SpeculativeDecoder
+from ..devices import as_device, input_device, load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError, first_line
 from ..pipelines import (
@@ -172,9 +173,13 @@ class TranscriptionPipeline(SpeculativePipeline):
         model_id_or_path: str | os.PathLike = DEFAULT_ASR_MODEL,
         fast_decoder: str | os.PathLike | FastDecoder | None = None,
         dtype: torch.dtype | str | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         *,
         torch_dtype: torch.dtype | str | None = None,
+        device_map: str | dict[str, Any] | None = None,
+        max_memory: dict[Any, Any] | None = None,
+        offload_folder: str | os.PathLike | None = None,
+        drafter_device: str | torch.device | None = None,
         **kwargs: Any,
     ) -> "TranscriptionPipeline":
         """Load a Whisper model + processor (zoo name, local folder, saved pipeline or Hub id available offline)
@@ -185,8 +190,16 @@ class TranscriptionPipeline(SpeculativePipeline):
         kind the folder's zoo card measured fastest, `default_fast_decoder`, else `fast_decoder/` if
         present, else `ar_fast_decoder/`). `dtype` (or `torch_dtype`, the same) defaults to float32.
         Other keyword arguments go to the constructor (`num_draft_tokens`, ...).
+
+        Placement: `device` (default CPU) holds the whole pipeline. A Whisper model bigger than one device
+        is spread by accelerate instead: `device_map` ("auto" or {module name: device}), `max_memory`
+        ({"cpu": "20GiB", 0: "10GiB"}; alone it means device_map="auto") and `offload_folder` (for layers
+        mapped to "disk") go to its `from_pretrained` (not for CTranslate2 folders); the fast decoder then
+        sits on `drafter_device` (default: the model's first device, where its inputs go).
         """
         dtype = resolve_dtype(dtype, torch_dtype)
+        placement = load_options(device, device_map, max_memory, offload_folder)
+        device = None if placement else (device or "cpu")
         name = str(model_id_or_path)
         saved = saved_pipeline_folder(name)
         if saved is not None:
@@ -195,9 +208,14 @@ class TranscriptionPipeline(SpeculativePipeline):
                     raise MMSpecError(f"{name!r} is a saved pipeline: its fast decoder is the one saved with it; pass a "
                                       "fast decoder folder or model to replace it")
                 kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=dtype)
-            return cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
+            if placement:  # diffusers' loader moves components whole: load the model dispatched here
+                kwargs["model"] = load_whisper(name, str(saved / "model"), dtype=dtype, **placement)[0]
+            pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
+            if pipe.fast_decoder is not None and (placement or drafter_device is not None):
+                place_fast_decoder(pipe.fast_decoder, drafter_device, pipe.model)
+            return pipe
         path = speech_model_path(name)
-        model, processor = load_whisper(name, path, dtype=dtype, device=device)
+        model, processor = load_whisper(name, path, dtype=dtype, device=device, **placement)
         root = fast_decoder_root(name, path)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
             kind, fast_decoder = fast_decoder, root / FAST_DECODER_FOLDERS[fast_decoder]
@@ -207,7 +225,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         if fast_decoder is None:
             fast_decoder = default_fast_decoder_folder(root)
         if fast_decoder is not None:
-            fast_decoder = _loaded_fast_decoder(fast_decoder).to(device=device, dtype=dtype)
+            fast_decoder = place_fast_decoder(_loaded_fast_decoder(fast_decoder).to(dtype=dtype), drafter_device, model)
         return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
 
     # --- configuration ------------------------------------------------------------------------
@@ -253,7 +271,7 @@ class TranscriptionPipeline(SpeculativePipeline):
     def features(self, chunk: np.ndarray) -> torch.Tensor:
         """Log-mel features [1, mel bins, frames] of one chunk, by the model's own feature extractor."""
         out = self.feature_extractor(chunk, sampling_rate=self.sampling_rate, return_tensors="pt")
-        return out.input_features.to(device=self.model.device, dtype=self.model.dtype)
+        return out.input_features.to(device=input_device(self.model), dtype=self.model.dtype)
 
     @torch.inference_mode()
     def __call__(
@@ -382,19 +400,24 @@ def default_fast_decoder_folder(model_folder: Path) -> Path | None:
     return next((model_folder / FAST_DECODER_FOLDERS[k] for k in order if (model_folder / FAST_DECODER_FOLDERS[k]).is_dir()), None)
 
 
-def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> tuple[WhisperForConditionalGeneration, Any]:
+def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32, device: str | torch.device | None = "cpu",
+                 **placement: Any) -> tuple[WhisperForConditionalGeneration, Any]:
     """A Whisper model and its processor from a resolved zoo folder, local folder (transformers or CTranslate2 /
-    faster-whisper) or offline Hub id."""
+    faster-whisper) or offline Hub id; `placement` (`device_map`, `max_memory`, `offload_folder`, see
+    `mmspec.devices.load_options`) spreads a transformers checkpoint with accelerate, `device` unset."""
     if is_ct2_whisper_folder(path):
-        model, processor = load_ct2_whisper(path, dtype=dtype, device=device)
+        if placement:
+            raise MMSpecError(f"{name!r} is a CTranslate2 folder, read whole: device_map / max_memory / offload_folder "
+                              "apply to transformers checkpoints; pass device= instead")
+        model, processor = load_ct2_whisper(path, dtype=dtype, device=device or "cpu")
         model.config._name_or_path = name
         return model, processor
     try:
         config = AutoConfig.from_pretrained(path)
         if config.model_type != "whisper":
             raise MMSpecError(f"{name!r} is a {config.model_type!r} model, not a Whisper speech model")
-        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype, **placement)
+        model = (model if placement else model.to(device or "cpu")).eval()
     except MMSpecError:
         raise
     except Exception as error:  # noqa: BLE001 - OSError, ValueError, safetensors errors: all "cannot load"
@@ -404,6 +427,17 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32,
     except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
         raise MMSpecError(f"could not load the processor of {name!r} (feature extractor + tokenizer): {first_line(error)}") from None
     return model, processor
+
+
+def place_fast_decoder(fast_decoder: FastDecoder, device: str | torch.device | None,
+                       model: PreTrainedModel) -> FastDecoder:
+    """The fast decoder on `device` (None: the model's input device), where the encoder states it reads are moved
+    (`place_drafter`). An AR fast decoder sharing the model's embedding and head stays with the model."""
+    if isinstance(fast_decoder, ARFastDecoder) and fast_decoder.shares_target_embeddings and device is not None \
+            and as_device(device, "drafter_device") != input_device(model):
+        raise MMSpecError("this AR fast decoder shares the model's token embedding and output head: it runs on the model's "
+                          "first device; leave drafter_device unset (or use a CTC fast decoder)")
+    return place_drafter(fast_decoder, device, model)
 
 
 def _loaded_fast_decoder(fast_decoder: str | os.PathLike | FastDecoder) -> FastDecoder:

@@ -45,6 +45,15 @@ CAPTION = [
     (["caption", "{video}", "--model", "/no/such/folder"], "no folder '/no/such/folder' exists"),
     (["caption", "{video}", "--model", "{pickle_only}"], "holds only pickle checkpoints (pytorch_model.bin)"),
     (["caption", "{video}", "--model", "{bad_card}"], "zoo_card.json': not valid JSON"),
+    (["caption", "{video}", "--device-map", "nowhere"], "argument --device-map: expected auto, balanced, balanced_low_0, "
+                                                        "sequential or a JSON file, got 'nowhere'"),
+    (["caption", "{video}", "--device-map", "{tmp}/missing.json"], "argument --device-map: file not found"),
+    (["caption", "{video}", "--device-map", "{binary}"], "argument --device-map: '{binary}' is not valid JSON"),
+    (["caption", "{video}", "--max-memory", "cpu"], "argument --max-memory: expected DEVICE=SIZE pairs"),
+    (["caption", "{video}", "--max-memory", "cpu=lots"], "argument --max-memory: max_memory['cpu']: 'lots' is not a size"),
+    (["caption", "{video}", "--offload-folder", "{tmp}/offload"], "offload_folder applies to a dispatched model"),
+    (["caption", "{video}", "--device-map", "auto", "--drafter-device", "gpu7"], "argument --drafter-device: 'gpu7' is not a device"),
+    (["caption", "{video}", "--drafter-device", "cpu"], "--drafter-device places the drafter of a model spread by"),
 ]
 LONG_PROMPT = "a red circle moves " * 400
 CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail before decoding
@@ -133,6 +142,8 @@ TRAIN = [
 TRANSCRIBE = [
     (["transcribe", "{tmp}/missing.wav"], "does not exist"),
     (["transcribe", "{video}", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["transcribe", "{video}", "--max-memory", "disk=1GB"], "the disk takes what is left"),
+    (["transcribe", "{video}", "--offload-folder", "/proc/offload"], "argument --offload-folder: cannot write to '/proc'"),
 ]
 DEMO = [
     (["demo", "--port", "-1"], "--port must be in 1..65535"),

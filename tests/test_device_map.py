@@ -215,3 +215,121 @@ def test_drafter_follows_the_targets_input_device(llama):
     assert model.device == input_device(llama) and not hasattr(model, "_hf_hook")
     with pytest.raises(MMSpecError, match="drafter_device: 'gpu7' is not a device"):
         place_drafter(model, "gpu7", llama)
+
+
+# --- the pipelines: CaptionPipeline / TranscriptionPipeline.from_pretrained(device_map=...) -------------
+
+from .speech.test_pipeline import asr_folder, clip, greedy  # noqa: E402,F401 - fixtures and helper shared with the speech tests
+from .vision.test_pipeline import frames, tiny_captioner_folder  # noqa: E402,F401 - fixtures shared with the vision tests
+
+CAPTIONER_MAP = {"model.vision_tower": "cpu", "model.multi_modal_projector": "cpu",
+                 "model.image_newline": "cpu",  # a parameter, not a module: accelerate warns, and places it
+                 "model.language_model.embed_tokens": "cpu", "model.language_model.layers.0": "cpu",
+                 "model.language_model.layers.1": "disk", "model.language_model.norm": "cpu",
+                 "model.language_model.rotary_emb": "cpu", "lm_head": "disk"}
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:The following device_map keys do not match any submodules")
+
+
+@pytest.fixture(scope="module")
+def dispatched_captioner(tiny_captioner_folder, tmp_path_factory):
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    return CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter", device_map=CAPTIONER_MAP,
+                                           offload_folder=tmp_path_factory.mktemp("offload"))
+
+
+@pytest.mark.parametrize("method", ["ar", "text", "std"])
+def test_caption_pipeline_on_a_dispatched_model_equals_its_generate(dispatched_captioner, frames, method):
+    pipe = dispatched_captioner
+    assert set(pipe.model.hf_device_map.values()) == {"cpu", "disk"} and pipe.device == torch.device("cpu")
+    assert pipe.drafter.device == pipe.device
+    inputs = pipe.prepare_inputs(video=frames)
+    expected = pipe.model.generate(**inputs, do_sample=False, max_new_tokens=12)
+    out = pipe(video=frames, max_new_tokens=12, method=method, progress_bar=False)
+    assert out.sequences[0].tolist() == expected[0].tolist()
+
+
+def test_caption_pipeline_max_memory_means_auto(tiny_captioner_folder, frames, tmp_path):
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    pipe = CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter",
+                                           max_memory={"cpu": "150KB"}, offload_folder=tmp_path)
+    assert "disk" in set(pipe.model.hf_device_map.values())
+    whole = CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter")
+    assert pipe(video=frames, max_new_tokens=8, progress_bar=False).text == \
+        whole(video=frames, max_new_tokens=8, progress_bar=False).text
+    with pytest.raises(MMSpecError, match="spread by accelerate"):
+        pipe.to("cpu")
+
+
+def test_saved_caption_pipeline_loads_dispatched(dispatched_captioner, tiny_captioner_folder, frames, tmp_path):
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    whole = CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter")
+    whole.save_pretrained(tmp_path / "saved")
+    pipe = CaptionPipeline.from_pretrained(tmp_path / "saved", device_map=CAPTIONER_MAP, offload_folder=tmp_path / "off",
+                                           drafter_device="cpu")
+    assert set(pipe.model.hf_device_map.values()) == {"cpu", "disk"}
+    assert pipe(video=frames, max_new_tokens=8, method="text", progress_bar=False).text == \
+        whole(video=frames, max_new_tokens=8, method="text", progress_bar=False).text
+
+
+def test_bad_placement_of_a_pipeline_is_one_error(tiny_captioner_folder, asr_folder, tmp_path):
+    from mmspec.speech.pipeline import TranscriptionPipeline
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    with pytest.raises(MMSpecError, match="not both"):
+        CaptionPipeline.from_pretrained(tiny_captioner_folder, device="cpu", device_map="auto")
+    with pytest.raises(MMSpecError, match="max_memory\\['cpu'\\]: 'lots' is not a size"):
+        CaptionPipeline.from_pretrained(tiny_captioner_folder, max_memory={"cpu": "lots"})
+    with pytest.raises(MMSpecError, match="drafter_device: 'gpu7' is not a device"):
+        TranscriptionPipeline.from_pretrained(asr_folder, device_map=WHISPER_MAP, offload_folder=tmp_path,
+                                              drafter_device="gpu7")
+
+
+@pytest.mark.parametrize("method", ["ar", "hybrid"])
+def test_transcription_pipeline_on_a_dispatched_whisper_equals_its_generate(asr_folder, clip, tmp_path, method):
+    from mmspec.speech.audio import load_audio
+    from mmspec.speech.pipeline import TranscriptionPipeline
+
+    pipe = TranscriptionPipeline.from_pretrained(asr_folder, device_map=WHISPER_MAP, offload_folder=tmp_path)
+    assert set(pipe.model.hf_device_map.values()) == {"cpu", "disk"} and pipe.fast_decoder.device == pipe.device
+    expected = greedy(pipe, load_audio(clip), MAX_NEW)
+    out = pipe(clip, method=method, max_new_tokens=MAX_NEW, progress_bar=False)
+    assert out.chunks[0].tokens == expected
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+def test_cli_caption_and_transcribe_with_a_device_map_file(tiny_captioner_folder, asr_folder, clip, tmp_path, capsys):
+    import json
+
+    from mmspec.cli import main
+    from mmspec.vision import write_video
+
+    from .vision.test_pipeline import cd
+
+    video = write_video(tmp_path / "clip.mp4", np_frames(cd.FRAMES, cd.FRAME_SIZE))
+    caption = ["caption", str(video), "--model", str(tiny_captioner_folder), "--drafter", "shapes-caption-drafter",
+               "--max-new-tokens", "8", "--json"]
+    (tmp_path / "captioner_map.json").write_text(json.dumps(CAPTIONER_MAP))
+    (tmp_path / "whisper_map.json").write_text(json.dumps(WHISPER_MAP))
+    transcribe = ["transcribe", str(clip), "--model", str(asr_folder), "--max-new-tokens", str(MAX_NEW), "--format", "json"]
+    results = []
+    for argv in (caption, [*caption, "--device-map", str(tmp_path / "captioner_map.json"), "--offload-folder", str(tmp_path / "a")],
+                 transcribe, [*transcribe, "--device-map", str(tmp_path / "whisper_map.json"), "--drafter-device", "cpu"]):
+        code = main(argv)
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        results.append(json.loads(captured.out))
+    assert results[0]["text"] == results[1]["text"] and results[0]["stats"]["new_tokens"] == 8
+    assert results[2]["text"] == results[3]["text"] and results[2]["stats"]["new_tokens"] > 0
+
+
+def np_frames(count: int, size: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, (count, size, size, 3), dtype=np.uint8)

@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from ..devices import input_device
 from ..drafters import Drafter
 from ..errors import MMSpecError
 from .feature_drafter import FeatureDrafterModel
@@ -91,7 +92,8 @@ def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, t
     else:
         drafter, where = load_feature_drafter(kind, folder_or_model), str(folder_or_model)
     check_compatible(drafter, target, where)
-    return drafter.to(device=target.device, dtype=target.dtype).eval()
+    # The target's input device: `target.device` reads "meta" when accelerate offloaded its first parameter.
+    return drafter.to(device=input_device(target), dtype=target.dtype).eval()
 
 
 def runtime_drafter(drafter: FeatureDrafterModel) -> Drafter:

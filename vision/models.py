@@ -17,6 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
+from ..devices import input_device
 from ..errors import MMSpecError, first_line
 
 SUPPORTED_ARCHITECTURES = (
@@ -115,11 +116,11 @@ def modality_token_types(model: PreTrainedModel | PreTrainedConfig, input_ids: t
 
 
 def inputs_on_model(model: PreTrainedModel, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Model inputs (a processor's output) on the model's device, floating tensors (pixels) in its dtype.
+    """Model inputs (a processor's output) on the model's input device, floating tensors (pixels) in its dtype.
 
     Token ids, grids and masks keep their integer dtypes; anything that is not a tensor is kept as is.
     """
-    device, dtype = model.device, model.dtype
+    device, dtype = input_device(model), model.dtype
     moved = {}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
@@ -134,7 +135,8 @@ def load_vision_model(
     """Load a vision-language model (Hub id or local folder) with `AutoModelForImageTextToText`.
 
     Any loading failure (missing folder, unknown id, a checkpoint that is not an image-text-to-text
-    model, missing weights) becomes one `MMSpecError`. Extra keyword arguments go to `from_pretrained`.
+    model, missing weights) becomes one `MMSpecError`. Extra keyword arguments go to `from_pretrained`
+    (e.g. `device_map`, `max_memory`, `offload_folder` for a model spread by accelerate: then leave `device` unset).
     """
     where = str(Path(name_or_path).expanduser()) if str(name_or_path).startswith("~") else str(name_or_path)
     if _looks_like_local_path(where) and not Path(where).is_dir():

@@ -35,6 +35,7 @@ import torch
 from transformers import AutoProcessor, PreTrainedModel
 
 from ..decoding import SpeculativeDecoder
+from ..devices import load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError
 from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
@@ -122,12 +123,14 @@ class CaptionPipeline(SpeculativePipeline):
         # typing.Union inside the dict: diffusers' loader checks the values against it (it cannot read `|` there)
         feature_drafters: dict[str, Union[FeatureDrafterModel, str, os.PathLike]] | None = None,  # noqa: UP007
         model_folder: str | os.PathLike | None = None,
+        drafter_device: str | torch.device | None = None,
     ) -> None:
         super().__init__()
         self.check_draft_tokens(num_draft_tokens)
-        # The text drafter reads the committed tokens, which live on the model's device.
+        # The text drafter reads the committed tokens, which live on the model's input device; on a device of
+        # its own (`drafter_device`) accelerate's hook carries them there and its logits back.
         self.register_modules(model=model.eval(), processor=processor,
-                              drafter=drafter.to(model.device) if drafter is not None else None)
+                              drafter=place_drafter(drafter, drafter_device, model) if drafter is not None else None)
         self.card = dict(card or {})
         self.std_kv_budget = std_kv_budget
         self.num_draft_tokens = num_draft_tokens
@@ -146,9 +149,13 @@ class CaptionPipeline(SpeculativePipeline):
         drafter: str | os.PathLike | PreTrainedModel | None = None,
         feature_drafters: Mapping[str, str | os.PathLike | FeatureDrafterModel] | None = None,
         dtype: torch.dtype | str | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         *,
         torch_dtype: torch.dtype | str | None = None,
+        device_map: str | dict[str, Any] | None = None,
+        max_memory: dict[Any, Any] | None = None,
+        offload_folder: str | os.PathLike | None = None,
+        drafter_device: str | torch.device | None = None,
         **kwargs: Any,
     ) -> "CaptionPipeline":
         """Load a model (zoo name, local folder, saved pipeline or Hub id available offline) and, optionally, a drafter.
@@ -158,19 +165,32 @@ class CaptionPipeline(SpeculativePipeline):
         (or model); a method not given is loaded from the folder's `<method>/` subfolder when there is
         one. `dtype` (or `torch_dtype`, the same) defaults to float32. Other keyword arguments go to
         the constructor (`num_draft_tokens`, `std_kv_budget`, ...).
+
+        Placement: `device` (default CPU) holds the whole pipeline. A model bigger than one device is
+        spread by accelerate instead: `device_map` ("auto" or {module name: device}), `max_memory`
+        ({"cpu": "20GiB", 0: "10GiB"}; alone it means device_map="auto") and `offload_folder` (for
+        layers mapped to "disk") go to the model's `from_pretrained`; the drafters then sit on
+        `drafter_device` (default: the model's first device, where its inputs go).
         """
         dtype = resolve_dtype(dtype, torch_dtype)
+        placement = load_options(device, device_map, max_memory, offload_folder)
+        device = None if placement else (device or "cpu")
         name = str(model_id_or_path)
         saved = saved_pipeline_folder(name)
         if saved is not None:
             if drafter is not None:
                 kwargs["drafter"] = cls._load_text_drafter(drafter, dtype)
-            return cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name,
+            if placement:  # diffusers' loader moves components whole: load the model dispatched here
+                kwargs["model"] = load_vision_model(saved / "model", dtype=dtype, **placement)
+            pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name,
                                    feature_drafters=feature_drafter_folders(saved, feature_drafters),
                                    model_folder=saved, **kwargs)
+            if drafter_device is not None and pipe.drafter is not None:  # after `_from_saved` moved the pipeline
+                place_drafter(pipe.drafter, drafter_device, pipe.model)
+            return pipe
         path = resolve(name)
         card = zoo_card(name)
-        model = load_vision_model(path, dtype=dtype, device=device)
+        model = load_vision_model(path, dtype=dtype, device=device, **placement)
         try:
             processor = AutoProcessor.from_pretrained(path)
         except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
@@ -178,10 +198,11 @@ class CaptionPipeline(SpeculativePipeline):
         if drafter is None and card.get("pairs_with"):
             drafter = card["pairs_with"]
         if drafter is not None:
-            drafter = cls._load_text_drafter(drafter, dtype).to(device=device)
+            drafter = cls._load_text_drafter(drafter, dtype)
         folder = path if Path(path).is_dir() else None
         return cls(model, processor, drafter=drafter, model_name=name, card=card,
-                   feature_drafters=feature_drafter_folders(folder, feature_drafters), model_folder=folder, **kwargs)
+                   feature_drafters=feature_drafter_folders(folder, feature_drafters), model_folder=folder,
+                   drafter_device=drafter_device, **kwargs)
 
     @staticmethod
     def _load_text_drafter(drafter: str | os.PathLike | PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:

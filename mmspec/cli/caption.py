@@ -18,6 +18,7 @@ from .common import (
     set_threads,
     stats_json,
 )
+from .placement import add_placement_flags, placement_options
 from .tree_flag import add_tree_flag
 
 TREE_METHODS = ("msd", "text")  # fastest first (BENCHMARKS.md)
@@ -45,6 +46,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--temperature", type=checks.non_negative_float, default=None,
                         help="sample at this temperature (default and 0: greedy)")
     folder_runs.add_flags(parser)
+    add_placement_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
     set_threads(args)
+    placement = placement_options(args)
     folder = folder_runs.plan(args.path, args.out, IMAGE_SUFFIXES | folder_runs.VIDEO_SUFFIXES, args.retry_failed)
 
     if args.model is None:
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
     feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
-                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens)
+                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens, **placement)
     if args.method is None and args.tree is not None:
         args.method = tree_method(pipe.available_methods)
         print(f"mmspec: method {args.method!r} (--tree: the fastest method available that drafts trees)", file=sys.stderr)

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import MMSpecError
 from . import folder_runs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
+from .placement import add_placement_flags, placement_options
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
                   ".mp4", ".mkv", ".mov"}
@@ -48,6 +49,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
                              "(required), one FILE_STEM.FORMAT per audio file, or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
+    add_placement_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ..speech.pipeline import TranscriptionPipeline
 
     set_threads(args)
+    placement = placement_options(args)
     source = Path(args.path)
     if not source.exists():
         raise MMSpecError(f"audio file {args.path!r} does not exist")
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)
-    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder)
+    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder, **placement)
     pipe.check_method(args.method)  # an unavailable method fails once, before any audio
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
