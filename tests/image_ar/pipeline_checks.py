@@ -1,6 +1,7 @@
 """What the class-conditional and the Janus pipeline tests check alike: seeded generators, method options
 that fit the tiny VQ, `mmspec generate-image` runs, and what the VAR and MAR pipeline tests assert alike
-(outputs, saved folders, bad settings, dtype moves)."""
+about outputs and saved folders (what both pipelines must do alike is tested once for each in
+test_class_conditional_pipelines.py)."""
 
 import json
 import re
@@ -12,7 +13,6 @@ from diffusers.utils import BaseOutput
 from PIL import Image
 
 from mmspec.cli import main
-from mmspec.errors import MMSpecError
 
 # LANTERN's default k (the authors' 1000, for a 16384-code codebook) does not fit the tiny 12-code VQ.
 OPTIONS = {"lantern": {"lantern_k": 4}}
@@ -78,36 +78,3 @@ def assert_np_images(pipe, side):
     """output_type="np": one float array [1, side, side, 3] in [0, 1]."""
     arrays = pipe(class_labels=0, method="ar", seed=0, output_type="np", progress_bar=False).images
     assert isinstance(arrays, np.ndarray) and arrays.shape == (1, side, side, 3) and 0 <= arrays.min() <= arrays.max() <= 1
-
-
-def assert_one_clear_error(pipe, kwargs, message):
-    """A call with bad settings raises one `MMSpecError` line that says `message`."""
-    with pytest.raises(MMSpecError) as error:
-        pipe(class_labels=0, seed=0, progress_bar=False, **kwargs)
-    assert message in str(error.value) and "\n" not in str(error.value)
-
-
-def assert_bad_conditions_refused(pipe, num_classes):
-    """An unknown class name and a label out of range are one error each."""
-    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
-        pipe(prompt="pink circle", progress_bar=False)
-    with pytest.raises(MMSpecError, match=rf"class labels must be integers in \[0, {num_classes}\)"):
-        pipe(class_labels=[num_classes], progress_bar=False)
-
-
-def assert_not_a_saved_folder_is_refused(cls, folder, message, other_class):
-    """An empty folder, and one saved by `other_class`, are one error each from `cls.from_pretrained`."""
-    with pytest.raises(MMSpecError, match=message):
-        cls.from_pretrained(folder)
-    (folder / "model_index.json").write_text(json.dumps({"_class_name": other_class}))
-    with pytest.raises(MMSpecError, match=f"not a {cls.__name__}"):
-        cls.from_pretrained(folder)
-
-
-def assert_moves_to_bfloat16_and_back(pipe, names, method):
-    """`pipe.to(dtype)` moves every named component and the pipeline still generates; `.to(device, dtype)` back."""
-    pipe.to(torch.bfloat16)
-    assert pipe.dtype == torch.bfloat16 and {getattr(pipe, name).dtype for name in names} == {torch.bfloat16}
-    assert len(pipe(class_labels=1, method=method, seed=0, progress_bar=False).images) == 1
-    pipe.to("cpu", torch.float32)
-    assert pipe.device == torch.device("cpu") and getattr(pipe, names[-1]).dtype == torch.float32

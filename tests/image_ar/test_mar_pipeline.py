@@ -1,9 +1,9 @@
 """MARPipeline: the diffusers pipeline of MAR and CSpD (tiny random MARs + a tiny AutoencoderKL, float32, CPU).
 
-Save / load round trip through model_index.json, `.to()`, the progress bar, generators, the output
-(a diffusers BaseOutput with `.images` and `.stats`), both methods against the functions they run (cspd
-with draft == target against ar, with a failing control), one clear error for each bad setting, and the
-CLI (generate-image, bench image) on a saved folder.
+Save / load round trip through model_index.json, the output (a diffusers BaseOutput with `.images` and
+`.stats`), both methods against the functions they run (cspd with draft == target against ar, with a
+failing control), mismatched parts, and the CLI (generate-image, bench image) on a saved folder. Seeds,
+the progress bar, `.to()` and bad settings: test_class_conditional_pipelines.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL
 
 from mmspec.errors import MMSpecError
 from mmspec.image_ar import SpeculativeImagePipeline
@@ -23,32 +22,17 @@ from mmspec.image_ar.masked_decode import target_generate
 from mmspec.pipelines import SpeculativePipeline
 from mmspec.sampling import seeded_generator
 
-from .pipeline_checks import (assert_bad_conditions_refused, assert_images_output, assert_moves_to_bfloat16_and_back,
-                              assert_not_a_saved_folder_is_refused, assert_np_images, assert_one_clear_error,
-                              assert_same_components)
+from .pipeline_checks import assert_images_output, assert_np_images, assert_same_components
+from .tiny_class_conditional import MAR_CARD as CARD
+from .tiny_class_conditional import MAR_CLASSES as CLASSES
+from .tiny_class_conditional import mar_pipeline
 
-CLASSES = [f"shape {i}" for i in range(10)]
-CARD = {"num_iter": 6, "num_draft": 2, "prefill_ratio": 0.15}
 EXACT = dict(num_draft=1, prefill_ratio=0.0)  # where cspd_generate with draft == target gives the ar output
 
 
-def tiny_vae(seed: int = 0) -> AutoencoderKL:
-    """16 x 16 RGB <-> 4 x 4 x 4 latents (tiny_mar's tokens)."""
-    torch.manual_seed(seed)
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
-                         up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 8, 8), layers_per_block=1,
-                         latent_channels=4, norm_num_groups=4, sample_size=16).eval()
-
-
 @pytest.fixture(scope="module")
-def vae():
-    return tiny_vae()
-
-
-@pytest.fixture(scope="module")
-def pipe(vae):
-    return MARPipeline(tiny_mar(0), vae, tiny_mar(1, encoder_embed_dim=16, decoder_embed_dim=16), class_names=CLASSES,
-                       model_name="tiny-mar", card=CARD)
+def pipe():
+    return mar_pipeline()
 
 
 def test_save_and_load_round_trip(pipe, tmp_path):
@@ -103,59 +87,11 @@ def test_cspd_with_the_target_as_draft_reproduces_ar(pipe, cfg):
     assert other.stats.accepted < other.stats.drafted and not torch.equal(ar.tokens, other.tokens)
 
 
-def test_to_moves_every_component_and_it_still_generates():
-    pipe = MARPipeline(tiny_mar(0), tiny_vae(), tiny_mar(1), card=CARD)
-    assert_moves_to_bfloat16_and_back(pipe, ("model", "vae", "draft"), "cspd")
-
-
-def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(pipe):
-    a = pipe(class_labels=3, method="cspd", seed=7, progress_bar=False)
-    b = pipe(class_labels=3, method="cspd", generator=torch.Generator("cpu").manual_seed(7), progress_bar=False)
-    assert torch.equal(a.tokens, b.tokens)
-    assert not torch.equal(a.tokens, pipe(class_labels=3, method="cspd", seed=8, progress_bar=False).tokens)
-    torch.manual_seed(1)
-    c = pipe(class_labels=3, method="ar", progress_bar=False)
-    torch.manual_seed(1)
-    d = pipe(class_labels=3, method="ar", progress_bar=False)
-    assert torch.equal(c.tokens, d.tokens)
-
-
-def test_the_progress_bar_counts_steps_and_can_be_hidden(pipe, capsys):
-    pipe(class_labels=0, method="cspd", seed=0)
-    assert "image (cspd)" in capsys.readouterr().err
-    pipe(class_labels=0, method="ar", seed=0, progress_bar=False)
-    assert "image (ar)" not in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"method": "sjd"}, "unknown method 'sjd'; choose from ar, cspd"),
-    ({"method": "code"}, "unknown method 'code'; choose from ar, cspd"),
-    ({"method": "ar", "num_draft": 2}, "num_draft: settings of method 'cspd', not 'ar'"),
-    ({"method": "cspd", "num_draft": 0}, "num_draft must be an integer >= 1"),
-    ({"method": "cspd", "prefill_ratio": 1.0}, "prefill_ratio must be in [0, 1)"),
-    ({"method": "ar", "num_iter": 17}, "num_iter must be an integer in 1..16"),
-    ({"method": "ar", "guidance_scale": 0.5}, "guidance_scale must be a finite number >= 1"),
-    ({"method": "ar", "temperature": 0}, "temperature must be a finite number > 0"),
-    ({"method": "cspd", "temperature": float("nan")}, "temperature must be a finite number > 0"),
-    ({"method": "ar", "top_k": 5}, "top_k does not apply to MAR"),
-    ({"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
-])
-def test_bad_settings_are_one_clear_error(pipe, kwargs, message):
-    assert_one_clear_error(pipe, kwargs, message)
-
-
-def test_bad_conditions_a_missing_draft_and_mismatched_parts_are_refused(pipe, vae):
-    assert_bad_conditions_refused(pipe, 10)
-    with pytest.raises(MMSpecError, match="needs a draft"):
-        MARPipeline(pipe.model, vae)(class_labels=0, method="cspd", progress_bar=False)
+def test_mismatched_parts_are_refused(pipe):
     with pytest.raises(MMSpecError, match="latent channels"):
-        MARPipeline(tiny_mar(0, vae_embed_dim=8), vae)
+        MARPipeline(tiny_mar(0, vae_embed_dim=8), pipe.vae)
     with pytest.raises(MMSpecError, match="the draft makes"):
-        MARPipeline(pipe.model, vae, tiny_mar(1, img_size=32, vae_stride=4))
-
-
-def test_a_folder_that_is_no_saved_mar_pipeline_is_one_error(tmp_path):
-    assert_not_a_saved_folder_is_refused(MARPipeline, tmp_path, "is not a folder saved by MARPipeline", "VARPipeline")
+        MARPipeline(pipe.model, pipe.vae, tiny_mar(1, img_size=32, vae_stride=4))
 
 
 # ---- the CLI: generate-image and bench image on a saved MAR pipeline ------------------------------

@@ -1,8 +1,8 @@
 """VARPipeline: the diffusers pipeline of VAR and CoDe (tiny random models, float32, CPU).
 
-Save / load round trip through model_index.json, `.to()`, the progress bar, generators, the output
-(a diffusers BaseOutput with `.images` and `.stats`), both methods against the functions they run,
-and one clear error for each bad setting.
+Save / load round trip through model_index.json, the output (a diffusers BaseOutput with `.images` and
+`.stats`), both methods against the functions they run, a mismatched VQ-VAE, and the CLI on a saved
+folder. Seeds, the progress bar, `.to()` and bad settings: test_class_conditional_pipelines.py.
 """
 
 from __future__ import annotations
@@ -14,35 +14,24 @@ import torch
 
 from mmspec.errors import MMSpecError
 from mmspec.image_ar.code import code_generate
-from mmspec.image_ar.var import VAR, VARSampling
+from mmspec.image_ar.var import VARSampling
 from mmspec.image_ar.var_pipeline import VARPipeline
-from mmspec.image_ar.var_vq import tiny_var_vq
 from mmspec.pipelines import SpeculativePipeline
 from mmspec.sampling import seeded_generator
 
-from .pipeline_checks import (assert_bad_conditions_refused, assert_images_output, assert_moves_to_bfloat16_and_back,
-                              assert_not_a_saved_folder_is_refused, assert_np_images, assert_one_clear_error,
-                              assert_same_components)
-
-PATCH_NUMS = (1, 2, 3, 4)
-CLASSES = ["red circle", "blue circle", "red square", "blue square", "green star"]
-
-
-def var_of(seed: int, depth: int) -> VAR:
-    torch.manual_seed(seed)
-    return VAR(vocab_size=16, Cvae=8, num_classes=5, depth=depth, embed_dim=32, num_heads=2,
-               patch_nums=PATCH_NUMS).eval()
+from .pipeline_checks import assert_images_output, assert_np_images, assert_same_components
+from .tiny_class_conditional import VAR_CLASSES as CLASSES
+from .tiny_class_conditional import tiny_vq, var_of, var_pipeline
 
 
 @pytest.fixture(scope="module")
-def vq():
-    return tiny_var_vq(vocab_size=16, z_channels=8, patch_nums=PATCH_NUMS, seed=0)
+def pipe():
+    return var_pipeline()
 
 
 @pytest.fixture(scope="module")
-def pipe(vq):
-    return VARPipeline(var_of(0, 3), vq, var_of(1, 1), class_names=CLASSES, model_name="tiny-var",
-                       card={"draft_scales": 2, "cfg": 2.0})
+def vq(pipe):
+    return pipe.vq
 
 
 def maps_equal(a, b) -> bool:
@@ -105,61 +94,9 @@ def test_greedy_code_with_the_large_models_weights_as_refiner_equals_ar(pipe, vq
     assert not maps_equal(ar.token_maps, other.token_maps)  # control: another refiner changes the last scales
 
 
-def test_to_moves_every_component_and_it_still_generates(vq):
-    pipe = VARPipeline(var_of(0, 2), tiny_var_vq(vocab_size=16, z_channels=8, patch_nums=PATCH_NUMS), var_of(1, 1))
-    assert_moves_to_bfloat16_and_back(pipe, ("model", "vq", "refiner"), "code")
-
-
-def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(pipe):
-    a = pipe(class_labels=3, method="code", seed=7, progress_bar=False)
-    b = pipe(class_labels=3, method="code", generator=torch.Generator("cpu").manual_seed(7), progress_bar=False)
-    assert maps_equal(a.token_maps, b.token_maps)
-    torch.manual_seed(1)
-    c = pipe(class_labels=3, method="code", progress_bar=False)
-    torch.manual_seed(1)
-    d = pipe(class_labels=3, method="code", progress_bar=False)
-    assert maps_equal(c.token_maps, d.token_maps)
-
-
-def test_the_progress_bar_counts_scales_and_can_be_hidden(pipe, capsys):
-    pipe(class_labels=0, method="code", seed=0)
-    assert "image (code)" in capsys.readouterr().err
-    pipe(class_labels=0, method="code", seed=0, progress_bar=False)
-    assert "image (code)" not in capsys.readouterr().err
-    pipe.set_progress_bar_config(disable=True)
-    try:
-        pipe(class_labels=0, method="ar", seed=0)
-        assert "image (ar)" not in capsys.readouterr().err
-    finally:
-        pipe.set_progress_bar_config(disable=False)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"method": "code", "draft_scales": 0}, "draft_scales must be an integer in 1..3"),
-    ({"method": "code", "draft_scales": 4}, "draft_scales must be an integer in 1..3"),
-    ({"method": "code", "draft_scales": True}, "draft_scales must be an integer in 1..3"),
-    ({"method": "code", "draft_scales": "2"}, "draft_scales must be an integer in 1..3"),
-    ({"method": "ar", "draft_scales": 2}, "draft_scales applies to method 'code' only"),
-    ({"method": "sjd"}, "unknown method 'sjd'; choose from ar, code"),
-    ({"method": "code", "guidance_scale": -1.0}, "guidance_scale must be a finite number >= 0"),
-    ({"method": "code", "temperature": float("nan")}, "temperature must be a finite number >= 0"),
-    ({"method": "code", "top_k": 0}, "top_k must be an integer >= 1"),
-    ({"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
-])
-def test_bad_settings_are_one_clear_error(pipe, kwargs, message):
-    assert_one_clear_error(pipe, kwargs, message)
-
-
-def test_bad_conditions_and_a_missing_refiner_are_refused(pipe, vq):
-    assert_bad_conditions_refused(pipe, 5)
-    with pytest.raises(MMSpecError, match="needs a refiner"):
-        VARPipeline(pipe.model, vq)(class_labels=0, method="code", progress_bar=False)
+def test_a_vq_of_another_vocabulary_is_refused(pipe):
     with pytest.raises(MMSpecError, match="does not match the VAR"):
-        VARPipeline(pipe.model, tiny_var_vq(vocab_size=12, z_channels=8, patch_nums=PATCH_NUMS))
-
-
-def test_a_folder_that_is_no_saved_var_pipeline_is_one_error(tmp_path):
-    assert_not_a_saved_folder_is_refused(VARPipeline, tmp_path, "is not a zoo VAR model", "SpeculativeImagePipeline")
+        VARPipeline(pipe.model, tiny_vq(vocab_size=12))
 
 
 # ---- the CLI: generate-image and bench image on a saved VAR pipeline ------------------------------

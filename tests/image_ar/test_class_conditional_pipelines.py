@@ -1,0 +1,133 @@
+"""What the VAR and MAR pipelines (both `ClassConditionalMixin`) must do alike, tested once for each: a seed
+is a CPU generator, the progress bar shows and hides, one clear error for each bad setting or condition,
+a missing second model or a folder of another pipeline, and `.to()` moves every component."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from mmspec.errors import MMSpecError
+
+from .tiny_class_conditional import mar_pipeline, var_pipeline
+
+
+@dataclass(frozen=True)
+class Family:
+    build: Callable[[], Any]
+    method: str  # the speculative method
+    second: str  # the optional second model it needs
+    num_classes: int
+    not_saved: str  # from_pretrained's error on a folder that holds no saved pipeline
+    other_class: str  # a pipeline class whose saved folder this one refuses
+    tokens: Callable[[Any], torch.Tensor]  # an output's tokens, as one tensor
+
+
+FAMILIES = {
+    "mar": Family(mar_pipeline, "cspd", "draft", 10, "is not a folder saved by MARPipeline", "VARPipeline",
+                  lambda out: out.tokens),
+    "var": Family(var_pipeline, "code", "refiner", 5, "is not a zoo VAR model", "SpeculativeImagePipeline",
+                  lambda out: torch.cat([m.flatten(1) for m in out.token_maps], 1)),
+}
+
+
+@cache
+def pipeline(family: str):
+    """The family's tiny pipeline, built once for the tests that leave it as it was."""
+    return FAMILIES[family].build()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(family):
+    pipe, tokens, method = pipeline(family), FAMILIES[family].tokens, FAMILIES[family].method
+    a = pipe(class_labels=3, method=method, seed=7, progress_bar=False)
+    b = pipe(class_labels=3, method=method, generator=torch.Generator("cpu").manual_seed(7), progress_bar=False)
+    assert torch.equal(tokens(a), tokens(b))
+    assert not torch.equal(tokens(a), tokens(pipe(class_labels=3, method=method, seed=8, progress_bar=False)))
+    for unseeded in ("ar", method):
+        torch.manual_seed(1)
+        c = pipe(class_labels=3, method=unseeded, progress_bar=False)
+        torch.manual_seed(1)
+        assert torch.equal(tokens(c), tokens(pipe(class_labels=3, method=unseeded, progress_bar=False)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_progress_bar_shows_and_can_be_hidden(family, capsys):
+    pipe, method = pipeline(family), FAMILIES[family].method
+    pipe(class_labels=0, method=method, seed=0)
+    assert f"image ({method})" in capsys.readouterr().err
+    pipe(class_labels=0, method=method, seed=0, progress_bar=False)
+    assert f"image ({method})" not in capsys.readouterr().err
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        pipe(class_labels=0, method="ar", seed=0)
+        assert "image (ar)" not in capsys.readouterr().err
+    finally:
+        pipe.set_progress_bar_config(disable=False)
+
+
+@pytest.mark.parametrize("family, kwargs, message", [
+    ("mar", {"method": "sjd"}, "unknown method 'sjd'; choose from ar, cspd"),
+    ("mar", {"method": "code"}, "unknown method 'code'; choose from ar, cspd"),
+    ("mar", {"method": "ar", "num_draft": 2}, "num_draft: settings of method 'cspd', not 'ar'"),
+    ("mar", {"method": "cspd", "num_draft": 0}, "num_draft must be an integer >= 1"),
+    ("mar", {"method": "cspd", "prefill_ratio": 1.0}, "prefill_ratio must be in [0, 1)"),
+    ("mar", {"method": "ar", "num_iter": 17}, "num_iter must be an integer in 1..16"),
+    ("mar", {"method": "ar", "guidance_scale": 0.5}, "guidance_scale must be a finite number >= 1"),
+    ("mar", {"method": "ar", "temperature": 0}, "temperature must be a finite number > 0"),
+    ("mar", {"method": "cspd", "temperature": float("nan")}, "temperature must be a finite number > 0"),
+    ("mar", {"method": "ar", "top_k": 5}, "top_k does not apply to MAR"),
+    ("mar", {"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
+    ("var", {"method": "code", "draft_scales": 0}, "draft_scales must be an integer in 1..3"),
+    ("var", {"method": "code", "draft_scales": 4}, "draft_scales must be an integer in 1..3"),
+    ("var", {"method": "code", "draft_scales": True}, "draft_scales must be an integer in 1..3"),
+    ("var", {"method": "code", "draft_scales": "2"}, "draft_scales must be an integer in 1..3"),
+    ("var", {"method": "ar", "draft_scales": 2}, "draft_scales applies to method 'code' only"),
+    ("var", {"method": "sjd"}, "unknown method 'sjd'; choose from ar, code"),
+    ("var", {"method": "code", "guidance_scale": -1.0}, "guidance_scale must be a finite number >= 0"),
+    ("var", {"method": "code", "temperature": float("nan")}, "temperature must be a finite number >= 0"),
+    ("var", {"method": "code", "top_k": 0}, "top_k must be an integer >= 1"),
+    ("var", {"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
+])
+def test_bad_settings_are_one_clear_error(family, kwargs, message):
+    with pytest.raises(MMSpecError) as error:
+        pipeline(family)(class_labels=0, seed=0, progress_bar=False, **kwargs)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bad_conditions_and_a_missing_second_model_are_refused(family):
+    pipe, spec = pipeline(family), FAMILIES[family]
+    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
+        pipe(prompt="pink circle", progress_bar=False)
+    with pytest.raises(MMSpecError, match=rf"class labels must be integers in \[0, {spec.num_classes}\)"):
+        pipe(class_labels=[spec.num_classes], progress_bar=False)
+    alone = type(pipe)(**{name: part for name, part in pipe.components.items() if name != spec.second})
+    with pytest.raises(MMSpecError, match=f"needs a {spec.second}"):
+        alone(class_labels=0, method=spec.method, progress_bar=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_folder_that_is_no_saved_pipeline_of_the_class_is_one_error(family, tmp_path):
+    cls, spec = type(pipeline(family)), FAMILIES[family]
+    with pytest.raises(MMSpecError, match=spec.not_saved):
+        cls.from_pretrained(tmp_path)
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": spec.other_class}))
+    with pytest.raises(MMSpecError, match=f"not a {cls.__name__}"):
+        cls.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_to_moves_every_component_and_it_still_generates(family):
+    pipe = FAMILIES[family].build()
+    names = tuple(pipe.components)
+    pipe.to(torch.bfloat16)
+    assert pipe.dtype == torch.bfloat16 and {getattr(pipe, name).dtype for name in names} == {torch.bfloat16}
+    assert len(pipe(class_labels=1, method=FAMILIES[family].method, seed=0, progress_bar=False).images) == 1
+    pipe.to("cpu", torch.float32)
+    assert pipe.device == torch.device("cpu") and {getattr(pipe, name).dtype for name in names} == {torch.float32}
