@@ -1,6 +1,7 @@
 """`mmspec bench speech` (speech/bench.py): the quality measures, and a whole run on a tiny random
 Whisper with both fast decoders, through the Python API and the CLI. Random models: only plumbing,
-exactness of the strict methods and the report's shape are tested, not speed or accuracy."""
+exactness of the strict methods and the report's shape are tested, not speed or accuracy. Bad arguments:
+test_cli_errors.py."""
 
 import json
 import shutil
@@ -100,25 +101,6 @@ def test_default_heldout_folder_and_missing_fast_decoders(folders, tmp_path, cap
     assert [m["method"] for m in result["methods"]] == [REFERENCE, "greedy-loop"]
     assert [n.split(" (")[0] for n in result["notes"]] == ["no CTC fast decoder", "no AR fast decoder"]
     assert str(model_dir / "heldout") in result["title"]
-
-
-@pytest.mark.parametrize("extra, message", [
-    (["--data", "{tmp}/nowhere"], "data folder '{tmp}/nowhere' does not exist"),
-    (["--data", "{tmp}"], "has no metadata.jsonl"),
-    (["--n", "0"], "argument --n: expected an integer >= 1"),
-    (["--num-samples", "0"], "argument --num-samples: expected an integer >= 1"),
-    (["--fast-decoder", "{asr}/ar_fast_decoder"], "--fast-decoder holds an AR fast decoder"),
-    (["--model", "{tmp}/no-model"], "cannot load the"),
-])
-def test_cli_bench_speech_errors(folders, tmp_path, capsys, extra, message):
-    asr, clips_folder = folders
-    args = {"--model": str(asr), "--data": str(clips_folder), "--repeats": "1"}
-    for key, value in zip(extra[::2], extra[1::2]):
-        args[key] = value.format(tmp=tmp_path, asr=asr)
-    code = main(["bench", "speech", *[x for pair in args.items() for x in pair]])
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("mmspec: error: ") and message.format(tmp=tmp_path) in err
 
 
 def test_bench_refuses_nothing_to_run(folders):
