@@ -8,13 +8,16 @@ nothing in transformers is patched.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from .errors import MMSpecError
+
+if TYPE_CHECKING:
+    from .ragged import RaggedBatch
 
 
 def sliding_window_of(model: PreTrainedModel) -> int | None:
@@ -106,6 +109,31 @@ class CachedModel:
             raise RuntimeError(f"{self.role}: cannot truncate a cache of {self.length} positions to {length}")
         # crop(0) is not a no-op for sliding-window layers: it trims them back to the window.
         self.cache.crop(-excess)
+
+    def feed_columns(self, batch: "RaggedBatch", start: int, new_tokens: torch.LongTensor, logits_to_keep: int = 1,
+                     **extra: Any) -> Any:
+        """Batch decoding (`mmspec.ragged`): run the columns of `batch` from `start` on plus `new_tokens` [B, m],
+        with the batch's attention mask (holes and left pads masked) and per-row position ids.
+        `start` is 0 for a prefill, else the number of columns the cache holds."""
+        inputs = batch.feed(start, new_tokens)
+        tokens = inputs.pop("tokens")
+        if self.is_encoder_decoder:
+            inputs = {"decoder_attention_mask": inputs["attention_mask"], "decoder_position_ids": inputs["position_ids"]}
+        if start == 0:
+            return self.prefill(tokens, logits_to_keep=logits_to_keep, **inputs, **extra)
+        if start != self.length:
+            raise RuntimeError(f"{self.role}: the cache holds {self.length} columns, not {start}")
+        return self.extend(tokens, logits_to_keep=logits_to_keep, **inputs, **extra)
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        """Keep only batch rows `keep` in the cache (and the encoder's states): finished rows stop costing work."""
+        self.cache.batch_select_indices(keep.to(self.model.device))
+        for name, value in list(self._encoder_kwargs.items()):
+            if isinstance(value, torch.Tensor):
+                self._encoder_kwargs[name] = value.index_select(0, keep.to(value.device))
+            elif isinstance(value, BaseModelOutput):
+                states = value.last_hidden_state
+                self._encoder_kwargs[name] = BaseModelOutput(last_hidden_state=states.index_select(0, keep.to(states.device)))
 
     def _forward(self, logits_to_keep: int, **kwargs: Any) -> Any:
         if self._takes_logits_to_keep:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 import torch
 from transformers import PreTrainedModel
 
+from .batch_decoding import check_batch_support, decode_batch
 from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
@@ -128,8 +129,7 @@ class SpeculativeDecoder:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if input_ids is not None and (input_ids.dim() != 2 or input_ids.shape[1] == 0):
             raise MMSpecError(f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
-        if input_ids is not None and input_ids.shape[0] != 1:
-            raise MMSpecError(f"batch size {input_ids.shape[0]} is not supported yet: pass one sequence (batch size 1)")
+        batched = input_ids is not None and input_ids.shape[0] > 1
         if eos_token_id is not None:
             kwargs["eos_token_id"] = eos_token_id  # a setting like any other: min-length processors use it
         settings, model_inputs = resolve_generation(self.target.model, kwargs, known_inputs=self.target.input_names(),
@@ -150,7 +150,13 @@ class SpeculativeDecoder:
         stats = SpecStats(method=self.method)
         forwards_before = self.drafter.forwards
         target_forwards_before = self.target.forwards
-        if not self.target.is_encoder_decoder:
+        if batched:
+            if settings.streamer is not None or on_round is not None:
+                raise MMSpecError("streamers and on_round hooks follow one sequence; pass a batch of one")
+            check_batch_support(self.target, self.drafter, self.tree, policy)
+            # Decoder-only: the mask marks each prompt's left padding and joins the batch's columns.
+            padding = None if self.target.is_encoder_decoder else model_inputs.pop("attention_mask", None)
+        elif not self.target.is_encoder_decoder:
             self._drop_trivial_attention_mask(model_inputs)
         self.drafter.accept_inputs(input_ids, model_inputs)
 
@@ -175,7 +181,9 @@ class SpeculativeDecoder:
                 if self.streamer is not None:
                     self.streamer.put(sequence.cpu())
                 self.drafter.prefill(sequence, model_inputs)
-                if self.drafter.drafts_from_prompt and self.tree is None:
+                if batched:
+                    pass
+                elif self.drafter.drafts_from_prompt and self.tree is None:
                     # Like transformers' assisted generation: the first drafts ride along with the prefill.
                     k = min(policy.max_tokens(), max_new_tokens - 1)
                     proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
@@ -189,23 +197,30 @@ class SpeculativeDecoder:
                     self._announce(first, first[:0])
                     done = int(first[0]) in stops
 
-            while not done and sequence.shape[1] - prompt_length < max_new_tokens:
-                remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
-                if self.tree is not None:
-                    sequence, done = self._tree_round(sequence, remaining - 1, rule, sampling, generator, stops, stats)
-                    continue
-                k = min(policy.max_tokens(), remaining - 1)
-                with stats.timer("draft"):
-                    proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
-                with stats.timer("verify"):
-                    step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
-                    sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
+            if batched:
+                sequence = decode_batch(
+                    self.target, self.drafter, sequence, padding, model_inputs, max_new_tokens=max_new_tokens, rule=rule, policy=policy,
+                    sampling=sampling, generator=generator, stops=stops, pad_token_id=settings.pad_token_id,
+                    stats=stats, on_tokens=on_tokens)
+            else:
+                while not done and sequence.shape[1] - prompt_length < max_new_tokens:
+                    remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
+                    if self.tree is not None:
+                        sequence, done = self._tree_round(sequence, remaining - 1, rule, sampling, generator, stops, stats)
+                        continue
+                    k = min(policy.max_tokens(), remaining - 1)
+                    with stats.timer("draft"):
+                        proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                    with stats.timer("verify"):
+                        step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
+                        sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
 
         if self.streamer is not None:
             self.streamer.end()
-        stats.new_tokens = sequence.shape[1] - prompt_length
-        stats.target_forwards = self.target.forwards - target_forwards_before
-        stats.drafter_forwards = self.drafter.forwards - forwards_before
+        if not batched:  # a batch's counts were filled per row
+            stats.new_tokens = sequence.shape[1] - prompt_length
+            stats.target_forwards = self.target.forwards - target_forwards_before
+            stats.drafter_forwards = self.drafter.forwards - forwards_before
         return SpeculativeOutput(sequences=sequence, stats=stats)
 
     def _announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
@@ -309,7 +324,9 @@ def speculative_generate(
     Args:
         target: a transformers causal or encoder-decoder LM (or an mmspec `Target`).
         drafter: a transformers LM with the same vocabulary, or an mmspec `Drafter`.
-        input_ids: prompt [1, L] (the encoder input for encoder-decoder targets).
+        input_ids: prompts [B, L] (the encoder input for encoder-decoder targets). With B > 1, pad on the
+            left and pass `attention_mask`; each row accepts its own drafts (`mmspec.batch_decoding`) and
+            the output is `generate`'s for the batch: rows that stop early are padded with the pad token.
         max_new_tokens: as in `generate` (unset: the generation config's, else `max_length` - prompt).
         generator: the source of all randomness; a CPU generator works with a model on any device.
         num_draft_tokens: k for the default fixed policy; ignored when `policy` is given.

@@ -105,6 +105,16 @@ class GenerationSettings:
     streamer: Any = None
     default_max_length: bool = True  # nobody set max_length: generate then makes 20 new tokens
 
+    @property
+    def pad_token_id(self) -> int:
+        """What fills a batch's rows that stopped early: the pad token, else the first end token (as `generate`)."""
+        if self.config.pad_token_id is not None:
+            return int(self.config.pad_token_id)
+        eos = self.config.eos_token_id
+        if eos is None:
+            return 0
+        return int(eos) if isinstance(eos, int) else int(list(eos)[0])
+
     def max_new_tokens(self, prompt_length: int, max_positions: int | None) -> int:
         """As `generate`: `max_new_tokens` when set; else `max_length` counted after the prompt when
         someone set it; else `max_length` (20) new tokens, within the model's positions."""

@@ -44,7 +44,9 @@ def greedy_match(
     """Exact match: accept drafts while they equal the target's argmax; then take the target's argmax."""
     choice = target_logits.argmax(dim=-1)
     k = proposal.length
-    num_accepted = leading_true_count(proposal.tokens == choice[:, :k])
+    matches = proposal.tokens == choice[:, :k]
+    valid = proposal.valid()
+    num_accepted = leading_true_count(matches if valid is None else matches & valid)
     next_token = choice.gather(1, num_accepted[:, None]).squeeze(1)
     return Verdict(num_accepted=num_accepted, next_token=next_token)
 
@@ -107,12 +109,16 @@ def speculative_sampling(
     p = probabilities(target_logits, sampling)
     batch, k = proposal.tokens.shape
     q = proposal.probs if proposal.probs is not None else one_hot_drafts(proposal, p.shape[-1])
+    valid = proposal.valid()
+    if valid is not None:
+        q = q * valid[..., None]  # a padding slot drafted nothing: its residual is p itself (a bonus token)
     tokens = proposal.tokens[..., None]
     p_draft = p[:, :k].gather(-1, tokens).squeeze(-1)
     q_draft = q.gather(-1, tokens).squeeze(-1)
     uniforms = rand((batch, k), generator, p.device)
     # Strict: a token the target gives probability 0 is never accepted, even when u is exactly 0.
-    num_accepted, next_probs = accept_and_residual(proposal.tokens, q, p, uniforms * q_draft < p_draft)
+    accepted = uniforms * q_draft < p_draft
+    num_accepted, next_probs = accept_and_residual(proposal.tokens, q, p, accepted if valid is None else accepted & valid)
     return Verdict(num_accepted=num_accepted, next_token=sample(next_probs, generator))
 
 

@@ -14,6 +14,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from .cached_model import CachedModel
 from .errors import MMSpecError
 from .generation import build_logits_processors, process_prefixed_rows, process_rows
+from .ragged import RaggedBatch
 from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
 
 
@@ -43,6 +44,8 @@ class Target(CachedModel):
     # Whether the model's shipped `generation_config` (sampling, penalties, ...) applies to this
     # decoding, as in its `generate`; False for targets whose settings come from elsewhere.
     reads_generation_config: bool = True
+    # Whether `start_batch` / `score_batch` serve this target (batch size > 1, see `mmspec.ragged`).
+    decodes_batches: bool = True
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, role="target")
@@ -124,6 +127,28 @@ class Target(CachedModel):
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
         return self._processed(step, first_position)
+
+    def start_batch(self, batch: RaggedBatch, **model_inputs: Any) -> TargetStep:
+        """Batch decoding: prefill the left-padded prompts of `batch`; logits [B, 1, V] after each prompt."""
+        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        out = self.feed_columns(batch, 0, batch.tokens[:, :0], logits_to_keep=1, **extra, **model_inputs)
+        return self._processed_batch(self._step(out, 1), batch, batch.width - 1)
+
+    def score_batch(self, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
+        """Batch decoding: ONE forward over each row's newest token and its drafts [B, k]: logits [B, k + 1, V]."""
+        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        out = self.feed_columns(batch, batch.width - 1, drafts, logits_to_keep=0, **extra)
+        return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
+
+    def _processed_batch(self, step: TargetStep, batch: RaggedBatch, first_column: int,
+                         drafts: torch.LongTensor | None = None) -> TargetStep:
+        """Each row's logits processed with that row's own prefixes (rows accept different drafts)."""
+        if not self.processors:
+            return step
+        count = step.logits.shape[1]
+        rows = [process_prefixed_rows(self.processors, batch.prefixes(b, first_column, count, drafts), step.logits[b:b + 1])
+                for b in range(batch.size)]
+        return TargetStep(logits=torch.cat(rows), hidden_states=step.hidden_states)
 
     def check_tree_support(self) -> None:
         """Refuse, with one clear line, a target a draft tree cannot be verified on."""

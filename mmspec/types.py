@@ -1,7 +1,6 @@
 """What a drafter proposes and what an acceptance rule decides.
 
-Tensors carry a batch dimension B so that batch > 1 with ragged acceptance can follow;
-the loop currently runs B = 1.
+Tensors carry a batch dimension B; in a batch each row accepts its own number of drafts.
 """
 
 from __future__ import annotations
@@ -21,10 +20,19 @@ class Proposal:
 
     tokens: torch.LongTensor
     probs: torch.Tensor | None = None
+    # Drafts per row [B] when rows drafted different numbers (n-gram lookup in a batch); a row's
+    # tokens past its length are padding that rules never accept. None: every row drafted k.
+    lengths: torch.LongTensor | None = None
 
     @property
     def length(self) -> int:
         return int(self.tokens.shape[1])
+
+    def valid(self) -> torch.Tensor | None:
+        """Which draft slots [B, k] hold real drafts (None: all of them)."""
+        if self.lengths is None:
+            return None
+        return torch.arange(self.length, device=self.tokens.device)[None] < self.lengths.to(self.tokens.device)[:, None]
 
     @classmethod
     def empty(cls, like: torch.Tensor) -> "Proposal":

@@ -230,6 +230,8 @@ class WhisperTarget(Target):
         logits_processors: extra processors to apply after Whisper's own (advanced).
     """
 
+    decodes_batches = False  # batches of recordings: not wired yet
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -41,9 +41,11 @@ def test_vocabulary_mismatch(target, prompt):
         speculative_generate(target, other, prompt, max_new_tokens=5)
 
 
-def test_batch_above_one(target, prompt):
-    with pytest.raises(MMSpecError, match="batch size 2"):
-        speculative_generate(target, target, prompt.repeat(2, 1), max_new_tokens=5)
+def test_batch_with_a_drafter_of_one_sequence(target, prompt):
+    from mmspec.drafters import JacobiDrafter
+
+    with pytest.raises(MMSpecError, match="JacobiDrafter drafts one sequence at a time; pass a batch of one"):
+        speculative_generate(target, JacobiDrafter(target.config.vocab_size), prompt.repeat(2, 1), max_new_tokens=5)
 
 
 def test_drafter_without_cache(target, prompt):

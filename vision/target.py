@@ -30,6 +30,8 @@ from .models import feature_token_ids, modality_token_types
 class VisionTarget(Target):
     """`Target` that keeps multimodal prefill inputs consistent with the drafts riding along."""
 
+    decodes_batches = False  # batches of images and videos: not wired yet
+
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, output_hidden_states=output_hidden_states)
         self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=model.device)

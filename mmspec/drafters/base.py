@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..policies import DraftLengthPolicy
+from ..ragged import RaggedBatch
 from ..errors import MMSpecError
 from ..sampling import SamplingConfig
 from ..trees import DraftTree, TreeConfig
@@ -33,6 +34,8 @@ class Drafter(ABC):
     logits_processor: Any = None
     # True when `propose_tree` is implemented (EAGLE-2 draft trees, see `mmspec.trees`).
     drafts_trees: bool = False
+    # True when `propose_batch` / `select_rows` are implemented (batch size > 1, see `mmspec.ragged`).
+    drafts_batches: bool = False
 
     def bind(self, target: Any) -> None:
         """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
@@ -68,6 +71,15 @@ class Drafter(ABC):
         """A draft tree below the newest token of `sequence` [1, L], no deeper than `config.depth`.
         After verification `observe` receives a verdict whose `path` lists the accepted nodes."""
         raise MMSpecError(f"{type(self).__name__} cannot draft trees; draft chains (leave tree unset)")
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        """Up to `max_tokens` drafts per live row of `batch`, continuing each row's newest column. Rows
+        may draft fewer (`Proposal.lengths`). Rejected drafts become holes in `batch` afterwards."""
+        raise MMSpecError(f"{type(self).__name__} drafts one sequence at a time; pass a batch of one")
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        """Keep only the live rows at indices `keep` (the others finished)."""
 
     def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
         """Called after the target committed tokens; `sequence` is the new committed sequence."""

@@ -10,11 +10,12 @@ from transformers import PreTrainedModel
 from ..cached_model import CachedModel
 from ..errors import MMSpecError
 from ..generation import process_prefixed_rows
+from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig, probabilities
 from ..trees import (DraftTree, TreeConfig, grow_tree, keep_cache_positions, level_attention_mask, node_path,
                      refuse_flash_attention)
-from ..types import Verdict
-from .autoregressive import AutoregressiveDrafter, common_prefix_length
+from ..types import Proposal, Verdict
+from .autoregressive import AutoregressiveDrafter, choose_draft_token, common_prefix_length
 
 
 class ModelDrafter(AutoregressiveDrafter):
@@ -87,6 +88,52 @@ class ModelDrafter(AutoregressiveDrafter):
     def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafter's logits [..., V] as its drafts are chosen from (subclasses mask tokens here)."""
         return logits
+
+    @property
+    def drafts_batches(self) -> bool:  # type: ignore[override]
+        # Holes in the columns would shift a sliding window.
+        return self.lm.sliding_window is None
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        """`max_tokens` drafts for every live row, one forward per draft. The cache holds the same columns
+        as the batch, holes included (masked): each round feeds the columns it has not seen yet."""
+        if max_tokens <= 0:
+            return Proposal.empty(batch.tokens)
+        if self.lm.cache is None:
+            out = self.lm.feed_columns(batch, 0, batch.tokens[:, :0], **self._encoder_inputs)
+        else:
+            out = self.lm.feed_columns(batch, self.lm.length, batch.tokens[:, :0])
+        logits = out.logits[:, -1, :]
+        tokens, dists = [], []
+        for step in range(max_tokens):
+            if self.logits_processor:
+                drafted = torch.stack(tokens, dim=1) if tokens else None
+                logits = torch.cat([
+                    self.logits_processor(batch.prefixes(b, batch.width - 1 + step, 1, drafted)[0], logits[b:b + 1].float())
+                    for b in range(batch.size)])
+            token, dist, _ = choose_draft_token(logits, sampling, generator, want_confidence=False)
+            tokens.append(token)
+            if dist is not None:
+                dists.append(dist)
+            if step + 1 < max_tokens:
+                # The drafts so far are valid columns after the batch's; this one is the newest.
+                out = self.lm.extend(token[:, None], logits_to_keep=1, **self._batch_inputs(batch, torch.stack(tokens, dim=1)))
+                logits = out.logits[:, -1, :]
+        return Proposal(tokens=torch.stack(tokens, dim=1), probs=torch.stack(dists, dim=1) if dists else None)
+
+    def _batch_inputs(self, batch: RaggedBatch, drafts: torch.LongTensor) -> dict[str, torch.Tensor]:
+        inputs = batch.feed(batch.width, drafts)
+        mask, positions = inputs["attention_mask"], inputs["position_ids"][:, -1:]
+        if self.lm.is_encoder_decoder:
+            return {"decoder_attention_mask": mask, "decoder_position_ids": positions}
+        return {"attention_mask": mask, "position_ids": positions}
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        if self.lm.cache is not None:
+            self.lm.select_rows(keep)
+        self._encoder_inputs = {k: v.index_select(0, keep.to(v.device)) if isinstance(v, torch.Tensor) else v
+                                for k, v in self._encoder_inputs.items()}
 
     def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
                      generator: torch.Generator | None) -> DraftTree:

@@ -9,12 +9,19 @@ from __future__ import annotations
 import torch
 
 from ..policies import DraftLengthPolicy
+from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig
 from ..types import Proposal
 from .base import Drafter
 
 
 class NoDrafter(Drafter):
+    drafts_batches = True
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        return Proposal.empty(batch.tokens)
+
     def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
                 generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         return Proposal.empty(sequence)

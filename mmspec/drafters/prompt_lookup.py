@@ -10,6 +10,7 @@ import torch
 
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
+from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig
 from ..types import Proposal
 from .base import Drafter
@@ -33,6 +34,8 @@ def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, num_
 class PromptLookupDrafter(Drafter):
     """Deterministic n-gram drafts (q is one-hot, so speculative sampling stays lossless)."""
 
+    drafts_batches = True
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise MMSpecError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -45,3 +48,16 @@ class PromptLookupDrafter(Drafter):
             return Proposal.empty(sequence)
         follow = find_continuation(sequence[0], self.max_ngram, self.min_ngram, max_tokens)
         return Proposal(tokens=follow[None])
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        """Each row looks up its own valid tokens; shorter rows are padded (`Proposal.lengths`)."""
+        if max_tokens <= 0:
+            return Proposal.empty(batch.tokens)
+        found = [find_continuation(batch.tokens[b][batch.mask[b].bool()], self.max_ngram, self.min_ngram, max_tokens)
+                 for b in range(batch.size)]
+        lengths = torch.tensor([f.shape[0] for f in found], device=batch.tokens.device)
+        tokens = batch.tokens.new_zeros((batch.size, int(lengths.max())))
+        for b, follow in enumerate(found):
+            tokens[b, : follow.shape[0]] = follow
+        return Proposal(tokens=tokens, lengths=lengths)

@@ -1,0 +1,136 @@
+"""The draft/verify loop over a batch whose rows accept different numbers of drafts.
+
+    prefill the left-padded prompts; each row picks its first token
+    while rows are live:
+        proposal = drafter.propose_batch(batch, k)     # drafts [B, k] (rows may draft fewer)
+        step     = target.score_batch(batch, drafts)   # ONE target forward for all rows
+        verdict  = rule(proposal, step.logits, ...)    # accepted count [B] + correction / bonus [B]
+        append the k draft columns and the new token column; rejected drafts become holes
+        rows that stopped leave the batch (their caches too)
+
+Same rules, drafters and target as the batch-1 loop in `mmspec.decoding`; only the rollback
+differs: a batch-1 cache is cropped, a batch's rejected columns are masked (`mmspec.ragged`).
+Each row follows the tokens it would follow alone, so greedy output equals the row decoded alone
+and sampling keeps each row's distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .errors import MMSpecError
+from .policies import DraftLengthPolicy
+from .ragged import RaggedBatch
+from .rules import AcceptanceRule, greedy_match, speculative_sampling
+from .sampling import SamplingConfig, choose_next
+from .drafters import Drafter
+from .stats import SpecStats
+from .targets import Target
+from .trees import TreeConfig
+
+
+def check_batch_support(target: Target, drafter: Drafter, tree: TreeConfig | None, policy: DraftLengthPolicy) -> None:
+    """Refuse, with one clear line, what a batch cannot be decoded with."""
+    if tree is not None:
+        raise MMSpecError("draft trees decode one sequence at a time; pass a batch of one or draft chains")
+    if not target.decodes_batches:
+        raise MMSpecError(f"{type(target).__name__} decodes one sequence at a time; pass a batch of one")
+    if not drafter.drafts_batches:
+        raise MMSpecError(f"{type(drafter).__name__} drafts one sequence at a time; pass a batch of one")
+    if target.sliding_window is not None:
+        raise MMSpecError("a sliding-window target decodes one sequence at a time here; pass a batch of one")
+    if policy.needs_confidence:
+        raise MMSpecError("confidence-stopped draft lengths follow one sequence; use a fixed draft length for a batch")
+
+
+def decode_batch(
+    target: Target,
+    drafter: Drafter,
+    sequence: torch.LongTensor,
+    attention_mask: torch.Tensor | None,
+    model_inputs: dict[str, Any],
+    *,
+    max_new_tokens: int,
+    rule: AcceptanceRule,
+    policy: DraftLengthPolicy,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+    stops: set[int],
+    pad_token_id: int,
+    stats: SpecStats,
+    on_tokens: Callable[[int], None] | None,
+) -> torch.LongTensor:
+    """Decode every row of `sequence` [B, P] (left-padded where `attention_mask` has zeros): returns
+    prompt + new tokens [B, P + longest], rows that stopped early padded with `pad_token_id`. Fills
+    `stats`' token and forward counts (forwards per row: a forward over 4 live rows counts 4)."""
+    batch = RaggedBatch(sequence, attention_mask)
+    if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
+        raise MMSpecError("pad batches on the left (tokenizer padding_side='left'): a row ends in padding")
+
+    def commit(tokens: torch.LongTensor, valid: torch.Tensor) -> None:
+        """Append columns; cut each row at its first stop token or its token budget; drop finished rows."""
+        valid = valid.clone()
+        finished = []
+        for b, live in enumerate(batch.rows.tolist()):
+            room = max_new_tokens - len(batch.generated[live])
+            kept = 0
+            for j in range(tokens.shape[1]):
+                if not valid[b, j]:
+                    continue
+                if kept == room:
+                    valid[b, j:] = False
+                    break
+                kept += 1
+                if int(tokens[b, j]) in stops or kept == room:
+                    valid[b, j + 1:] = False
+                    finished.append(b)
+                    break
+        batch.append(tokens, valid)
+        if on_tokens is not None:
+            on_tokens(int(valid.sum()))
+        if finished:
+            keep = torch.tensor([b for b in range(batch.size) if b not in finished], dtype=torch.long,
+                                device=batch.tokens.device)
+            batch.select(keep)
+            if batch.size:
+                target.select_rows(keep)
+                drafter.select_rows(keep)
+
+    # Forwards count per row (a forward over 4 live rows counts 4), so tau stays tokens per row per forward.
+    row_forwards = {"target": 0, "drafter": 0}
+
+    def count(role: str, before: int, after: int, rows: int) -> None:
+        row_forwards[role] += (after - before) * rows
+
+    with stats.timer("prefill"):
+        step = target.start_batch(batch, **model_inputs)
+        count("target", 0, 1, batch.size)
+        first = choose_next(step.logits[:, -1], sampling, generator)
+        commit(first[:, None], torch.ones_like(first[:, None], dtype=torch.bool))
+
+    while batch.size:
+        room = max(max_new_tokens - len(batch.generated[live]) for live in batch.rows.tolist())
+        k = min(policy.max_tokens(), room - 1)
+        with stats.timer("draft"):
+            before = drafter.forwards
+            proposal = drafter.propose_batch(batch, k, sampling, generator)
+            count("drafter", before, drafter.forwards, batch.size)
+        with stats.timer("verify"):
+            step = target.score_batch(batch, proposal.tokens)
+            count("target", 0, 1, batch.size)
+            if proposal.lengths is not None and rule not in (greedy_match, speculative_sampling):
+                raise MMSpecError("rows drafted different numbers of tokens; only the default rules handle that")
+            verdict = rule(proposal, step.logits, sampling, generator)
+            accepted = verdict.num_accepted
+            slots = torch.arange(proposal.length, device=accepted.device)[None]
+            valid = torch.cat([slots < accepted[:, None], torch.ones_like(accepted[:, None], dtype=torch.bool)], dim=1)
+            drafted = [proposal.length] * batch.size if proposal.lengths is None else proposal.lengths.tolist()
+            for row_drafted, n in zip(drafted, accepted.tolist()):
+                stats.record_round(row_drafted, n)
+            policy.update(proposal.length, int(accepted.max()))
+            commit(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
+    stats.new_tokens = sum(len(tokens) for tokens in batch.generated)
+    stats.target_forwards, stats.drafter_forwards = row_forwards["target"], row_forwards["drafter"]
+    return batch.sequences(sequence, pad_token_id)
