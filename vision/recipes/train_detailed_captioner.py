@@ -66,7 +66,8 @@ from mmspec.world.detailed_captions import MAX_TOKENS
 from mmspec.zoo import MODELS_DIR
 
 from . import captioner_data as cd
-from .train_video_captioner import LM_DIR, VideoHead, build_model, caption_batch, save_captioner_weights
+from .train_video_captioner import (LM_DIR, VideoHead, build_model, caption_batch, save_captioner_weights, target_card,
+                                    write_card_and_samples)
 
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
 RELATIONS = ("behind", "in front of", "meets")
@@ -256,11 +257,7 @@ def train(args) -> None:
 
 def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: list[dict]) -> None:
     size = save_captioner_weights(model, tok, folder)
-    card = {
-        "name": folder.name,
-        "task": "video-captioning (detailed shapes world)",
-        "architecture": "LlavaNextVideoForConditionalGeneration",
-        "role": "target",
+    card = target_card(folder, "video-captioning (detailed shapes world)", {
         "params": info["n_params"],
         "file_size_bytes": size,
         "dtype": "float16",
@@ -286,10 +283,8 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
                                               "tokens, fp16 weights upcast to fp32; per-attribute accuracy from "
                                               "mmspec.world.score_facts"},
         "rebuild_command": rebuild_command(args),
-    }
-    (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
-    (folder / "heldout_samples.json").write_text(json.dumps(samples[:20], indent=1) + "\n")
-    print(f"saved {folder} ({size / 1e6:.1f} MB of weights)", flush=True)
+    })
+    write_card_and_samples(folder, card, samples, size)
 
 
 def rebuild_command(args) -> str:

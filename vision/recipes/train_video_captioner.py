@@ -52,6 +52,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -592,13 +593,22 @@ def save_captioner_weights(model, tok, folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
+def target_card(folder: Path, task: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The zoo card of a captioner target: its name, task, architecture and role, then `fields`."""
+    return {"name": folder.name, "task": task, "architecture": "LlavaNextVideoForConditionalGeneration",
+            "role": "target", **fields}
+
+
+def write_card_and_samples(folder: Path, card: dict[str, Any], samples: list[dict], size: int) -> None:
+    """The zoo card and the first 20 held-out samples beside the saved weights (`size` bytes)."""
+    (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    (folder / "heldout_samples.json").write_text(json.dumps(samples[:20], indent=1) + "\n")
+    print(f"saved {folder} ({size / 1e6:.1f} MB of weights)", flush=True)
+
+
 def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[dict]) -> None:
     size = save_captioner_weights(model, tok, folder)
-    card = {
-        "name": folder.name,
-        "task": "video-captioning",
-        "architecture": "LlavaNextVideoForConditionalGeneration",
-        "role": "target",
+    card = target_card(folder, "video-captioning", {
         "pairs_with": DRAFTER_NAME,
         "params": info["n_params"],
         "file_size_bytes": size,
@@ -655,10 +665,8 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
                                    f"{args.seed}, i), max_shapes={args.max_shapes}), greedy, max {MAX_NEW_TOKENS} new tokens, fp16 weights "
                                    "upcast to fp32"},
         "rebuild_command": rebuild_command(args, info),
-    }
-    (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
-    (folder / "heldout_samples.json").write_text(json.dumps(rows[:20], indent=1) + "\n")
-    print(f"saved {folder} ({size / 1e6:.1f} MB of weights)", flush=True)
+    })
+    write_card_and_samples(folder, card, rows, size)
 
 
 def main(argv: list[str] | None = None) -> None:
