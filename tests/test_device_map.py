@@ -160,8 +160,9 @@ def test_whisper_with_decoder_layers_on_disk_equals_its_generate(whisper, kind):
 
 
 @pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="the encoder offloaded to disk makes whisper.device 'meta'; the decoder prompt and Whisper's "
-                          "language detection are built on model.device (transformers' own generate fails the same way)")
+                   reason="the encoder offloaded to disk makes whisper.device 'meta': WhisperTarget.prompt_ids (and "
+                          "Target.initial_sequence for other encoder-decoders) build the decoder prompt there, and the "
+                          "drafter cannot compare tokens on meta (transformers' own generate fails too)")
 def test_whisper_with_the_encoder_on_disk(tmp_path):
     model = dispatched(tiny_whisper(), {"model.encoder": "disk", "model.decoder": "cpu", "proj_out": "cpu"}, tmp_path)
     x = features(0)
@@ -369,3 +370,22 @@ def test_an_ar_fast_decoder_sharing_an_offloaded_head_is_refused(tmp_path):
     kept = dispatched(whole, WHISPER_MAP, tmp_path / "kept")  # embedding and head on the CPU: shared as before
     pipe = TranscriptionPipeline(kept, tiny_processor(), fast_decoder=ARFastDecoder.for_target(whole, share_embeddings=True))
     assert pipe.fast_decoder.proj_out is kept.get_output_embeddings()
+
+
+def test_pipelines_refuse_a_map_offloading_the_first_module(tiny_captioner_folder, asr_folder, tmp_path, capsys):
+    """Until the core stops making tensors on `model.device` (the expected failures above), one clear line."""
+    import json
+
+    from mmspec.cli import main
+    from mmspec.speech.pipeline import TranscriptionPipeline
+
+    with pytest.raises(MMSpecError, match=r"offloads the model's first parameter \(model.encoder.conv1.weight\)"):
+        TranscriptionPipeline.from_pretrained(asr_folder, device_map={"model.encoder": "disk", "model.decoder": "cpu",
+                                                                      "proj_out": "cpu"}, offload_folder=tmp_path)
+    (tmp_path / "map.json").write_text(json.dumps({**CAPTIONER_MAP, "model.image_newline": "disk"}))
+    (tmp_path / "clip.mp4").write_bytes(b"never read: the model is refused first")
+    code = main(["caption", str(tmp_path / "clip.mp4"), "--model", str(tiny_captioner_folder), "--device-map",
+                 str(tmp_path / "map.json"), "--offload-folder", str(tmp_path / "off")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("mmspec: error:") == 1 and "Traceback" not in err
+    assert "offloads the model's first parameter (model.image_newline)" in err
