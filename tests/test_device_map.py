@@ -74,6 +74,19 @@ def test_greedy_on_a_dispatched_target_equals_its_generate(llama, drafter, tmp_p
         assert out.stats.accepted == 0
 
 
+@pytest.mark.parametrize("kind", ["model", "never"])
+def test_a_ragged_batch_on_a_dispatched_target_equals_its_generate(llama, drafter, kind):
+    """Batch > 1 (left-padded, rows accepting different numbers of drafts) through the offloaded layers."""
+    prompts = [[1, 17, 23, 5, 60, 41, 9, 12], [1, 5, 6], [1, 40, 41, 40, 41, 40]]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    chosen = drafter if kind == "model" else NeverAgreeDrafter(tiny_target())
+    expected = llama.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False)
+    out = speculative_generate(llama, chosen, ids, attention_mask=mask, max_new_tokens=MAX_NEW, num_draft_tokens=3)
+    assert torch.equal(out.sequences, expected)
+
+
 def test_control_the_offloaded_layers_take_part(llama, drafter, tmp_path):
     """Failing control: a target differing only in a layer on the disk decodes differently, so the
     equality above compares outputs that the offloaded weights decide."""
