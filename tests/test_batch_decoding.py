@@ -179,3 +179,36 @@ def test_right_padding_is_refused(target, small_drafter):
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     with pytest.raises(MMSpecError, match="padding_side='left'"):
         speculative_generate(target, small_drafter, ids, attention_mask=mask, max_new_tokens=4)
+
+
+# --- the batch bench -----------------------------------------------------------------------------
+
+
+def test_batch_bench_rows_are_identical_to_plain_batched_generate(target, small_drafter):
+    from mmspec.bench.batches import bench_text_batches
+
+    prompts = [p for p in PROMPTS[:5]]
+    report = bench_text_batches(target, small_drafter, prompts, (1, 3), pad_token_id=0, max_new_tokens=10,
+                                num_draft_tokens=3, repeats=1, progress=False)
+    data = report.to_dict()
+    assert set(data["batch_sizes"]) == {"1", "3"}
+    for size in data["batch_sizes"].values():
+        methods = {m["method"]: m for m in size["methods"]}
+        assert set(methods) == {"plain-batched", "mmspec-batched", "mmspec-prompt-lookup"}
+        assert all(m["identical_to_reference"] for m in methods.values())
+        assert all(m["new_tokens"] == 10 * len(prompts) for m in methods.values())
+    assert "batch" in report.to_table().splitlines()[1]
+
+
+def test_cli_bench_text_batch_sizes(capsys):
+    import json
+
+    from mmspec.cli import main
+    from mmspec.zoo import entries
+
+    if "shapes-caption-lm" not in {e.name for e in entries()}:
+        pytest.skip("needs the zoo")
+    assert main(["bench", "text", "--batch-size", "2,4", "--num-samples", "4", "--max-new-tokens", "8",
+                 "--repeats", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["batch_sizes"]) == {"2", "4"}

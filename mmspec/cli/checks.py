@@ -167,3 +167,14 @@ def pair_of_ints(name: str, first: str, second: str) -> Callable[[str], tuple[in
 
     parse.__name__ = f"{first},{second}"
     return parse
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """'1,4,8' -> (1, 4, 8): distinct positive integers, in the order given."""
+    try:
+        sizes = tuple(positive_int(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"batch sizes are positive integers separated by commas, got {text!r}") from None
+    if len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes repeat in {text!r}")
+    return sizes
