@@ -64,7 +64,8 @@ def decode_batch(
 ) -> torch.LongTensor:
     """Decode every row of `sequence` [B, P] (left-padded where `attention_mask` has zeros): returns
     prompt + new tokens [B, P + longest], rows that stopped early padded with `pad_token_id`. Fills
-    `stats`' token and forward counts (forwards per row: a forward over 4 live rows counts 4)."""
+    `stats` with the sums over rows and `stats.rows` with each row's own counts (a forward counts once
+    for every row it served, so tau stays tokens per row per forward); times are the batch's."""
     batch = RaggedBatch(sequence, attention_mask)
     if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
         raise MMSpecError("pad batches on the left (tokenizer padding_side='left'): a row ends in padding")
@@ -98,15 +99,16 @@ def decode_batch(
                 target.select_rows(keep)
                 drafter.select_rows(keep)
 
-    # Forwards count per row (a forward over 4 live rows counts 4), so tau stays tokens per row per forward.
-    row_forwards = {"target": 0, "drafter": 0}
+    # Each row keeps its own counts: a forward over 4 live rows counts once for each of them.
+    row_stats = [SpecStats(method=stats.method) for _ in range(batch.size)]
 
-    def count(role: str, before: int, after: int, rows: int) -> None:
-        row_forwards[role] += (after - before) * rows
+    def count(role: str, forwards: int) -> None:
+        for live in batch.rows.tolist():
+            setattr(row_stats[live], f"{role}_forwards", getattr(row_stats[live], f"{role}_forwards") + forwards)
 
     with stats.timer("prefill"):
         step = target.start_batch(batch, **model_inputs)
-        count("target", 0, 1, batch.size)
+        count("target", 1)
         first = choose_next(step.logits[:, -1], sampling, generator)
         commit(first[:, None], torch.ones_like(first[:, None], dtype=torch.bool))
 
@@ -116,10 +118,10 @@ def decode_batch(
         with stats.timer("draft"):
             before = drafter.forwards
             proposal = drafter.propose_batch(batch, k, sampling, generator)
-            count("drafter", before, drafter.forwards, batch.size)
+            count("drafter", drafter.forwards - before)
         with stats.timer("verify"):
             step = target.score_batch(batch, proposal.tokens)
-            count("target", 0, 1, batch.size)
+            count("target", 1)
             if proposal.lengths is not None and rule not in (greedy_match, speculative_sampling):
                 raise MMSpecError("rows drafted different numbers of tokens; only the default rules handle that")
             verdict = rule(proposal, step.logits, sampling, generator)
@@ -127,10 +129,16 @@ def decode_batch(
             slots = torch.arange(proposal.length, device=accepted.device)[None]
             valid = torch.cat([slots < accepted[:, None], torch.ones_like(accepted[:, None], dtype=torch.bool)], dim=1)
             drafted = [proposal.length] * batch.size if proposal.lengths is None else proposal.lengths.tolist()
-            for row_drafted, n in zip(drafted, accepted.tolist()):
-                stats.record_round(row_drafted, n)
+            for live, row_drafted, n in zip(batch.rows.tolist(), drafted, accepted.tolist()):
+                row_stats[live].record_round(row_drafted, n)
             policy.update(proposal.length, int(accepted.max()))
             commit(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
-    stats.new_tokens = sum(len(tokens) for tokens in batch.generated)
-    stats.target_forwards, stats.drafter_forwards = row_forwards["target"], row_forwards["drafter"]
+    for row, tokens in zip(row_stats, batch.generated):
+        row.new_tokens = len(tokens)
+        row.prefill_time, row.draft_time, row.verify_time = stats.prefill_time, stats.draft_time, stats.verify_time
+    total = sum(row_stats[1:], row_stats[0])
+    for name in ("rounds", "drafted", "accepted", "position_attempts", "position_accepts", "target_forwards",
+                 "drafter_forwards", "new_tokens"):
+        setattr(stats, name, getattr(total, name))
+    stats.rows = row_stats
     return batch.sequences(sequence, pad_token_id)

@@ -217,7 +217,10 @@ class SpeculativeDecoder:
 
         if self.streamer is not None:
             self.streamer.end()
-        if not batched:  # a batch's counts were filled per row
+        if batched:  # counts were filled per row; each row spent the batch's time
+            for row in stats.rows:
+                row.total_time = stats.total_time
+        else:
             stats.new_tokens = sequence.shape[1] - prompt_length
             stats.target_forwards = self.target.forwards - target_forwards_before
             stats.drafter_forwards = self.drafter.forwards - forwards_before

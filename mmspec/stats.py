@@ -31,6 +31,8 @@ class SpecStats:
     draft_time: float = 0.0
     verify_time: float = 0.0
     total_time: float = 0.0
+    # A batch's per-row stats (counts of that row, times of the whole batch); None for one sequence.
+    rows: list["SpecStats"] | None = field(default=None, repr=False)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -78,7 +80,7 @@ class SpecStats:
     def __add__(self, other: "SpecStats") -> "SpecStats":
         total = SpecStats(method=self.method)
         for name, value in asdict(self).items():
-            if name == "method":
+            if name in ("method", "rows"):
                 continue
             if isinstance(value, list):
                 mine, theirs = value, getattr(other, name)
@@ -91,6 +93,7 @@ class SpecStats:
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        data.pop("rows")
         data.update(
             tau=self.tau,
             step_compression=self.tau,

@@ -55,6 +55,9 @@ def test_self_drafting_accepts_everything_in_a_batch(target):
     out = speculative_generate(target, ModelDrafter(target), ids, attention_mask=mask, max_new_tokens=21, num_draft_tokens=4)
     assert out.stats.alpha == 1.0
     assert out.stats.tau == pytest.approx(21 / 5)  # 1 prefill + 4 rounds of 4 drafts + 1 token, per row
+    assert [row.new_tokens for row in out.stats.rows] == [21] * len(PROMPTS)
+    assert all(row.target_forwards == 5 and row.rounds == 4 for row in out.stats.rows)
+    assert out.stats.rows[0].total_time == out.stats.total_time > 0
 
 
 def test_generation_settings_follow_each_row(target, small_drafter):
