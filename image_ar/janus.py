@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from mmspec.cached_model import cache_argument
+from mmspec.cached_model import cache_argument, output_cache
 from mmspec.errors import MMSpecError
 from mmspec.sampling import SamplingConfig
 
@@ -126,7 +126,7 @@ class JanusCFGTarget(CFGTarget):
     def _run(self, embeds: torch.Tensor, cache: DynamicCache | None) -> tuple[torch.Tensor, Any]:
         language_model = self.model.model.language_model
         out = language_model(inputs_embeds=embeds, **{cache_argument(language_model): cache}, use_cache=cache is not None)
-        return out.last_hidden_state, out.past_key_values
+        return out.last_hidden_state, output_cache(out)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._guide(self.model.model.generation_head(hidden).float())

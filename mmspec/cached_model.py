@@ -45,6 +45,15 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward returned: `out.cache` since transformers 5.24 (`past_key_values`, which
+    still works there with a deprecation warning, before)."""
+    for name in ("cache", "past_key_values"):
+        if name in out.keys():
+            return out[name] if name == "cache" else dict.__getitem__(out, name)
+    return None
+
+
 class CachedModel:
     """Runs `model` incrementally over a growing token sequence, keeping its KV cache."""
 
@@ -80,12 +89,13 @@ class CachedModel:
                 self._encoder_kwargs["attention_mask"] = model_inputs["attention_mask"]
         else:
             out = self._forward(input_ids=tokens, logits_to_keep=logits_to_keep, **model_inputs)
-        if out.past_key_values is None:
+        cache = output_cache(out)
+        if cache is None:
             raise MMSpecError(
                 f"the {self.role} ({type(self.model).__name__}) returned no KV cache; speculative decoding "
                 "needs a model that supports `use_cache=True`"
             )
-        self.cache = out.past_key_values
+        self.cache = cache
         if hasattr(self.cache, "is_croppable") and not self.cache.is_croppable:
             raise MMSpecError(f"the {self.role}'s cache cannot be rolled back (recurrent state); it cannot be used here")
         # Sliding-window layers drop states beyond the window as they go; recording keeps them until

@@ -83,6 +83,15 @@ class RaggedBatch:
         keep[: self.prompt_width] = True
         return [tokens[: c + 1][keep[: c + 1]][None] for c in range(first_column, first_column + count)]
 
+    def without(self, drop: torch.Tensor, filler: int = 0) -> "RaggedBatch":
+        """A view of the same rows in which the columns `drop` [B, S] are holes too (their tokens set to
+        `filler`): what a drafter sees that must not read some tokens (a text drafter and visual tokens)."""
+        view = RaggedBatch.__new__(RaggedBatch)
+        view.__dict__.update(self.__dict__)
+        view.tokens = self.tokens.masked_fill(drop, filler)
+        view.mask = self.mask.masked_fill(drop, 0)
+        return view
+
     def select(self, keep: torch.LongTensor) -> None:
         """Keep only the live rows at indices `keep` (finished rows leave the batch)."""
         self.tokens = self.tokens.index_select(0, keep)

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from transformers import GenerationConfig, PreTrainedModel, WhisperForCausalLM
 
-from ..cached_model import cache_argument, model_vocab_size
+from ..cached_model import cache_argument, model_vocab_size, output_cache
 from ..devices import input_device
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
@@ -261,7 +261,7 @@ class ARFastDecoder(WhisperForCausalLM):
         def step(ids: torch.LongTensor) -> torch.Tensor:
             nonlocal cache
             result = self(input_ids=ids, encoder_outputs=states, **{cache_argument(self): cache}, use_cache=True)
-            cache = result.past_key_values
+            cache = output_cache(result)
             return result.logits[:, -1] if vocab_ids is None else result.logits[:, -1, vocab_ids]
 
         return step

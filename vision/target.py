@@ -30,8 +30,6 @@ from .models import feature_token_ids, modality_token_types
 class VisionTarget(Target):
     """`Target` that keeps multimodal prefill inputs consistent with the drafts riding along."""
 
-    decodes_batches = False  # batches of images and videos: not wired yet
-
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, output_hidden_states=output_hidden_states)
         self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=model.device)
@@ -42,6 +40,11 @@ class VisionTarget(Target):
         if has_grid and model_inputs.get("mm_token_type_ids") is None:
             model_inputs["mm_token_type_ids"] = modality_token_types(self.model, sequence)
         return sequence
+
+    @property
+    def decodes_batches(self) -> bool:  # type: ignore[override]
+        # A batch passes 1-D position ids; Qwen2-VL's 3-D M-RoPE positions are not built per row yet.
+        return getattr(self.model.config, "model_type", "") != "qwen2_vl"
 
     def tree_position_ids(self, positions: torch.LongTensor) -> torch.LongTensor:
         """Qwen2-VL's M-RoPE: a draft tree's text positions on all three axes, shifted by the `rope_deltas`

@@ -17,6 +17,7 @@ from ..cached_model import model_vocab_size
 from ..drafters import ModelDrafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
+from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig
 from ..trees import DraftTree, TreeConfig
 from ..types import Proposal
@@ -81,6 +82,11 @@ class TextOnlyDrafter(ModelDrafter):
         if text.shape[1] == 0:
             return DraftTree.empty(sequence.device)
         return super().propose_tree(text, config, sampling, generator)
+
+    def batch_columns(self, batch: RaggedBatch) -> RaggedBatch:
+        # In a batch the visual columns stay in place as holes: positions then count text tokens only.
+        self.visual_ids = self.visual_ids.to(batch.tokens.device)
+        return batch.without(torch.isin(batch.tokens, self.visual_ids))
 
     def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
         # A drafter that never sees pixels has no business proposing a visual placeholder; masking

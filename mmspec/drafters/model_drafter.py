@@ -15,7 +15,7 @@ from ..sampling import SamplingConfig, probabilities
 from ..trees import (DraftTree, TreeConfig, grow_tree, keep_cache_positions, level_attention_mask, node_path,
                      refuse_flash_attention)
 from ..types import Proposal, Verdict
-from .autoregressive import AutoregressiveDrafter, choose_draft_token, common_prefix_length
+from .autoregressive import AutoregressiveDrafter, common_prefix_length
 
 
 class ModelDrafter(AutoregressiveDrafter):
@@ -100,10 +100,11 @@ class ModelDrafter(AutoregressiveDrafter):
         as the batch, holes included (masked): each round feeds the columns it has not seen yet."""
         if max_tokens <= 0:
             return Proposal.empty(batch.tokens)
+        seen = self.batch_columns(batch)
         if self.lm.cache is None:
-            out = self.lm.feed_columns(batch, 0, batch.tokens[:, :0], **self._encoder_inputs)
+            out = self.lm.feed_columns(seen, 0, seen.tokens[:, :0], **self._encoder_inputs)
         else:
-            out = self.lm.feed_columns(batch, self.lm.length, batch.tokens[:, :0])
+            out = self.lm.feed_columns(seen, self.lm.length, seen.tokens[:, :0])
         logits = out.logits[:, -1, :]
         tokens, dists = [], []
         for step in range(max_tokens):
@@ -112,15 +113,19 @@ class ModelDrafter(AutoregressiveDrafter):
                 logits = torch.cat([
                     self.logits_processor(batch.prefixes(b, batch.width - 1 + step, 1, drafted)[0], logits[b:b + 1].float())
                     for b in range(batch.size)])
-            token, dist, _ = choose_draft_token(logits, sampling, generator, want_confidence=False)
+            token, dist, _ = self.choose(logits, sampling, generator, want_confidence=False)
             tokens.append(token)
             if dist is not None:
                 dists.append(dist)
             if step + 1 < max_tokens:
                 # The drafts so far are valid columns after the batch's; this one is the newest.
-                out = self.lm.extend(token[:, None], logits_to_keep=1, **self._batch_inputs(batch, torch.stack(tokens, dim=1)))
+                out = self.lm.extend(token[:, None], logits_to_keep=1, **self._batch_inputs(seen, torch.stack(tokens, dim=1)))
                 logits = out.logits[:, -1, :]
         return Proposal(tokens=torch.stack(tokens, dim=1), probs=torch.stack(dists, dim=1) if dists else None)
+
+    def batch_columns(self, batch: RaggedBatch) -> RaggedBatch:
+        """The batch as this drafter reads it (subclasses hide columns it must not see)."""
+        return batch
 
     def _batch_inputs(self, batch: RaggedBatch, drafts: torch.LongTensor) -> dict[str, torch.Tensor]:
         inputs = batch.feed(batch.width, drafts)

@@ -19,7 +19,6 @@ the CPU). Three checks catch such bugs here:
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -167,8 +166,18 @@ def test_training_loss_with_a_head_in_another_dtype():
         assert torch.isfinite(terms["loss"]) and predicted.grad is not None
 
 
+class Float64Module(torch.nn.Module):
+    """What inputs_on_model reads: parameters (their device) and a dtype."""
+
+    dtype = torch.float64
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+
+
 def test_inputs_follow_the_model():
-    model = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float64)  # what inputs_on_model reads
+    model = Float64Module()
     moved = inputs_on_model(model, {"input_ids": torch.tensor([[1, 2]]), "pixel_values": torch.ones(1, 3),
                                     "image_sizes": [[4, 4]]})
     assert moved["input_ids"].dtype == torch.long and moved["pixel_values"].dtype == torch.float64

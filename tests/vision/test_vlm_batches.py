@@ -1,0 +1,91 @@
+"""Vision-language targets decode batches: each row (its own image or video, its own prompt length)
+equals the row decoded alone and `generate` on the batch."""
+
+import pytest
+import torch
+
+from mmspec import speculative_generate
+from mmspec.drafters import NoDrafter
+from mmspec.errors import MMSpecError
+from mmspec.policies import FixedDraftLength
+from mmspec.sampling import SamplingConfig
+from mmspec.vision.text_drafter import TextOnlyDrafter
+
+from .tiny_vlms import BOS, IMAGE, VIDEO, llava, next_video, onevision, qwen2_vl_image, text_drafter_lm
+
+# Per row: text before and after the media placeholders (ragged lengths).
+ROWS = [([BOS, 11, 12], [13, 14, 15, 11, 12]), ([BOS, 40], [41, 42]), ([BOS, 7, 8, 9, 10, 11], [12, 13, 14])]
+
+
+def batch_of(case, placeholder, count, pixels_key):
+    rows = [torch.tensor(before + [placeholder] * count + after) for before, after in ROWS]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([r.new_zeros(width - len(r)), r]) for r in rows])
+    mask = torch.stack([torch.cat([r.new_zeros(width - len(r)), torch.ones_like(r)]) for r in rows])
+    torch.manual_seed(5)
+    pixels = torch.randn(len(rows), *case.inputs[pixels_key].shape[1:])
+    return rows, ids, mask, {pixels_key: pixels}
+
+
+CASES = {
+    "llava-image": lambda: (llava(), IMAGE, 4, "pixel_values"),
+    "nextvideo-video": lambda: (next_video(), VIDEO, 16, "pixel_values_videos"),
+    "onevision-video": lambda: (onevision(), VIDEO, 17, "pixel_values_videos"),
+}
+
+
+@pytest.fixture(scope="module")
+def drafter_lm():
+    return text_drafter_lm()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("method", ["text", "ar"])
+def test_vlm_batch_equals_generate_and_each_row_alone(name, method, drafter_lm):
+    case, placeholder, count, key = CASES[name]()
+    model = case.model
+    rows, ids, mask, media = batch_of(case, placeholder, count, key)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, **media)
+    drafter = TextOnlyDrafter(drafter_lm, model) if method == "text" else NoDrafter()
+    out = speculative_generate(model, drafter, ids, attention_mask=mask, max_new_tokens=16, num_draft_tokens=3, **media)
+    assert torch.equal(out.sequences, expected)
+    for i, row in enumerate(rows):
+        alone = model.generate(row[None], max_new_tokens=16, do_sample=False, **{key: media[key][i:i + 1]})
+        produced = out.sequences[i, ids.shape[1]:][: alone.shape[1] - len(row)]
+        assert torch.equal(produced, alone[0, len(row):])
+
+
+class FirstDrafts(TextOnlyDrafter):
+    """Keeps the drafts of its first batch round."""
+
+    first = None
+
+    def propose_batch(self, batch, max_tokens, sampling, generator):
+        proposal = super().propose_batch(batch, max_tokens, sampling, generator)
+        self.first = self.first if self.first is not None else proposal.tokens
+        return proposal
+
+
+def test_text_drafter_reads_a_batch_as_each_row_alone(drafter_lm):
+    """Visual columns are holes to the text drafter: its drafts for a row in a batch are the drafts it
+    makes for that row alone (its positions count text tokens only)."""
+    case, placeholder, count, key = CASES["nextvideo-video"]()
+    rows, ids, mask, media = batch_of(case, placeholder, count, key)
+    batched = FirstDrafts(drafter_lm, case.model)
+    speculative_generate(case.model, batched, ids, attention_mask=mask, max_new_tokens=6, num_draft_tokens=4, **media)
+    for i, row in enumerate(rows):
+        # In a batch the first drafts follow the target's first token: draft alone from the same tokens.
+        first_token = case.model.generate(row[None], max_new_tokens=1, do_sample=False, **{key: media[key][i:i + 1]})
+        lone = TextOnlyDrafter(drafter_lm, case.model)
+        lone.accept_inputs(first_token, {})
+        lone.prefill(first_token, {})
+        expected = lone.propose(first_token, 4, SamplingConfig(), None, FixedDraftLength(4)).tokens[0]
+        assert torch.equal(batched.first[i], expected)
+
+
+def test_qwen2_vl_batches_are_refused():
+    case = qwen2_vl_image()
+    ids = case.input_ids.repeat(2, 1)
+    inputs = {k: torch.cat([v, v]) for k, v in case.inputs.items()}
+    with pytest.raises(MMSpecError, match="decodes one sequence at a time"):
+        speculative_generate(case.model, NoDrafter(), ids, max_new_tokens=4, **inputs)
