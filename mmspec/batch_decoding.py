@@ -109,6 +109,7 @@ def decode_batch(
     with stats.timer("prefill"):
         step = target.start_batch(batch, **model_inputs)
         count("target", 1)
+        drafter.on_target_prefill_batch(batch, step)
         first = choose_next(step.logits[:, -1], sampling, generator)
         commit(first[:, None], torch.ones_like(first[:, None], dtype=torch.bool))
 
@@ -132,6 +133,7 @@ def decode_batch(
             for live, row_drafted, n in zip(batch.rows.tolist(), drafted, accepted.tolist()):
                 row_stats[live].record_round(row_drafted, n)
             policy.update(proposal.length, int(accepted.max()))
+            drafter.observe_batch(batch, verdict, step)
             commit(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
     for row, tokens in zip(row_stats, batch.generated):
         row.new_tokens = len(tokens)

@@ -78,6 +78,12 @@ class Drafter(ABC):
         may draft fewer (`Proposal.lengths`). Rejected drafts become holes in `batch` afterwards."""
         raise MMSpecError(f"{type(self).__name__} drafts one sequence at a time; pass a batch of one")
 
+    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+        """Batch decoding: called right after the target's prefill of `batch` (drafters that read its state)."""
+
+    def observe_batch(self, batch: RaggedBatch, verdict: Verdict, target_step: Any) -> None:
+        """Batch decoding: called after verification, before `batch` receives the round's columns."""
+
     def select_rows(self, keep: torch.LongTensor) -> None:
         """Keep only the live rows at indices `keep` (the others finished)."""
 
