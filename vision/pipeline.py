@@ -38,6 +38,7 @@ from ..decoding import SpeculativeDecoder
 from ..devices import check_first_parameter_placed, load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError
+from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, left_padding, per_item
 from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
@@ -260,25 +261,46 @@ class CaptionPipeline(SpeculativePipeline):
         """
         if (video is None) == (image is None):
             raise MMSpecError("pass exactly one of video=... or image=...")
-        if video is not None:
+        kind, source = ("video", video) if video is not None else ("image", image)
+        return self.prepare_batch_inputs(kind, [source], [prompt], num_frames=num_frames, fps=fps)
+
+    def prepare_batch_inputs(
+        self,
+        kind: str,
+        sources: list[Any],
+        prompts: list[str | None],
+        num_frames: int = 8,
+        fps: float | None = None,
+    ) -> dict[str, Any]:
+        """Model inputs for several videos (`kind` "video") or images ("image"), one prompt each: input_ids
+        padded on the left with their `attention_mask` (one row: unpadded), pixels for every item."""
+        media = [self._load_media(kind, source, num_frames, fps) for source in sources]
+        texts = [self._prompt_text(kind, prompt) for prompt in prompts]
+        try:
+            if len(texts) == 1:
+                inputs = self.processor(text=texts, return_tensors="pt", **{f"{kind}s": media})
+            else:
+                with left_padding(self.processor.tokenizer):  # the batch loop needs each prompt to end in the last column
+                    inputs = self.processor(text=texts, return_tensors="pt", padding=True, **{f"{kind}s": media})
+        except Exception as error:  # noqa: BLE001 - processors raise many types for bad media
+            what = f"this {kind}" if len(texts) == 1 else f"these {len(texts)} {kind}s"
+            raise MMSpecError(f"the processor could not prepare {what}: {str(error).splitlines()[0]}") from None
+        return inputs_on_model(self.model, inputs)
+
+    def _load_media(self, kind: str, source: Any, num_frames: int, fps: float | None) -> Any:
+        """One video's frames [T, H, W, 3] or one PIL image, refused when the model does not read that kind."""
+        if kind == "video":
             if not video_token_ids(self.model):
                 raise MMSpecError(f"{self.model_name} reads images, not videos: pass an image (or one frame of the video)")
             context = self.context_length()
-            if isinstance(video, (str, Path)) and num_frames is not None and context and num_frames >= context:
+            if isinstance(source, (str, Path)) and num_frames is not None and context and num_frames >= context:
                 # Checked before decoding: every frame takes at least one position.
                 raise MMSpecError(f"{num_frames} frames cannot fit: {self.model_name} holds {context} positions in all "
                                   "(prompt, visual tokens and caption); use fewer frames")
-            media, kind = {"videos": [load_frames(video, num_frames=num_frames, fps=fps)]}, "video"
-        else:
-            if not image_token_ids(self.model):
-                raise MMSpecError(f"{self.model_name} reads videos, not images")
-            media, kind = {"images": [load_image(image)]}, "image"
-        text = self._prompt_text(kind, prompt)
-        try:
-            inputs = self.processor(text=[text], return_tensors="pt", **media)
-        except Exception as error:  # noqa: BLE001 - processors raise many types for bad media
-            raise MMSpecError(f"the processor could not prepare this {kind}: {str(error).splitlines()[0]}") from None
-        return inputs_on_model(self.model, inputs)
+            return load_frames(source, num_frames=num_frames, fps=fps)
+        if not image_token_ids(self.model):
+            raise MMSpecError(f"{self.model_name} reads videos, not images")
+        return load_image(source)
 
     def context_length(self) -> int | None:
         """Positions the language model holds (prompt + visual tokens + new tokens), from its config."""
@@ -332,9 +354,9 @@ class CaptionPipeline(SpeculativePipeline):
     @torch.inference_mode()
     def __call__(
         self,
-        video: VideoSource | None = None,
-        image: ImageSource | None = None,
-        prompt: str | None = None,
+        video: VideoSource | list[VideoSource] | None = None,
+        image: ImageSource | list[ImageSource] | None = None,
+        prompt: str | list[str | None] | None = None,
         *,
         max_new_tokens: int = 64,
         method: str | None = None,
@@ -350,37 +372,135 @@ class CaptionPipeline(SpeculativePipeline):
         progress_bar: bool = True,
         callback_on_round: RoundCallback | None = None,
         tree: TreeConfig | None = None,
-    ) -> CaptionOutput:
-        """Caption one video or one image.
+        batch_size: int = 1,
+    ) -> CaptionOutput | list[CaptionOutput]:
+        """Caption one video or one image, or a list of them.
 
         Args:
-            video, image: exactly one (see `prepare_inputs` for the forms each takes).
-            prompt: the question or instruction (default: the model card's, else "Describe this video.").
+            video, image: exactly one (see `prepare_inputs` for the forms each takes), or a list of them:
+                `image=[a, b, c]`; `video=[a, b]` where each item is a video (a path, a [T, H, W, 3] array,
+                or a list of frames; a list of PIL images or HxWx3 arrays is ONE video's frames).
+                A list gives a list of `CaptionOutput`, one per item, in order, each with its own stats.
+            prompt: the question or instruction (default: the model card's, else "Describe this video.");
+                for a list, one prompt for all items or a list of one per item.
             max_new_tokens: the longest caption, in tokens.
             method: one of `available_methods` (default: `default_method`).
             num_frames, fps: how frames are picked from a video file.
             do_sample, temperature, top_k, top_p: sampling (lossless speculative sampling); greedy by default.
             generator: the source of all randomness: a `torch.Generator` on any device (or a list of one).
+                A list of inputs draws from this one generator: items one after another, and the rows
+                of a batch in turn at every draw (so with `do_sample` an item's caption depends on its
+                batch; greedy captions never do).
             seed: instead of `generator`, an int for a CPU generator.
             policy: a draft-length policy (default: fixed at `draft_length(method)`).
-            progress_bar: show a progress bar (see also `set_progress_bar_config`).
+            progress_bar: show a progress bar, over tokens for one input, over items for a list (see also
+                `set_progress_bar_config`).
             callback_on_round: `fn(round_index, info)` after every target forward; `info` is a
-                `RoundInfo` (the token ids committed that round, drafted, accepted, tokens so far).
+                `RoundInfo` (the token ids committed that round, drafted, accepted, tokens so far; for a
+                list, `info.chunk` is the item's index). Not with `batch_size` > 1.
             tree: draft EAGLE-2 trees (`TreeConfig`) instead of chains (methods text and msd); `policy` is then unused.
+            batch_size: for a list, items decoded together in one left-padded batch. 1 (default): one by one,
+                every method. Larger: the method's target and drafter must decode batches (today `ar` and
+                `text` on LLaVA, LLaVA-NeXT-Video and LLaVA-OneVision targets); greedy captions equal the
+                items captioned alone.
         """
+        batch_size = check_batch_size(batch_size)
         method = self.check_method(method)
+        listed = self._listed_inputs(video, image)
+        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        policy = policy or FixedDraftLength(self.draft_length(method))
+        if listed is None:
+            if isinstance(prompt, (list, tuple)):
+                raise MMSpecError("prompt is a list, but one input was given: pass a list of inputs, or one prompt")
+            generator = self.generator_for(generator, seed, needed=do_sample)
+            with self.progress_bar(total=max_new_tokens, desc=f"caption ({method})", enabled=progress_bar) as bar:
+                reporter = self.round_reporter(callback_on_round, bar)
+                kind, source = ("video", video) if video is not None else ("image", image)
+                return self._caption_one(kind, source, prompt, method, policy, max_new_tokens, num_frames, fps, sampling,
+                                         generator, reporter, tree)
+        kind, sources = listed
+        prompts = per_item(prompt, len(sources), "prompt")
+        if batch_size > 1:
+            if tree is not None:
+                raise MMSpecError(f"batch_size={batch_size}: draft trees follow one sequence; use batch_size=1 or chains")
+            if callback_on_round is not None:
+                raise MMSpecError(f"batch_size={batch_size}: callback_on_round follows one sequence; use batch_size=1")
+            check_batching(self.target, self.make_drafter(method), method, batch_size, self.batching_methods())
+        generator = self.generator_for(generator, seed, needed=do_sample)
+        reporter = self.round_reporter(callback_on_round)
+        outputs: list[CaptionOutput] = []
+        with self.progress_bar(total=len(sources), desc=f"caption ({method})", unit=kind, enabled=progress_bar) as bar:
+            for group in groups(list(range(len(sources))), batch_size):
+                settings = (method, policy, max_new_tokens, num_frames, fps, sampling, generator)
+                if len(group) == 1:
+                    reporter.chunk = group[0]
+                    outputs.append(self._caption_one(kind, sources[group[0]], prompts[group[0]], *settings, reporter, tree))
+                else:
+                    outputs.extend(self._caption_batch(kind, [sources[i] for i in group], [prompts[i] for i in group],
+                                                       *settings))
+                bar.update(len(group))
+        return outputs
+
+    def batching_methods(self) -> list[str]:
+        """The available methods that decode a list `batch_size` > 1 at a time on this model."""
+        return [m for m in self.available_methods if batching_refusal(self.target, self.make_drafter(m), m) is None]
+
+    @staticmethod
+    def _listed_inputs(video: Any, image: Any) -> tuple[str, list[Any]] | None:
+        """("video" | "image", items) when a list of inputs was given, None for one input."""
+        if (video is None) == (image is None):
+            raise MMSpecError("pass exactly one of video=... or image=...")
+        if image is not None:
+            return ("image", list(image)) if isinstance(image, (list, tuple)) else None
+        if not isinstance(video, (list, tuple)):
+            return None
+        # A list of frames (PIL images, HxWx3 arrays) is one video; a list of videos holds paths, [T, H, W, 3]
+        # arrays or lists of frames.
+        videos = [isinstance(item, (str, Path, list, tuple)) or (getattr(item, "ndim", 0) == 4) for item in video]
+        if video and all(videos):
+            return "video", list(video)
+        if any(videos):
+            raise MMSpecError("video=[...] mixes videos (paths, [T, H, W, 3] arrays, lists of frames) with single frames: "
+                              "pass a list of videos, or one video's frames")
+        return None
+
+    def _caption_one(self, kind: str, source: Any, prompt: str | None, method: str, policy: DraftLengthPolicy,
+                     max_new_tokens: int, num_frames: int, fps: float | None, sampling: SamplingConfig,
+                     generator: torch.Generator | None, reporter: Any, tree: TreeConfig | None) -> CaptionOutput:
         drafter = self.make_drafter(method)
-        inputs = self.prepare_inputs(video=video, image=image, prompt=prompt, num_frames=num_frames, fps=fps)
+        inputs = self.prepare_batch_inputs(kind, [source], [prompt], num_frames=num_frames, fps=fps)
         input_ids = inputs.pop("input_ids")
         max_new_tokens, notes = self.check_length(input_ids, max_new_tokens, method)
-        decoder = SpeculativeDecoder(self.target, drafter, policy=policy or FixedDraftLength(self.draft_length(method)),
-                                     method=method, tree=tree)
-        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        generator = self.generator_for(generator, seed, needed=do_sample)
-        with self.progress_bar(total=max_new_tokens, desc=f"caption ({method})", enabled=progress_bar) as bar:
-            out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                                   on_round=self.round_reporter(callback_on_round, bar), **inputs)
+        decoder = SpeculativeDecoder(self.target, drafter, policy=policy, method=method, tree=tree)
+        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
+                               on_round=reporter, **inputs)
         new_tokens = out.sequences[0, input_ids.shape[1]:]
         text = self.processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
         return CaptionOutput(text=text, method=method, model=self.model_name, stats=out.stats, sequences=out.sequences,
                              notes=notes or None)
+
+    def _caption_batch(self, kind: str, sources: list[Any], prompts: list[str | None], method: str,
+                       policy: DraftLengthPolicy, max_new_tokens: int, num_frames: int, fps: float | None,
+                       sampling: SamplingConfig, generator: torch.Generator | None) -> list[CaptionOutput]:
+        """Several items in one left-padded batch: one output per item, as if it had been captioned alone."""
+        inputs = self.prepare_batch_inputs(kind, sources, prompts, num_frames=num_frames, fps=fps)
+        input_ids = inputs.pop("input_ids")
+        valid = inputs["attention_mask"].bool()
+        prompts_ids = [input_ids[i, valid[i]] for i in range(input_ids.shape[0])]
+        checked = [self.check_length(ids[None], max_new_tokens, method) for ids in prompts_ids]
+        budget = min(allowed for allowed, _ in checked)  # one budget per batch: the tightest row's
+        notes = [list(row_notes) for _, row_notes in checked]
+        for row_notes, (allowed, _) in zip(notes, checked):
+            if allowed > budget:
+                row_notes.append(f"max_new_tokens cut to {budget}: another input of its batch leaves no more room "
+                                 "(caption it with batch_size=1 for more)")
+        decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method)
+        out = decoder.generate(input_ids, max_new_tokens=budget, sampling=sampling, generator=generator, **inputs)
+        width = input_ids.shape[1]
+        outputs = []
+        for row, (prompt_ids, row_stats, row_notes) in enumerate(zip(prompts_ids, out.stats.rows, notes)):
+            new_tokens = out.sequences[row, width:width + row_stats.new_tokens]  # the rest is the batch's padding
+            text = self.processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
+            outputs.append(CaptionOutput(text=text, method=method, model=self.model_name, stats=row_stats,
+                                         sequences=torch.cat([prompt_ids, new_tokens])[None], notes=row_notes or None))
+        return outputs
