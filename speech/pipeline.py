@@ -62,6 +62,7 @@ from ..decoding import SpeculativeDecoder
 from ..devices import as_device, check_first_parameter_placed, input_device, load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError, first_line
+from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, per_item
 from ..pipelines import (
     DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
 )
@@ -277,8 +278,8 @@ class TranscriptionPipeline(SpeculativePipeline):
     @torch.inference_mode()
     def __call__(
         self,
-        audio: AudioSource,
-        sampling_rate: int | None = None,
+        audio: AudioSource | list[AudioSource],
+        sampling_rate: int | list[int | None] | None = None,
         *,
         method: str | None = None,
         mode: str = "strict",
@@ -288,9 +289,11 @@ class TranscriptionPipeline(SpeculativePipeline):
         silence_threshold: float | None = SILENCE_THRESHOLD,
         progress_bar: bool = True,
         callback_on_round: RoundCallback | None = None,
-    ) -> TranscriptionOutput:
+        batch_size: int = 1,
+    ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
-        `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio).
+        `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
+        (`sampling_rate`: one for all, or one per item), which gives a list of outputs, one per item, in order.
 
         Args:
             method: `hybrid` or `ar` (default: `hybrid` if a fast decoder is loaded).
@@ -298,11 +301,17 @@ class TranscriptionPipeline(SpeculativePipeline):
             language, task: as in Whisper's `generate` (None: the generation config's, or detected).
             max_new_tokens: per chunk (default: as many as the decoder's positions allow).
             silence_threshold: RMS below which audio counts as a pause and is not decoded (None: decode it all).
-            progress_bar: show a progress bar over chunks (see also `set_progress_bar_config`).
+            progress_bar: show a progress bar over chunks (for a list: over items; see also `set_progress_bar_config`).
             callback_on_round: `fn(round_index, info)` after every decoder pass that commits tokens;
                 `info` is a `RoundInfo` (token ids committed, drafted, accepted, tokens so far, `chunk`).
+                Not with `batch_size` > 1.
+            batch_size: for a list, items decoded together: their windows go through the decoder in batches
+                of up to `batch_size` rows. 1 (default): one item after another, every method. Larger: the
+                Whisper target and the method's drafter must decode batches (`WhisperTarget.decodes_batches`,
+                not yet: today a larger `batch_size` is refused with one line).
         """
         started = time.perf_counter()
+        batch_size = check_batch_size(batch_size)
         if mode not in MODES:
             raise MMSpecError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         method = self.check_method(method)  # fail on an unavailable method before decoding any audio
@@ -311,26 +320,55 @@ class TranscriptionPipeline(SpeculativePipeline):
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_language_and_task(self.model, language, task)
-        reporter = self.round_reporter(callback_on_round)
+        settings = dict(method=method, mode=mode, language=language, task=task, max_new_tokens=max_new_tokens,
+                        silence_threshold=silence_threshold)
+        items = listed_audio(audio)
+        if items is None:
+            if isinstance(sampling_rate, (list, tuple)):
+                raise MMSpecError("sampling_rate is a list, but one audio was given: pass a list of audio, or one rate")
+            reporter = self.round_reporter(callback_on_round)
+            return self._transcribe_one(audio, sampling_rate, reporter, progress_bar, started, **settings)
+        rates = per_item(sampling_rate, len(items), "sampling_rate")
+        if batch_size > 1:
+            if callback_on_round is not None:
+                raise MMSpecError(f"batch_size={batch_size}: callback_on_round follows one sequence; use batch_size=1")
+            check_batching(WhisperTarget(self.model, language=language, task=task), self.make_drafter(method), method,
+                           batch_size, self.batching_methods())
+        label = f"hybrid-{mode}" if method == "hybrid" else "ar"
+        outputs: list[TranscriptionOutput] = []
+        with self.progress_bar(total=len(items), desc=f"transcribe ({label})", unit="file", enabled=progress_bar) as bar:
+            for group in groups(list(range(len(items))), batch_size):
+                if batch_size == 1:
+                    reporter = self.round_reporter(callback_on_round)
+                    outputs.append(self._transcribe_one(items[group[0]], rates[group[0]], reporter, False,
+                                                        time.perf_counter(), **settings))
+                else:
+                    outputs.extend(self._transcribe_batch([items[i] for i in group], [rates[i] for i in group],
+                                                          batch_size, **settings))
+                bar.update(len(group))
+        return outputs
+
+    def batching_methods(self) -> list[str]:
+        """The available methods that decode a list `batch_size` > 1 at a time (none while Whisper targets do not batch)."""
+        target = WhisperTarget(self.model)
+        return [m for m in self.available_methods if batching_refusal(target, self.make_drafter(m), m) is None]
+
+    def _windows(self, audio: AudioSource, sampling_rate: int | None,
+                 silence_threshold: float | None) -> tuple[np.ndarray, list[Window]]:
+        """The audio's samples at the model's rate and the windows to decode (none for silence)."""
         samples = load_audio(audio, self.sampling_rate, source_sampling_rate=sampling_rate)
         check_duration(samples, self.sampling_rate, f"audio {str(audio)!r}" if isinstance(audio, (str, Path)) else "the audio")
         window = int(round(self.chunk_seconds * self.sampling_rate))
         threshold = silence_threshold if silence_threshold is not None else 0.0
         regions = speech_regions(samples, self.sampling_rate, threshold, max_region_s=self.chunk_seconds / 2) \
             if silence_threshold is not None else [(0, samples.shape[0])]
-        windows = plan_windows(regions, window, int(round(window * STRIDE_FRACTION)))
-        label = f"hybrid-{mode}" if method == "hybrid" else "ar"
+        return samples, plan_windows(regions, window, int(round(window * STRIDE_FRACTION)))
+
+    def _output(self, windows: list[Window], chunks: list[ChunkTranscript], method: str, mode: str, label: str,
+                silence_threshold: float | None, started: float) -> TranscriptionOutput:
         stats = SpecStats(method=label)
-        chunks: list[ChunkTranscript] = []
-        rate = self.sampling_rate
-        with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
-            for index, planned in enumerate(windows):
-                reporter.chunk = index
-                chunks.append(self._transcribe_chunk(samples[planned.start:planned.end], planned.start / rate,
-                                                     planned.end / rate, method, mode, label, language, task,
-                                                     max_new_tokens, reporter))
-                stats = stats + chunks[-1].stats
-                bar.update(1)
+        for chunk in chunks:
+            stats = stats + chunk.stats
         segments = self._segments(windows, chunks)
         text = " ".join(s.text for s in segments if s.text)
         note = None
@@ -341,6 +379,72 @@ class TranscriptionPipeline(SpeculativePipeline):
             decoder_passes=sum(c.decoder_passes for c in chunks), chunks=chunks, segments=segments,
             total_time_s=time.perf_counter() - started, note=note,
         )
+
+    def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
+                        started: float, *, method: str, mode: str, language: str | None, task: str | None,
+                        max_new_tokens: int | None, silence_threshold: float | None) -> TranscriptionOutput:
+        samples, windows = self._windows(audio, sampling_rate, silence_threshold)
+        label = f"hybrid-{mode}" if method == "hybrid" else "ar"
+        chunks: list[ChunkTranscript] = []
+        rate = self.sampling_rate
+        with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
+            for index, planned in enumerate(windows):
+                reporter.chunk = index
+                chunks.append(self._transcribe_chunk(samples[planned.start:planned.end], planned.start / rate,
+                                                     planned.end / rate, method, mode, label, language, task,
+                                                     max_new_tokens, reporter))
+                bar.update(1)
+        return self._output(windows, chunks, method, mode, label, silence_threshold, started)
+
+    def _transcribe_batch(self, items: list[AudioSource], rates: list[int | None], batch_size: int, *, method: str,
+                          mode: str, language: str | None, task: str | None, max_new_tokens: int | None,
+                          silence_threshold: float | None) -> list[TranscriptionOutput]:
+        """Several recordings at once: every window of every item, decoded `batch_size` windows per batch (windows
+        whose decoder prompts have one length batch together). Each item's time is the whole batch's."""
+        started = time.perf_counter()
+        label = f"hybrid-{mode}" if method == "hybrid" else "ar"
+        planned = [self._windows(audio, rate, silence_threshold) for audio, rate in zip(items, rates)]
+        target = WhisperTarget(self.model, language=language, task=task)
+        passes = 0
+
+        def count(*_: Any) -> None:
+            nonlocal passes
+            passes += 1
+
+        rows = []  # (item, window index, features [1, mel, frames], decoder prompt [1, P], language-detection passes)
+        hook = self.model.get_decoder().register_forward_hook(count)
+        try:
+            for item, (samples, windows) in enumerate(planned):
+                for index, window in enumerate(windows):
+                    features = self.features(samples[window.start:window.end])
+                    before = passes
+                    prompt = target.prompt_ids({"input_features": features})  # may detect the language (a pass)
+                    rows.append((item, index, features, prompt, passes - before))
+        finally:
+            hook.remove()
+        decoded: dict[tuple[int, int], ChunkTranscript] = {}
+        lengths = sorted({prompt.shape[1] for _, _, _, prompt, _ in rows})
+        for length in lengths:
+            same = [row for row in rows if row[3].shape[1] == length]
+            for group in groups(same, batch_size):
+                decoder = SpeculativeDecoder(
+                    WhisperTarget(self.model, language=language, task=task), self.make_drafter(method),
+                    policy=hybrid_policy(self.draft_length(method)),
+                    rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label)
+                wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
+                out = decoder.generate(None, max_new_tokens=target.max_new_tokens_for(length, wanted),
+                                       decoder_input_ids=torch.cat([row[3] for row in group]),
+                                       input_features=torch.cat([row[2] for row in group]))
+                row_stats = out.stats.rows if len(group) > 1 else [out.stats]
+                for position, ((item, index, _, _, detection), stats) in enumerate(zip(group, row_stats)):
+                    tokens = out.sequences[position, length:length + stats.new_tokens].tolist()
+                    window = planned[item][1][index]
+                    text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                    decoded[item, index] = ChunkTranscript(window.start / self.sampling_rate, window.end / self.sampling_rate,
+                                                           text, tokens, stats, stats.target_forwards + detection)
+        return [self._output(windows, [decoded[item, index] for index in range(len(windows))], method, mode, label,
+                             silence_threshold, started)
+                for item, (_, windows) in enumerate(planned)]
 
     def _segments(self, windows: list[Window], chunks: list[ChunkTranscript]) -> list[Segment]:
         """One segment per window, its tokens stitched with the overlapping windows of the same speech region."""
@@ -383,6 +487,16 @@ class TranscriptionPipeline(SpeculativePipeline):
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes)
+
+
+def listed_audio(audio: Any) -> list[Any] | None:
+    """The items of a list of recordings (paths, arrays, tensors, dicts), or None for one recording."""
+    if isinstance(audio, (list, tuple)) and audio and all(
+            isinstance(item, (str, Path, dict, np.ndarray, torch.Tensor)) for item in audio):
+        return list(audio)
+    if isinstance(audio, (list, tuple)) and not audio:
+        raise MMSpecError("the list of audio is empty")
+    return None
 
 
 def check_duration(samples: np.ndarray, sampling_rate: int, what: str = "the audio") -> None:
