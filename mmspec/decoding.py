@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .batch_decoding import check_batch_support, decode_batch
+from .devices import input_device
 from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
@@ -140,7 +141,7 @@ class SpeculativeDecoder:
         sampling = settings.sampling
         if sampling.do_sample and generator is None:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
-            generator = seeded_generator(self.target.model.device)
+            generator = seeded_generator(input_device(self.target.model))
         self.on_tokens = on_tokens
         self.on_round = with_proposal(on_round)
         self.streamer = settings.streamer

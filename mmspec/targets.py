@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 from transformers.generation.logits_process import LogitsProcessorList
 
 from .cached_model import CachedModel
+from .devices import input_device
 from .errors import MMSpecError
 from .generation import build_logits_processors, process_prefixed_rows, process_rows
 from .ragged import RaggedBatch
@@ -76,7 +77,7 @@ class Target(CachedModel):
             if start is None:
                 raise MMSpecError("the encoder-decoder target has no decoder_start_token_id; pass decoder_input_ids")
             batch = input_ids.shape[0] if input_ids is not None else 1
-            decoder_ids = torch.full((batch, 1), int(start), dtype=torch.long, device=self.model.device)
+            decoder_ids = torch.full((batch, 1), int(start), dtype=torch.long, device=input_device(self.model))
         if input_ids is not None:
             model_inputs["input_ids"] = input_ids
         return decoder_ids
@@ -186,7 +187,7 @@ class Target(CachedModel):
     def keep_tree_path(self, tree: DraftTree, path: list[int]) -> None:
         """After `score_tree`: keep the cache entries of the prefix, the root and the accepted `path` only."""
         root = self.length - tree.size - 1
-        device = self.model.device
+        device = input_device(self.model)
         nodes = torch.tensor(path, dtype=torch.long, device=device) + root + 1
         keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=device), nodes]))
         if self._tokens is not None:

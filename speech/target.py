@@ -41,6 +41,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
+from ..devices import input_device
 from ..errors import MMSpecError
 from ..targets import Target, register_target
 
@@ -189,7 +190,7 @@ def whisper_prompt_ids(
     if no_timestamps is not None and tokens[-1] != no_timestamps:
         tokens.append(int(no_timestamps))
     ids = [t for t in tokens if t is not None]
-    return torch.tensor([ids], dtype=torch.long, device=model.device)
+    return torch.tensor([ids], dtype=torch.long, device=input_device(model))
 
 
 def whisper_logits_processors(model: PreTrainedModel, begin_index: int, config: Any = None) -> LogitsProcessorList:
@@ -197,7 +198,7 @@ def whisper_logits_processors(model: PreTrainedModel, begin_index: int, config: 
     (default: the model's generation config)."""
     config = model.generation_config if config is None else config
     processors = LogitsProcessorList()
-    device = model.device
+    device = input_device(model)
     if config.begin_suppress_tokens:
         processors.append(SuppressTokensAtBeginLogitsProcessor(list(config.begin_suppress_tokens), begin_index, device=device))
     if config.suppress_tokens:

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, WhisperForConditiona
 from mmspec import MMSpecError, speculative_generate
 from mmspec.devices import input_device, load_options, place_drafter
 from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal, tiny_llama
+from mmspec.trees import TreeConfig
 
 from .speech.tiny_whisper import features, tiny_whisper
 from .vision.drafters import MultimodalNeverAgreeDrafter
@@ -138,13 +139,44 @@ def test_embeddings_on_disk_greedy(drafter, tmp_path):
     assert_greedy_equal(model, drafter, PROMPT, max_new_tokens=MAX_NEW, num_draft_tokens=3)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="SpeculativeDecoder.generate seeds its private generator on target.model.device, which is "
-                          "'meta' when the first parameter is offloaded (META device type not an accelerator)")
 def test_embeddings_on_disk_sampling_without_a_generator(drafter, tmp_path):
+    """No generator: the private one is seeded from torch's global seed on the input device, not on "meta"."""
     model = dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path)
-    torch.manual_seed(0)
-    speculative_generate(model, drafter, PROMPT, max_new_tokens=MAX_NEW, do_sample=True)
+
+    def sample(target, seed):
+        torch.manual_seed(seed)
+        return speculative_generate(target, drafter, PROMPT, max_new_tokens=MAX_NEW, do_sample=True,
+                                    temperature=1.5).sequences
+
+    first = sample(model, 0)
+    assert torch.equal(first, sample(model, 0)) and torch.equal(first, sample(tiny_target(), 0))
+    assert not torch.equal(first, sample(model, 1))  # control: the global seed decides the draws
+
+
+def test_embeddings_on_disk_tree_decoding(drafter, tmp_path):
+    """Tree rounds keep the accepted path's cache entries with positions built on the input device."""
+    model = dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path)
+    out = assert_greedy_equal(model, tiny_target(), PROMPT, max_new_tokens=MAX_NEW, tree=TreeConfig(num_nodes=8, depth=4))
+    assert out.stats.accepted > 0
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(num_nodes=8, depth=4)])
+def test_a_drafter_with_its_embeddings_on_disk(llama, tmp_path, tree):
+    """The drafter's own first parameter offloaded (its `device` reads "meta"): it drafts on its input device."""
+    self_drafter = dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path)
+    assert self_drafter.device.type == "meta"
+    out = assert_greedy_equal(llama, self_drafter, PROMPT, max_new_tokens=MAX_NEW, num_draft_tokens=4, tree=tree)
+    assert out.stats.accepted > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator for the drafter")
+def test_a_model_drafter_on_another_device_than_the_target(llama):
+    """A ModelDrafter on the accelerator, no accelerate hook: tokens go there, its logits come back to the CPU."""
+    from mmspec import ModelDrafter
+
+    on_gpu = tiny_target().to("cuda")
+    out = assert_greedy_equal(llama, ModelDrafter(on_gpu), PROMPT, max_new_tokens=MAX_NEW, num_draft_tokens=4)
+    assert out.sequences.device.type == "cpu" and out.stats.accepted > 0
 
 
 # --- encoder-decoder: Whisper --------------------------------------------------------------------------
@@ -172,16 +204,18 @@ def test_whisper_with_decoder_layers_on_disk_equals_its_generate(whisper, kind):
             assert out.stats.accepted == 0
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="the encoder offloaded to disk makes whisper.device 'meta': WhisperTarget.prompt_ids (and "
-                          "Target.initial_sequence for other encoder-decoders) build the decoder prompt there, and the "
-                          "drafter cannot compare tokens on meta (transformers' own generate fails too)")
-def test_whisper_with_the_encoder_on_disk(tmp_path):
+@pytest.mark.parametrize("kind", ["model", "never"])
+def test_whisper_with_the_encoder_on_disk(tmp_path, kind):
+    """The encoder (the first parameters) offloaded: whisper.device reads "meta"; the decoder prompt is built on
+    the input device. Compared with the whole model's generate."""
     model = dispatched(tiny_whisper(), {"model.encoder": "disk", "model.decoder": "cpu", "proj_out": "cpu"}, tmp_path)
-    x = features(0)
-    expected = tiny_whisper().generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
-    out = speculative_generate(model, NeverAgreeDrafter(tiny_whisper()), None, max_new_tokens=MAX_NEW, input_features=x)
-    assert torch.equal(out.sequences, expected)
+    assert model.device.type == "meta"
+    drafter = tiny_whisper(seed=1, decoder_layers=1) if kind == "model" else NeverAgreeDrafter(tiny_whisper())
+    for seed in (0, 1):
+        x = features(seed)
+        expected = tiny_whisper().generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
+        out = speculative_generate(model, drafter, None, max_new_tokens=MAX_NEW, num_draft_tokens=4, input_features=x)
+        assert torch.equal(out.sequences, expected)
 
 
 # --- a vision-language model: LLaVA ---------------------------------------------------------------------
@@ -205,14 +239,25 @@ def test_llava_with_layers_on_disk_equals_its_generate(tmp_path, kind):
     assert torch.equal(expected, case.model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs))
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="VisionTarget builds its placeholder ids on model.device, 'meta' when the vision tower (the "
-                          "first parameters) is offloaded to disk, and cannot move them to the drafts' device")
-def test_llava_with_the_vision_tower_on_disk(tmp_path):
+@pytest.mark.parametrize("kind", ["text-only", "text-only-on-disk", "never"])
+def test_llava_with_the_vision_tower_on_disk(tmp_path, kind):
+    """The vision tower (the first parameters) offloaded: model.device reads "meta"; placeholder ids live on the
+    input device. A text-only drafter may have its own embeddings on the disk too."""
+    from mmspec.vision import TextOnlyDrafter
+
     case = llava()
     model = dispatched(case.model, {**LLAVA_MAP, "model.vision_tower": "disk"}, tmp_path)
-    expected = model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs)
-    drafter = MultimodalNeverAgreeDrafter(case.model)
+    assert model.device.type == "meta"
+    if kind == "never":
+        drafter = MultimodalNeverAgreeDrafter(case.model)
+    else:
+        lm = text_drafter_lm()
+        if kind == "text-only-on-disk":
+            lm = dispatched(lm, {"model.embed_tokens": "disk", "model.layers.0": "cpu", "model.norm": "cpu",
+                                 "model.rotary_emb": "cpu", "lm_head": "cpu"}, tmp_path / "drafter")
+            assert lm.device.type == "meta"
+        drafter = TextOnlyDrafter(lm, model)
+    expected = case.model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs)
     out = speculative_generate(model, drafter, case.input_ids, max_new_tokens=MAX_NEW, num_draft_tokens=3, **case.inputs)
     assert torch.equal(out.sequences, expected)
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from ..devices import input_device
 from ..targets import Target, register_target
 from .models import feature_token_ids, modality_token_types
 
@@ -32,7 +33,7 @@ class VisionTarget(Target):
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, output_hidden_states=output_hidden_states)
-        self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=model.device)
+        self.placeholder_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=input_device(model))
 
     def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
         sequence = super().initial_sequence(input_ids, model_inputs)

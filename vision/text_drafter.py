@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cached_model import model_vocab_size
+from ..devices import input_device
 from ..drafters import ModelDrafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
@@ -49,7 +50,7 @@ class TextOnlyDrafter(ModelDrafter):
         ids = visual_token_ids(visual_tokens) if isinstance(visual_tokens, PreTrainedModel) else {int(t) for t in visual_tokens}
         if not ids:
             raise MMSpecError("TextOnlyDrafter needs at least one visual token id to remove")
-        self.visual_ids = torch.tensor(sorted(ids), dtype=torch.long, device=self.lm.model.device)
+        self.visual_ids = torch.tensor(sorted(ids), dtype=torch.long, device=input_device(self.lm.model))
         self._pad_to = None
         if isinstance(visual_tokens, PreTrainedModel):
             target_width = model_vocab_size(visual_tokens)

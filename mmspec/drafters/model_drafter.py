@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cached_model import CachedModel
+from ..devices import input_device
 from ..errors import MMSpecError
 from ..generation import process_prefixed_rows
 from ..ragged import RaggedBatch
@@ -64,7 +65,7 @@ class ModelDrafter(AutoregressiveDrafter):
                     f"the encoder-decoder drafter runs its own encoder (width {width}); pass the encoder inputs "
                     f"(input_features / input_ids), not the target's encoder_outputs (width {states.shape[-1]})"
                 )
-        device = self.lm.model.device
+        device = input_device(self.lm.model)
         self._encoder_inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
     def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
@@ -72,18 +73,23 @@ class ModelDrafter(AutoregressiveDrafter):
         self.cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
 
     def catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
-        """Bring the cache in line with `sequence` and return the next-token logits [B, V]."""
+        """Bring the cache in line with `sequence` and return the next-token logits [B, V].
+
+        The drafter may sit on another device than the target: tokens go to its input device, and its
+        logits come back on the sequence's device (where the loop compares and samples)."""
         keep = common_prefix_length(self.cached_tokens, sequence)
         keep = min(keep, sequence.shape[0] - 1)  # feed at least one token to get next-token logits
+        tokens = sequence.to(input_device(self.lm.model))
         if self.lm.cache is None or keep == 0:
-            out = self.lm.prefill(sequence[None], logits_to_keep=1, **self._encoder_inputs)
+            out = self.lm.prefill(tokens[None], logits_to_keep=1, **self._encoder_inputs)
         else:
             self.lm.truncate(keep)
-            out = self.lm.extend(sequence[None, keep:], logits_to_keep=1)
-        return out.logits[:, -1, :]
+            out = self.lm.extend(tokens[None, keep:], logits_to_keep=1)
+        return out.logits[:, -1, :].to(sequence.device)
 
     def feed(self, token: torch.Tensor) -> torch.Tensor:
-        return self.lm.extend(token[:, None], logits_to_keep=1).logits[:, -1, :]
+        out = self.lm.extend(token[:, None].to(input_device(self.lm.model)), logits_to_keep=1)
+        return out.logits[:, -1, :].to(token.device)
 
     def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafter's logits [..., V] as its drafts are chosen from (subclasses mask tokens here)."""
