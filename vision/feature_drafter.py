@@ -28,6 +28,7 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
+from mmspec.ragged import RaggedBatch
 
 from .rope_positions import positions_at, target_prompt_positions
 
@@ -247,3 +248,48 @@ class TargetFeatureDrafter(Drafter):
         self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
         self.model.to(self.lm_head.weight.device)
         self.target = target
+
+    # --- batches (`mmspec.ragged`) ------------------------------------------------------------------
+    # After the prompt, the drafter's cache gains one true slot per batch column: slot c consumes the
+    # token of column c and the target's feature of the row's previous valid column (holes masked). Draft
+    # slots read predicted features and are cropped after each round; the true features of the round's
+    # columns are queued by `observe_batch` for the next round's first forward.
+
+    drafts_batches = True
+
+    def _start_batch(self, slot_mask: torch.Tensor, batch_columns: int, pending: torch.Tensor) -> None:
+        """After the prompt's slots: the cache's padding mask [B, D], batch columns covered, queued features [B, m, H]."""
+        if self.model.config.mrope_section:
+            raise MMSpecError(f"an M-RoPE {self.method_name} drafter decodes one sequence at a time; pass a batch of one")
+        self._slot_mask, self._batch_fed, self._pending = slot_mask, batch_columns, pending
+
+    def _take_true_slots(self, batch: RaggedBatch) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
+        """The batch columns not fed yet: their tokens [B, m], queued features [B, m, H] and slot positions [B, m]."""
+        start, count = self._batch_fed, batch.width - self._batch_fed
+        features, self._pending = self._pending[:, :count], self._pending[:, count:]
+        self._slot_mask = torch.cat([self._slot_mask, batch.mask[:, start:]], dim=1)
+        self._batch_fed = batch.width
+        # A slot sits one position before the token it consumes.
+        return batch.tokens[:, start:], features, (batch.column_positions(start) - 1).clamp(min=0)
+
+    def _draft_slots(self, batch: RaggedBatch, first: int, count: int) -> tuple[torch.Tensor, torch.LongTensor]:
+        """Padding mask and positions [B, count] for draft slots `first`..`first + count - 1` of this round."""
+        mask = torch.cat([self._slot_mask, self._slot_mask.new_ones((batch.size, first + count))], dim=1)
+        return mask, batch.next_positions(first + count)[:, first:] - 1
+
+    def observe_batch(self, batch: RaggedBatch, verdict: Any, target_step: Any) -> None:
+        """Crop the draft slots; queue the features the round's columns read: a draft column the column
+        before it, the new token's column the row's last accepted one."""
+        excess = self.cache.get_seq_length() - self._slot_mask.shape[1]
+        if excess > 0:
+            self.cache.crop(-excess)
+        features = target_step.hidden_states[-1]  # the verify forward's columns: newest token, then the drafts
+        rows = torch.arange(features.shape[0], device=features.device)
+        last = features[rows, verdict.num_accepted.to(features.device)]
+        self._pending = torch.cat([self._pending, features[:, :-1].to(self._pending.dtype), last[:, None].to(self._pending.dtype)], dim=1)
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        self.cache.batch_select_indices(keep.to(self._pending.device))
+        self._slot_mask = self._slot_mask.index_select(0, keep.to(self._slot_mask.device))
+        self._pending = self._pending.index_select(0, keep.to(self._pending.device))
+

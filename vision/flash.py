@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
+from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
@@ -141,7 +142,55 @@ class FlashDrafter(TargetFeatureDrafter):
         positions = self.position_ids(torch.arange(position, position + hidden.shape[1], device=hidden.device)[None])
         return self._run(hidden, positions)
 
-    def _run(self, hidden: torch.Tensor, positions: torch.LongTensor) -> torch.Tensor:
+    def _run(self, hidden: torch.Tensor, positions: torch.LongTensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:
         self.forwards += 1
-        out = self.model(hidden, positions, past_key_values=self.cache)
+        out = self.model(hidden, positions, key_padding=key_padding, past_key_values=self.cache)
         return self.model.semi_ar(out[:, -1])
+
+    # --- batches: each row's prompt assembled on its own, left-padded; then one slot per batch column ----
+
+    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+        self._require_hidden_states(step)
+        embeds, features = step.hidden_states[0], step.hidden_states[-1]
+        rows, places = [], []
+        for b in range(batch.size):
+            valid = batch.mask[b].bool()
+            tokens, row_embeds, row_features = batch.tokens[b][valid], embeds[b][valid], features[b][valid]
+            visual = torch.isin(tokens, self.visual_ids.to(tokens.device))
+            visual[-1] = False  # the last prompt position drafts the first token: never compressed
+            text_hidden = self.model.text_inputs(row_embeds[1:], row_features[:-1])
+            hidden, positions, _ = self.model.assemble(text_hidden, row_embeds, visual)
+            rows.append(hidden)
+            places.append(positions)
+        width = max(r.shape[0] for r in rows)
+        hidden = torch.stack([torch.cat([r.new_zeros(width - r.shape[0], r.shape[1]), r]) for r in rows])
+        positions = torch.stack([torch.cat([p.new_zeros(width - p.shape[0]), p]) for p in places])
+        mask = torch.stack([torch.cat([batch.mask.new_zeros(width - r.shape[0]), batch.mask.new_ones(r.shape[0])]) for r in rows])
+        self.cache = DynamicCache()
+        self._start_batch(mask, batch.width, features[:, -1:])
+        if width:
+            self.forwards += 1
+            self.model(hidden, positions, key_padding=mask, past_key_values=self.cache)
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal.empty(batch.tokens)
+        n = self.model.config.semi_ar_tokens
+        tokens_in, features, positions = self._take_true_slots(batch)
+        predicted = self._run(self.model.text_inputs(self.embed_tokens(tokens_in), features), positions, self._slot_mask)
+        tokens: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
+        while True:
+            for j in range(n):
+                logits = self.lm_head(predicted[:, j].to(self.lm_head.weight.dtype))
+                token, dist, _ = choose_draft_token(logits, sampling, generator, False)
+                tokens.append(token)
+                if dist is not None:
+                    dists.append(dist)
+                if len(tokens) == max_tokens:
+                    return Proposal(tokens=torch.stack(tokens, dim=1), probs=torch.stack(dists, dim=1) if dists else None)
+            # Semi-autoregressive step: the n drafts just made, each with the feature it was read from.
+            mask, positions = self._draft_slots(batch, len(tokens) - n, n)
+            hidden = self.model.text_inputs(self.embed_tokens(torch.stack(tokens[-n:], dim=1)), predicted)
+            predicted = self._run(hidden, positions, mask)

@@ -28,7 +28,6 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
-from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig, probabilities
@@ -369,37 +368,25 @@ class MSDDrafter(TargetFeatureDrafter):
         return out.last_hidden_state[:, -1]
 
 
-    # --- batches (`mmspec.ragged`): the cache's slots sit in the batch's columns -------------------
-    # Slot c consumes the token of column c and the target's feature of the row's previous valid column;
-    # a row's first column has no slot (masked), as holes and left pads are. Draft slots are cropped
-    # after each round (they read predicted features); the true features of the new columns are queued.
-
-    drafts_batches = True
+    # --- batches: slots in the batch's columns; a row's first column, pads and holes are masked --------
 
     def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
         self._require_hidden_states(step)
-        if self.model.config.mrope_section:
-            raise MMSpecError("an M-RoPE MSD drafter decodes one sequence at a time; pass a batch of one")
         embeds, features = step.hidden_states[0], step.hidden_states[-1]
-        first = batch.mask.cumsum(-1) == 1
-        self._slot_mask = batch.mask.masked_fill(first & batch.mask.bool(), 0)
+        first = (batch.mask.cumsum(-1) == 1) & batch.mask.bool()
+        self._start_batch(batch.mask.masked_fill(first, 0), batch.width, features[:, -1:])
         previous = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
         visual = torch.isin(batch.tokens, self.visual_ids.to(batch.tokens.device))
         inputs = self.model.slot_inputs(self.embed_tokens(batch.tokens), previous, visual, embeds)
         self.cache = DynamicCache()
-        self._slot_forward(inputs, batch.column_positions(0) - 1, self._slot_mask)
-        self._pending = features[:, -1:]  # the first new column's slot reads the prompt's last feature
+        self._slot_forward(inputs, (batch.column_positions(0) - 1).clamp(min=0), self._slot_mask)
 
     def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
                       generator: torch.Generator | None) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(batch.tokens)
-        start = self._slot_mask.shape[1]
-        count = batch.width - start
-        features, self._pending = self._pending[:, :count], self._pending[:, count:]
-        self._slot_mask = torch.cat([self._slot_mask, batch.mask[:, start:]], dim=1)
-        inputs = self.model.slot_inputs(self.embed_tokens(batch.tokens[:, start:]), features)
-        hidden = self._slot_forward(inputs, batch.column_positions(start) - 1, self._slot_mask)
+        tokens_in, features, positions = self._take_true_slots(batch)
+        hidden = self._slot_forward(self.model.slot_inputs(self.embed_tokens(tokens_in), features), positions, self._slot_mask)
         tokens, dists = [], []
         for i in range(max_tokens):
             token, dist, _ = choose_draft_token(self.lm_head(hidden.to(self.lm_head.weight.dtype)), sampling, generator, False)
@@ -407,31 +394,14 @@ class MSDDrafter(TargetFeatureDrafter):
             if dist is not None:
                 dists.append(dist)
             if i + 1 < max_tokens:
-                inputs = self.model.slot_inputs(self.embed_tokens(token[:, None]), hidden[:, None])
-                mask = torch.cat([self._slot_mask, self._slot_mask.new_ones((batch.size, i + 1))], dim=1)
-                hidden = self._slot_forward(inputs, batch.next_positions(i + 1)[:, -1:] - 1, mask)
+                mask, positions = self._draft_slots(batch, i, 1)
+                hidden = self._slot_forward(self.model.slot_inputs(self.embed_tokens(token[:, None]), hidden[:, None]),
+                                            positions, mask)
         return Proposal(tokens=torch.stack(tokens, dim=1), probs=torch.stack(dists, dim=1) if dists else None)
-
-    def observe_batch(self, batch: RaggedBatch, verdict: Any, target_step: Any) -> None:
-        """Crop the draft slots; queue the features the new columns' slots read: a draft column reads the
-        column before it, the new token's column the row's last accepted one."""
-        excess = self.cache.get_seq_length() - self._slot_mask.shape[1]
-        if excess > 0:
-            self.cache.crop(-excess)
-        features = target_step.hidden_states[-1]  # the verify forward's columns: newest token, then the drafts
-        rows = torch.arange(features.shape[0], device=features.device)
-        last = features[rows, verdict.num_accepted.to(features.device)]
-        self._pending = torch.cat([self._pending, features[:, :-1], last[:, None]], dim=1)
-
-    def select_rows(self, keep: torch.LongTensor) -> None:
-        self.cache.batch_select_indices(keep.to(self._pending.device))
-        self._slot_mask = self._slot_mask.index_select(0, keep.to(self._slot_mask.device))
-        self._pending = self._pending.index_select(0, keep.to(self._pending.device))
 
     def _slot_forward(self, inputs: torch.Tensor, positions: torch.LongTensor, mask: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
-        out = self.model(inputs, positions.clamp(min=0), attention_mask=mask, past_key_values=self.cache, use_cache=True)
-        return out.last_hidden_state[:, -1]
+        return self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True).last_hidden_state[:, -1]
 
 
 def load_msd_drafter(folder: str | Path, **kwargs: Any) -> MSDDrafterModel:

@@ -1,5 +1,5 @@
-"""Feature drafters (MSD) draft for a batch: every row gets the drafts it would get alone, and the
-batch decodes to `generate`'s output."""
+"""Feature drafters (MSD, FLASH) draft for a batch: every row gets the drafts it would get alone, and
+the batch decodes to `generate`'s output."""
 
 import pytest
 import torch
@@ -7,6 +7,7 @@ import torch
 from mmspec import FixedDraftLength, speculative_generate
 from mmspec.vision.distill_data import generate_distill_data
 from mmspec.vision.drafter_training import train_drafter
+from mmspec.vision.flash import FlashDrafter, FlashDrafterModel
 from mmspec.vision.msd import MSDDrafter
 
 from .test_msd import case, llava_prompt, trained, untrained  # noqa: F401 (fixtures)
@@ -26,22 +27,58 @@ def ragged_batch(seeds):
     return rows, ids, mask, torch.cat(pixels)
 
 
-class RecordingMSD(MSDDrafter):
-    """Keeps every round's drafts, per row (for a batch) or for its one sequence."""
+class Recording:
+    """Keeps every round's drafts and draft logits, per row (for a batch) or for its one sequence."""
 
     def __init__(self, model):
         super().__init__(model)
         self.rounds = []
 
+    def bind(self, target):
+        super().bind(target)
+        head, self._logits = self.lm_head, []
+
+        def recording_head(hidden):
+            logits = head(hidden)
+            self._logits.append(logits.detach().clone())
+            return logits
+
+        self.lm_head = recording_head
+        self.lm_head.weight = head.weight
+
     def propose(self, sequence, max_tokens, sampling, generator, policy):
+        self._logits = []
         proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
-        self.rounds.append(proposal.tokens[0].tolist())
+        if self._logits:
+            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([l[0] for l in self._logits]))})
         return proposal
 
     def propose_batch(self, batch, max_tokens, sampling, generator):
+        self._logits = []
         proposal = super().propose_batch(batch, max_tokens, sampling, generator)
-        self.rounds.append(dict(zip(batch.rows.tolist(), proposal.tokens.tolist())))
+        if not self._logits:
+            return proposal
+        logits = torch.stack(self._logits, dim=1)
+        self.rounds.append({row: (tokens, logits[i]) for i, (row, tokens) in
+                            enumerate(zip(batch.rows.tolist(), proposal.tokens.tolist()))})
         return proposal
+
+
+class RecordingMSD(Recording, MSDDrafter):
+    pass
+
+
+class RecordingFlash(Recording, FlashDrafter):
+    pass
+
+
+RUNTIME = {"msd": RecordingMSD, "flash": RecordingFlash}
+
+
+def untrained_flash(model, n, seed=0):
+    torch.manual_seed(seed)
+    return FlashDrafterModel.from_target_config(model.config.get_text_config(), num_queries=3, semi_ar_tokens=n,
+                                                compress=True).eval()
 
 
 @pytest.mark.parametrize("which", ["untrained", "trained"])
@@ -55,35 +92,48 @@ def test_msd_batch_equals_generate(case, trained, which):
     assert out.stats.drafted > 0
 
 
-@pytest.fixture(scope="module")
-def fitted(case, tmp_path_factory):
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_flash_batch_equals_generate(case, n):
+    rows, ids, mask, pixels = ragged_batch([3, 4, 5])
+    expected = case.model.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=16, do_sample=False)
+    out = speculative_generate(case.model, FlashDrafter(untrained_flash(case.model, n)), ids, attention_mask=mask,
+                               pixel_values=pixels, max_new_tokens=16, policy=FixedDraftLength(4))
+    assert torch.equal(out.sequences, expected)
+
+
+@pytest.fixture(scope="module", params=["msd", "flash"])
+def fitted(case, tmp_path_factory, request):
     """A drafter fitted to the target's traces of the very rows decoded below: it accepts often, so
     rounds end at every acceptance depth and the features after each depth are exercised."""
-    folder = tmp_path_factory.mktemp("msd-batch")
+    folder = tmp_path_factory.mktemp(f"{request.param}-batch")
     rows, _, _, pixels = ragged_batch([0, 1, 2])
     examples = [{"input_ids": row[None], "pixel_values": pixels[i:i + 1]} for i, row in enumerate(rows)]
     generate_distill_data(case.model, examples, folder / "data", max_new_tokens=20, progress=False)
-    return train_drafter(case.model, "msd", folder / "data", folder / "out", steps=150, batch_size=3, lr=3e-3,
-                         curriculum="none", checkpoint_every=0, progress=False)
+    model = train_drafter(case.model, request.param, folder / "data", folder / "out", steps=150, batch_size=3, lr=3e-3,
+                          curriculum="none", checkpoint_every=0, progress=False)
+    return RUNTIME[request.param], model
 
 
-def test_msd_drafts_each_row_as_alone(case, fitted):
+def test_feature_drafter_drafts_each_row_as_alone(case, fitted):
     """Row by row, the batch's drafts equal those of the row decoded alone (same committed tokens, same
-    features): the slots of holes, pads and each row's first column are invisible to the drafter."""
+    features): the slots of holes, pads and each row's first column are invisible to the drafter, and
+    FLASH's compressed prompts of different lengths are padded apart."""
+    runtime, model = fitted
     rows, ids, mask, pixels = ragged_batch([0, 1, 2])
-    batched = RecordingMSD(fitted)
+    batched = runtime(model)
     out = speculative_generate(case.model, batched, ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=20,
                                policy=FixedDraftLength(4))
     assert out.stats.alpha > 0.4  # most rounds accept some drafts
     compared = 0
     for i, row in enumerate(rows):
-        alone = RecordingMSD(fitted)
+        alone = runtime(model)
         speculative_generate(case.model, alone, row[None], pixel_values=pixels[i:i + 1], max_new_tokens=20,
                              policy=FixedDraftLength(4))
         mine = [r[i] for r in batched.rounds if i in r]
-        for a, b in zip(alone.rounds, mine):
+        for (a, a_logits), (b, b_logits) in zip([r[0] for r in alone.rounds], mine):
             if len(a) == len(b) == 4:  # near the end the batch's draft length follows the longest row
                 assert a == b
+                torch.testing.assert_close(b_logits[: len(a_logits)], a_logits[: len(b_logits)], atol=1e-4, rtol=1e-4)
                 compared += 1
     assert compared >= 6
     assert any(IMAGE in row.tolist() for row in rows)
