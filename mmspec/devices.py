@@ -41,15 +41,6 @@ def input_device(model: torch.nn.Module) -> torch.device:
     return torch.device(placed[0]) if placed else torch.device("cpu")
 
 
-def check_first_parameter_placed(model: torch.nn.Module) -> None:
-    """Refuse, with one line, a model whose first parameter accelerate offloaded: parts of mmspec still make
-    tensors on `model.device`, which then reads "meta" (see tests/test_device_map.py's expected failures)."""
-    if is_spread(model) and next(model.parameters()).device.type == "meta":
-        name = next(name for name, _ in model.named_parameters())
-        raise MMSpecError(f"the device map offloads the model's first parameter ({name}) to the CPU or the disk, which "
-                          "mmspec cannot decode with yet: map its module to a device (the main one)")
-
-
 def place_drafter(drafter: torch.nn.Module, device: str | torch.device | None,
                   target: torch.nn.Module) -> torch.nn.Module:
     """Put a drafter network on `device` (None: the target's input device).

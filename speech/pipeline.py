@@ -59,7 +59,7 @@ from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForC
 
 from ..cached_model import model_vocab_size
 from ..decoding import SpeculativeDecoder
-from ..devices import as_device, check_first_parameter_placed, input_device, load_options, place_drafter
+from ..devices import as_device, input_device, load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError, first_line
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, per_item
@@ -145,7 +145,6 @@ class TranscriptionPipeline(SpeculativePipeline):
         relaxed_margin: float = 2.0,
     ) -> None:
         super().__init__()
-        check_first_parameter_placed(model)
         feature_extractor = getattr(processor, "feature_extractor", None)
         tokenizer = getattr(processor, "tokenizer", None)
         if feature_extractor is None or tokenizer is None:

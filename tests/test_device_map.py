@@ -430,20 +430,57 @@ def test_an_ar_fast_decoder_sharing_an_offloaded_head_is_refused(tmp_path):
     assert pipe.fast_decoder.proj_out is kept.get_output_embeddings()
 
 
-def test_pipelines_refuse_a_map_offloading_the_first_module(tiny_captioner_folder, asr_folder, tmp_path, capsys):
-    """Until the core stops making tensors on `model.device` (the expected failures above), one clear line."""
+# The model's first parameter offloaded (`model.device` reads "meta"): LLaVA-NeXT-Video's image_newline and vision
+# tower, Whisper's encoder.
+CAPTIONER_MAP_FIRST_ON_DISK = {**CAPTIONER_MAP, "model.image_newline": "disk", "model.vision_tower": "disk"}
+WHISPER_MAP_ENCODER_ON_DISK = {"model.encoder": "disk", "model.decoder": "cpu", "proj_out": "cpu"}
+
+
+@pytest.mark.parametrize("method", ["ar", "text", "std"])
+def test_caption_pipeline_with_the_first_parameter_on_disk(tiny_captioner_folder, frames, tmp_path, method):
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    pipe = CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter",
+                                           device_map=CAPTIONER_MAP_FIRST_ON_DISK, offload_folder=tmp_path)
+    assert pipe.model.device.type == "meta" and pipe.device == torch.device("cpu")
+    whole = CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter")
+    expected = whole.model.generate(**whole.prepare_inputs(video=frames), do_sample=False, max_new_tokens=12)
+    out = pipe(video=frames, max_new_tokens=12, method=method, progress_bar=False)
+    assert out.sequences[0].tolist() == expected[0].tolist()
+
+
+@pytest.mark.parametrize("method", ["ar", "hybrid"])
+def test_transcription_pipeline_with_the_encoder_on_disk(asr_folder, clip, tmp_path, method):
+    from mmspec.speech.audio import load_audio
+    from mmspec.speech.pipeline import TranscriptionPipeline
+
+    pipe = TranscriptionPipeline.from_pretrained(asr_folder, device_map=WHISPER_MAP_ENCODER_ON_DISK, offload_folder=tmp_path)
+    assert pipe.model.device.type == "meta" and pipe.device == torch.device("cpu")
+    expected = greedy(TranscriptionPipeline.from_pretrained(asr_folder), load_audio(clip), MAX_NEW)  # the whole model's
+    out = pipe(clip, method=method, max_new_tokens=MAX_NEW, progress_bar=False)
+    assert out.chunks[0].tokens == expected
+
+
+def test_cli_with_the_first_parameter_on_disk(tiny_captioner_folder, asr_folder, clip, tmp_path, capsys):
     import json
 
     from mmspec.cli import main
-    from mmspec.speech.pipeline import TranscriptionPipeline
+    from mmspec.vision import write_video
 
-    with pytest.raises(MMSpecError, match=r"offloads the model's first parameter \(model.encoder.conv1.weight\)"):
-        TranscriptionPipeline.from_pretrained(asr_folder, device_map={"model.encoder": "disk", "model.decoder": "cpu",
-                                                                      "proj_out": "cpu"}, offload_folder=tmp_path)
-    (tmp_path / "map.json").write_text(json.dumps({**CAPTIONER_MAP, "model.image_newline": "disk"}))
-    (tmp_path / "clip.mp4").write_bytes(b"never read: the model is refused first")
-    code = main(["caption", str(tmp_path / "clip.mp4"), "--model", str(tiny_captioner_folder), "--device-map",
-                 str(tmp_path / "map.json"), "--offload-folder", str(tmp_path / "off")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("mmspec: error:") == 1 and "Traceback" not in err
-    assert "offloads the model's first parameter (model.image_newline)" in err
+    from .vision.test_pipeline import cd
+
+    video = write_video(tmp_path / "clip.mp4", np_frames(cd.FRAMES, cd.FRAME_SIZE))
+    (tmp_path / "captioner_map.json").write_text(json.dumps(CAPTIONER_MAP_FIRST_ON_DISK))
+    (tmp_path / "whisper_map.json").write_text(json.dumps(WHISPER_MAP_ENCODER_ON_DISK))
+    caption = ["caption", str(video), "--model", str(tiny_captioner_folder), "--drafter", "shapes-caption-drafter",
+               "--max-new-tokens", "8", "--json"]
+    transcribe = ["transcribe", str(clip), "--model", str(asr_folder), "--max-new-tokens", str(MAX_NEW), "--format", "json"]
+    results = []
+    for argv in (caption, [*caption, "--device-map", str(tmp_path / "captioner_map.json"), "--offload-folder", str(tmp_path / "a")],
+                 transcribe, [*transcribe, "--device-map", str(tmp_path / "whisper_map.json"), "--offload-folder", str(tmp_path / "b")]):
+        code = main(argv)
+        captured = capsys.readouterr()
+        assert code == 0 and "Traceback" not in captured.err, captured.err
+        results.append(json.loads(captured.out))
+    assert results[0]["text"] == results[1]["text"] and results[0]["stats"]["new_tokens"] == 8
+    assert results[2]["text"] == results[3]["text"] and results[2]["stats"]["new_tokens"] > 0

@@ -35,7 +35,7 @@ import torch
 from transformers import AutoProcessor, PreTrainedModel
 
 from ..decoding import SpeculativeDecoder
-from ..devices import check_first_parameter_placed, load_options, place_drafter
+from ..devices import load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, left_padding, per_item
@@ -128,7 +128,6 @@ class CaptionPipeline(SpeculativePipeline):
     ) -> None:
         super().__init__()
         self.check_draft_tokens(num_draft_tokens)
-        check_first_parameter_placed(model)
         # The text drafter reads the committed tokens, which live on the model's input device; on a device of
         # its own (`drafter_device`) accelerate's hook carries them there and its logits back.
         self.register_modules(model=model.eval(), processor=processor,
