@@ -130,11 +130,11 @@ class SpeculativeDecoder:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if input_ids is not None and (input_ids.dim() != 2 or input_ids.shape[1] == 0):
             raise MMSpecError(f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
-        batched = input_ids is not None and input_ids.shape[0] > 1
         if eos_token_id is not None:
             kwargs["eos_token_id"] = eos_token_id  # a setting like any other: min-length processors use it
         settings, model_inputs = resolve_generation(self.target.model, kwargs, known_inputs=self.target.input_names(),
                                                     shipped=self.target.reads_generation_config)
+        batched = batch_size_of(input_ids, model_inputs) > 1
         if sampling is not None:
             settings.sampling = sampling
             settings.config.do_sample = sampling.do_sample
@@ -290,6 +290,19 @@ class SpeculativeDecoder:
             if token in stops:
                 return new_tokens[: i + 1], True
         return new_tokens, False
+
+
+def batch_size_of(input_ids: torch.Tensor | None, model_inputs: dict[str, Any]) -> int:
+    """Rows in a call: input_ids' (decoder-only), else the first batched model input's (encoder-decoder)."""
+    if input_ids is not None:
+        return int(input_ids.shape[0])
+    for value in model_inputs.values():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+        states = getattr(value, "last_hidden_state", None)
+        if states is not None:
+            return int(states.shape[0])
+    return 1
 
 
 def with_proposal(on_round: Callable[..., None] | None) -> RoundHook | None:

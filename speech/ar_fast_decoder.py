@@ -283,6 +283,8 @@ class ARHybridDrafter(HybridDrafter):
     past the next likely correction is mostly thrown away).
     """
 
+    drafts_batches = False  # its re-drafting follows one recording's committed text
+
     def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, redraft_tokens: int | None = None,
                  **kwargs: Any) -> None:
         if not isinstance(fast_decoder, ARFastDecoder):

@@ -38,7 +38,8 @@ decoding); `relaxed` is `relaxed_top_r_rule` below (not lossless).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -47,6 +48,7 @@ from ..decoding import SpeculativeDecoder, SpeculativeOutput
 from ..drafters.base import Drafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy, FixedDraftLength
+from ..ragged import RaggedBatch
 from ..rules import AcceptanceRule, greedy_match, leading_true_count
 from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
@@ -115,6 +117,9 @@ class HybridStats:
     unaligned: int = 0
     quiet: int = 0
 
+    def __add__(self, other: "HybridStats") -> "HybridStats":
+        return HybridStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
 
 class HybridDrafter(Drafter):
     """Drafts the remainder of a fast decoder's whole-utterance hypothesis (see the module docstring).
@@ -169,9 +174,9 @@ class HybridDrafter(Drafter):
         if self.target is None:
             raise MMSpecError("HybridDrafter must be bound to a target (use it through SpeculativeDecoder)")
         encoder_outputs = encoder_outputs_of(self.target.model, model_inputs)
-        hypotheses = self.fast_decoder.hypothesis(encoder_outputs.last_hidden_state)
+        self._hypotheses = self.fast_decoder.hypothesis(encoder_outputs.last_hidden_state)
         self.forwards += 1
-        self.set_hypothesis(hypotheses[0])
+        self.set_hypothesis(self._hypotheses[0])
 
     def set_hypothesis(self, tokens: Sequence[int]) -> None:
         self.hypothesis = [int(t) for t in tokens]
@@ -179,18 +184,23 @@ class HybridDrafter(Drafter):
 
     def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
                 generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        empty = Proposal.empty(sequence)
+        drafts = self.draft_for(sequence[0, self.prompt_length :].tolist(), max_tokens)
+        if not drafts:
+            return Proposal.empty(sequence)
+        return Proposal(tokens=torch.tensor([drafts], dtype=sequence.dtype, device=sequence.device))
+
+    def draft_for(self, committed: list[int], max_tokens: int) -> list[int]:
+        """Up to `max_tokens` hypothesis tokens continuing the `committed` transcript (none if it cannot align)."""
         self._last = None
         if max_tokens <= 0 or not self.hypothesis:
-            return empty
-        committed = sequence[0, self.prompt_length :].tolist()
+            return []
         start = self._align(committed)
         if start is None or start >= len(self.hypothesis):
-            return empty
+            return []
         self.offset = start - len(committed)
         drafts = self.hypothesis[start : start + max_tokens]
         self._last = (start, len(drafts))
-        return Proposal(tokens=torch.tensor([drafts], dtype=sequence.dtype, device=sequence.device))
+        return drafts
 
     def _align(self, committed: list[int]) -> int | None:
         anchor = len(committed) + self.offset
@@ -217,17 +227,49 @@ class HybridDrafter(Drafter):
         return None
 
     def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+        self.after_verdict(int(verdict.num_accepted[0]))
+
+    def after_verdict(self, accepted: int) -> None:
+        """Move the cursor past what the target accepted of the last drafts."""
         if self._last is None:
             self.after_correction = False
             return
         start, drafted = self._last
-        accepted = int(verdict.num_accepted[0])
         if accepted:
             self.floor = max(self.floor, start + accepted)
         self.misses = self.misses + 1 if accepted == 0 and drafted > 0 else 0
         # The round ended with the target's own token (a correction, or a bonus that may differ from
         # the hypothesis): next round may guess a substitution at the anchor.
         self.after_correction = True
+
+
+    # --- batches: one alignment cursor per recording, each over its own hypothesis ------------------
+
+    drafts_batches = True
+
+    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+        self._cursors = {}
+        for row in batch.rows.tolist():
+            cursor = copy.copy(self)
+            cursor._reset()
+            cursor.set_hypothesis(self._hypotheses[row])
+            self._cursors[row] = cursor
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        drafts = [self._cursors[row].draft_for(batch.generated[row], max_tokens) for row in batch.rows.tolist()]
+        longest = max(len(d) for d in drafts)
+        if longest == 0:
+            return Proposal.empty(batch.tokens)
+        tokens = batch.tokens.new_zeros((batch.size, longest))
+        for b, row_drafts in enumerate(drafts):
+            tokens[b, : len(row_drafts)] = torch.tensor(row_drafts, dtype=tokens.dtype)
+        return Proposal(tokens=tokens, lengths=torch.tensor([len(d) for d in drafts], device=tokens.device))
+
+    def observe_batch(self, batch: RaggedBatch, verdict: Verdict, target_step: Any) -> None:
+        for row, accepted in zip(batch.rows.tolist(), verdict.num_accepted.tolist()):
+            self._cursors[row].after_verdict(accepted)
+        self.stats = sum((c.stats for c in self._cursors.values()), HybridStats())
 
 
 # --- acceptance ---------------------------------------------------------------------------------
@@ -315,7 +357,8 @@ def hybrid_generate(
     task: str | None = None,
     **drafter_kwargs: Any,
 ) -> SpeculativeOutput:
-    """Transcribe one chunk with hybrid decoding; `sequences` = forced prompt + transcript (+ end-of-text).
+    """Transcribe one chunk (or a batch [B, mels, frames]) with hybrid decoding; `sequences` = forced prompt +
+    transcript (+ end-of-text; rows of a batch that end early are padded with end-of-text, as `generate` pads).
 
     `target` is a Whisper model or a `WhisperTarget`. In `strict` mode the output equals
     `model.generate(input_features, do_sample=False, max_new_tokens=..., return_dict_in_generate=True).sequences`.
@@ -327,8 +370,12 @@ def hybrid_generate(
     decoder = SpeculativeDecoder(target, drafter, policy=hybrid_policy(num_draft_tokens), rule=hybrid_rule(mode, top_r, margin),
                                  method=f"hybrid-{mode}")
     inputs: dict[str, Any] = {"input_features": input_features}
-    prompt = target.prompt_ids(inputs)
-    max_new_tokens = target.max_new_tokens_for(prompt.shape[1], max_new_tokens)
-    out = decoder.generate(None, max_new_tokens=max_new_tokens, decoder_input_ids=prompt, **inputs)
+    if input_features.shape[0] == 1:
+        inputs["decoder_input_ids"] = target.prompt_ids(inputs)
+        prompt_length = inputs["decoder_input_ids"].shape[1]
+    else:  # a batch: the target builds each recording's prompt (all of one length) itself
+        prompt_length = target.prompt_ids({"input_features": input_features[:1]}).shape[1]
+    max_new_tokens = target.max_new_tokens_for(prompt_length, max_new_tokens)
+    out = decoder.generate(None, max_new_tokens=max_new_tokens, **inputs)
     out.drafter = drafter  # type: ignore[attr-defined]
     return out

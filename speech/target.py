@@ -231,8 +231,6 @@ class WhisperTarget(Target):
         logits_processors: extra processors to apply after Whisper's own (advanced).
     """
 
-    decodes_batches = False  # batches of recordings: not wired yet
-
     def __init__(
         self,
         model: PreTrainedModel,
@@ -264,12 +262,16 @@ class WhisperTarget(Target):
     def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
         if input_ids is not None:
             raise MMSpecError("a speech target takes input_features=..., not input_ids")
-        encoder_outputs_of(self.model, model_inputs)
+        states = encoder_outputs_of(self.model, model_inputs).last_hidden_state
         decoder_ids = model_inputs.pop("decoder_input_ids", None)
         if decoder_ids is None:
-            decoder_ids = self.prompt_ids(model_inputs)
-        if decoder_ids.dim() != 2 or decoder_ids.shape[0] != 1 or decoder_ids.shape[1] == 0:
-            raise MMSpecError(f"decoder_input_ids must be a non-empty [1, length] tensor, got shape {tuple(decoder_ids.shape)}")
+            # Each recording its own prompt (a multilingual model detects each one's language).
+            rows = [self.prompt_ids({"encoder_outputs": BaseModelOutput(last_hidden_state=states[b:b + 1])})
+                    for b in range(states.shape[0])] if states.shape[0] > 1 else [self.prompt_ids(model_inputs)]
+            decoder_ids = torch.cat(rows)
+        if decoder_ids.dim() != 2 or decoder_ids.shape[0] != states.shape[0] or decoder_ids.shape[1] == 0:
+            raise MMSpecError(f"decoder_input_ids must be a non-empty [{states.shape[0]}, length] tensor (one row per "
+                              f"recording), got shape {tuple(decoder_ids.shape)}")
         return decoder_ids
 
     def build_logits_processors(self, config: Any, prompt_length: int, user_processors: list[Any],
