@@ -331,8 +331,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         if batch_size > 1:
             if callback_on_round is not None:
                 raise MMSpecError(f"batch_size={batch_size}: callback_on_round follows one sequence; use batch_size=1")
-            check_batching(WhisperTarget(self.model, language=language, task=task), self.make_drafter(method), method,
-                           batch_size, self.batching_methods())
+            self.check_batches(method, batch_size)
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         outputs: list[TranscriptionOutput] = []
         with self.progress_bar(total=len(items), desc=f"transcribe ({label})", unit="file", enabled=progress_bar) as bar:
@@ -346,6 +345,12 @@ class TranscriptionPipeline(SpeculativePipeline):
                                                           batch_size, **settings))
                 bar.update(len(group))
         return outputs
+
+    def check_batches(self, method: str | None, batch_size: int) -> None:
+        """One clear error when `method` (default: `default_method`) cannot transcribe `batch_size` items at a time."""
+        method = self.check_method(method)
+        check_batching(WhisperTarget(self.model), self.make_drafter(method), method, check_batch_size(batch_size),
+                       self.batching_methods())
 
     def batching_methods(self) -> list[str]:
         """The available methods that decode a list `batch_size` > 1 at a time (none while Whisper targets do not batch)."""

@@ -54,6 +54,8 @@ CAPTION = [
     (["caption", "{video}", "--offload-folder", "{tmp}/offload"], "offload_folder applies to a dispatched model"),
     (["caption", "{video}", "--device-map", "auto", "--drafter-device", "gpu7"], "argument --drafter-device: 'gpu7' is not a device"),
     (["caption", "{video}", "--drafter-device", "cpu"], "--drafter-device places the drafter of a model spread by"),
+    (["caption", "{tmp}", "--out", "{tmp}/c.jsonl", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1"),
+    (["caption", "{tmp}", "--out", "{tmp}/c.jsonl", "--batch-size", "two"], "argument --batch-size"),
 ]
 LONG_PROMPT = "a red circle moves " * 400
 CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail before decoding
@@ -63,6 +65,8 @@ CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail bef
      "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),
     (["caption", "{video}", "--method", "std", "--tree"], "SparseToDenseDrafter cannot draft trees"),
     (["caption", "{video}", "--method", "flash", "--tree"], "FlashDrafter cannot draft trees"),
+    (["caption", "{tmp}", "--out", "{tmp}/c.jsonl", "--tree", "--batch-size", "2"],
+     "--tree drafts one sequence at a time; use --batch-size 1"),
 ]
 GENERATE = [
     (["generate", "hi", "--temperature", NAN, "--sample"], "argument --temperature: expected a finite number"),
@@ -147,6 +151,8 @@ TRANSCRIBE = [
     (["transcribe", "{video}", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["transcribe", "{video}", "--max-memory", "disk=1GB"], "the disk takes what is left"),
     (["transcribe", "{video}", "--offload-folder", "/proc/offload"], "argument --offload-folder: cannot write to '/proc'"),
+    (["transcribe", "{video}", "--batch-size", "-2"], "argument --batch-size: expected an integer >= 1"),
+    (["transcribe", "{video}", "--batch-size", "2"], "--batch-size applies to a folder run into --out FILE.jsonl"),
 ]
 DEMO = [
     (["demo", "--port", "-1"], "--port must be in 1..65535"),

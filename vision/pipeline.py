@@ -411,12 +411,13 @@ class CaptionPipeline(SpeculativePipeline):
         if listed is None:
             if isinstance(prompt, (list, tuple)):
                 raise MMSpecError("prompt is a list, but one input was given: pass a list of inputs, or one prompt")
+            kind, source = ("video", video) if video is not None else ("image", image)
+            prepared = self._prepare_one(kind, source, prompt, method, max_new_tokens, num_frames, fps)
+            # Built before the progress bar opens: a drafter that cannot draft trees fails here, in one line.
+            decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method, tree=tree)
             generator = self.generator_for(generator, seed, needed=do_sample)
-            with self.progress_bar(total=max_new_tokens, desc=f"caption ({method})", enabled=progress_bar) as bar:
-                reporter = self.round_reporter(callback_on_round, bar)
-                kind, source = ("video", video) if video is not None else ("image", image)
-                return self._caption_one(kind, source, prompt, method, policy, max_new_tokens, num_frames, fps, sampling,
-                                         generator, reporter, tree)
+            with self.progress_bar(total=prepared[2], desc=f"caption ({method})", enabled=progress_bar) as bar:
+                return self._decode_one(prepared, decoder, sampling, generator, self.round_reporter(callback_on_round, bar))
         kind, sources = listed
         prompts = per_item(prompt, len(sources), "prompt")
         if batch_size > 1:
@@ -424,21 +425,28 @@ class CaptionPipeline(SpeculativePipeline):
                 raise MMSpecError(f"batch_size={batch_size}: draft trees follow one sequence; use batch_size=1 or chains")
             if callback_on_round is not None:
                 raise MMSpecError(f"batch_size={batch_size}: callback_on_round follows one sequence; use batch_size=1")
-            check_batching(self.target, self.make_drafter(method), method, batch_size, self.batching_methods())
+            self.check_batches(method, batch_size)
         generator = self.generator_for(generator, seed, needed=do_sample)
         reporter = self.round_reporter(callback_on_round)
         outputs: list[CaptionOutput] = []
         with self.progress_bar(total=len(sources), desc=f"caption ({method})", unit=kind, enabled=progress_bar) as bar:
             for group in groups(list(range(len(sources))), batch_size):
-                settings = (method, policy, max_new_tokens, num_frames, fps, sampling, generator)
                 if len(group) == 1:
                     reporter.chunk = group[0]
-                    outputs.append(self._caption_one(kind, sources[group[0]], prompts[group[0]], *settings, reporter, tree))
+                    prepared = self._prepare_one(kind, sources[group[0]], prompts[group[0]], method, max_new_tokens,
+                                                 num_frames, fps)
+                    decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method, tree=tree)
+                    outputs.append(self._decode_one(prepared, decoder, sampling, generator, reporter))
                 else:
                     outputs.extend(self._caption_batch(kind, [sources[i] for i in group], [prompts[i] for i in group],
-                                                       *settings))
+                                                       method, policy, max_new_tokens, num_frames, fps, sampling, generator))
                 bar.update(len(group))
         return outputs
+
+    def check_batches(self, method: str | None, batch_size: int) -> None:
+        """One clear error when `method` (default: `default_method`) cannot caption `batch_size` items at a time."""
+        method = self.check_method(method)
+        check_batching(self.target, self.make_drafter(method), method, check_batch_size(batch_size), self.batching_methods())
 
     def batching_methods(self) -> list[str]:
         """The available methods that decode a list `batch_size` > 1 at a time on this model."""
@@ -463,14 +471,18 @@ class CaptionPipeline(SpeculativePipeline):
                               "pass a list of videos, or one video's frames")
         return None
 
-    def _caption_one(self, kind: str, source: Any, prompt: str | None, method: str, policy: DraftLengthPolicy,
-                     max_new_tokens: int, num_frames: int, fps: float | None, sampling: SamplingConfig,
-                     generator: torch.Generator | None, reporter: Any, tree: TreeConfig | None) -> CaptionOutput:
-        drafter = self.make_drafter(method)
+    def _prepare_one(self, kind: str, source: Any, prompt: str | None, method: str, max_new_tokens: int,
+                     num_frames: int, fps: float | None) -> tuple[torch.LongTensor, dict[str, Any], int, list[str]]:
+        """One item's input_ids, other model inputs, allowed new tokens and notes (bad input fails here, before decoding)."""
         inputs = self.prepare_batch_inputs(kind, [source], [prompt], num_frames=num_frames, fps=fps)
         input_ids = inputs.pop("input_ids")
-        max_new_tokens, notes = self.check_length(input_ids, max_new_tokens, method)
-        decoder = SpeculativeDecoder(self.target, drafter, policy=policy, method=method, tree=tree)
+        allowed, notes = self.check_length(input_ids, max_new_tokens, method)
+        return input_ids, inputs, allowed, notes
+
+    def _decode_one(self, prepared: tuple[torch.LongTensor, dict[str, Any], int, list[str]], decoder: SpeculativeDecoder,
+                    sampling: SamplingConfig, generator: torch.Generator | None, reporter: Any) -> CaptionOutput:
+        input_ids, inputs, max_new_tokens, notes = prepared
+        method = decoder.method
         out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
                                on_round=reporter, **inputs)
         new_tokens = out.sequences[0, input_ids.shape[1]:]

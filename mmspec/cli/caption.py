@@ -76,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
     if folder is not None:
-        return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned", as_json=args.json)
+        if args.batch_size > 1:
+            if args.tree is not None:
+                raise MMSpecError(f"--tree drafts one sequence at a time; use --batch-size 1 (or chains) with --batch-size {args.batch_size}")
+            pipe.check_batches(args.method, args.batch_size)  # a method that cannot batch fails once, before any file
+        return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned", as_json=args.json,
+                          batch_size=args.batch_size, records_for=lambda paths: caption_records(pipe, paths, args))
     out = caption_one(pipe, args.path, args, progress_bar=not args.json)
     for note in out.notes or []:
         print(f"mmspec: {note}", file=sys.stderr)
@@ -110,5 +115,38 @@ def caption_one(pipe: Any, path: str, args: argparse.Namespace, progress_bar: bo
 
 def caption_record(pipe: Any, path: str, args: argparse.Namespace) -> dict[str, Any]:
     """One line of a folder run's results file (the seed restarts per file: a file's caption does not depend on the others)."""
-    out = caption_one(pipe, path, args, progress_bar=False)
+    return record_of(caption_one(pipe, path, args, progress_bar=False))
+
+
+def record_of(out: Any) -> dict[str, Any]:
     return {"text": out.text, "method": out.method, "model": out.model, "notes": out.notes or [], "stats": stats_json(out.stats)}
+
+
+def caption_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -> list[dict[str, Any] | Exception]:
+    """The lines of a batch of files (`--batch-size`): each file is loaded alone (one that fails to load gets its
+    error), then the videos and the images are captioned in one batch each. The seed restarts per batch: with
+    --temperature the rows of a batch draw from one generator in turn."""
+    import torch
+
+    from ..vision.inputs import load_frames, load_image
+
+    results: list[dict[str, Any] | Exception | None] = [None] * len(paths)
+    loaded: dict[str, list[tuple[int, Any]]] = {"video": [], "image": []}
+    for index, path in enumerate(paths):
+        kind = media_kind(str(path))
+        try:
+            media = load_frames(path, num_frames=args.frames, fps=args.fps) if kind == "video" else load_image(path)
+        except MMSpecError as error:
+            results[index] = error
+            continue
+        loaded[kind].append((index, media))
+    for kind, items in loaded.items():
+        if not items:
+            continue
+        outs = pipe(**{kind: [media for _, media in items]}, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
+                    method=args.method, num_frames=args.frames, fps=args.fps, do_sample=bool(args.temperature),
+                    temperature=args.temperature or 1.0, generator=torch.Generator().manual_seed(args.seed),
+                    progress_bar=False, batch_size=len(items))
+        for (index, _), out in zip(items, outs):
+            results[index] = record_of(out)
+    return results  # type: ignore[return-value]  # every slot is filled

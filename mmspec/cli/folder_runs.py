@@ -9,6 +9,11 @@ fsync'd as soon as that file finishes; a re-run skips files already recorded (`-
 failed too). Under a distributed launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left
 to do between the processes; each appends to its own part file and the main process merges the parts into
 the results file, ordered by file name, so the result equals a one-process run.
+
+`--batch-size N` decodes the files N at a time (`records_for` of the verb): each file is loaded on its own
+first, so one that fails to load is an error line and the others still decode together; a batch that fails
+as a whole is run again file by file, so its one bad file gets the error line. A batch's lines are written
+when it finishes (a kill loses at most the batch in flight).
 """
 
 from __future__ import annotations
@@ -37,12 +42,24 @@ def file_or_folder(text: str) -> str:
     return text
 
 
+Records = Callable[[list[Path]], list["dict[str, Any] | Exception"]]  # a record, or the file's error, per file
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
+    add_batch_size_flag(parser)
     parser.add_argument("--out", default=None, metavar="FILE.jsonl",
                         help="results file, one JSON line per input file; required for a folder. Resumable: a re-run "
                              "skips files already in it")
     parser.add_argument("--retry-failed", action="store_true",
                         help="with --out: run again the files whose line records an error")
+
+
+def add_batch_size_flag(parser: argparse.ArgumentParser) -> None:
+    from . import checks
+
+    parser.add_argument("--batch-size", type=checks.positive_int, default=1, metavar="N",
+                        help="with a folder: decode N files at a time in one left-padded batch (default 1: one by one); "
+                             "the method must decode batches")
 
 
 class FolderRun:
@@ -52,9 +69,12 @@ class FolderRun:
         self.files, self.out, self.retry_failed = files, out, retry_failed
         self.names = [f.name for f in files]
 
-    def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed", as_json: bool = False) -> int:
+    def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed", as_json: bool = False,
+            batch_size: int = 1, records_for: Records | None = None) -> int:
         """Run `record_for(path)` on every file not yet recorded; a file that raises is recorded with its error.
 
+        With `batch_size` > 1, `records_for(paths)` runs `batch_size` files at a time instead (one record or
+        exception per file; when it raises, its files run one by one through `record_for`).
         Returns the exit status: 0, or 2 if any file's record (new or earlier) is an error. `as_json`: also print
         a summary object on stdout (the results file, its number of files, the failed ones).
         """
@@ -75,9 +95,17 @@ class FolderRun:
         if rank == 0 and skipped:
             print(f"mmspec: {skipped} of {len(self.files)} file(s) already in {self.out}; skipping them", file=sys.stderr)
         target = self.out if state is None else batch_files.part_path(self.out, rank)
-        with batch_files.RecordWriter(target) as writer:
-            for path in _progress(mine, rank, size):
-                writer.write(_record(path, record_for))
+        with batch_files.RecordWriter(target) as writer, _progress(mine, rank, size) as bar:
+            if batch_size == 1 or records_for is None:
+                for path in mine:
+                    writer.write(_record(path, record_for))
+                    bar.update(1)
+            else:
+                for start in range(0, len(mine), batch_size):
+                    batch = mine[start:start + batch_size]
+                    for record in _batch_records(batch, records_for, record_for):
+                        writer.write(record)
+                    bar.update(len(batch))
         if size > 1:
             print(f"mmspec: process {rank} of {size} {verb} {len(mine)} file(s)", file=sys.stderr)
         _barrier(state)
@@ -138,11 +166,27 @@ def _record(path: Path, record_for: Callable[[Path], dict[str, Any]]) -> dict[st
     return {"file": path.name, "error": message}
 
 
+def _batch_records(paths: list[Path], records_for: Records, record_for: Callable[[Path], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of one batch of files; a batch that fails as a whole runs again file by file."""
+    try:
+        results = records_for(paths)
+    except Exception:  # noqa: BLE001 - which file broke the batch is found by running them alone
+        return [_record(path, record_for) for path in paths]
+    return [_record(path, lambda _path, result=result: _raise_or_return(result)) for path, result in zip(paths, results)]
+
+
+def _raise_or_return(result: "dict[str, Any] | Exception") -> dict[str, Any]:
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def _progress(files: list[Path], rank: int, size: int) -> Any:
     from tqdm.auto import tqdm
 
     label = "files" if size == 1 else f"files (process 0 of {size})"
-    return tqdm(files, desc=label, unit="file", file=sys.stderr, disable=rank != 0 or not files, dynamic_ncols=True)
+    return tqdm(total=len(files), desc=label, unit="file", file=sys.stderr, disable=rank != 0 or not files,
+                dynamic_ncols=True)
 
 
 def _distributed_state() -> Any:

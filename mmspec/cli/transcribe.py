@@ -49,6 +49,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
                              "(required), one FILE_STEM.FORMAT per audio file, or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
+    folder_runs.add_batch_size_flag(parser)
     add_placement_flags(parser)
     parser.set_defaults(func=run)
 
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         if args.format not in (None, "json"):
             raise MMSpecError(f"--out {args.out!r} holds JSON lines; --format {args.format} does not apply")
         jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES)
+    if args.batch_size > 1 and jsonl is None:
+        raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
@@ -78,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
     pipe.check_method(args.method)  # an unavailable method fails once, before any audio
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
+    if args.batch_size > 1:
+        pipe.check_batches(args.method, args.batch_size)  # a method that cannot batch fails once, before any audio
     if jsonl is not None:
-        return jsonl.run(lambda path: transcript_record(pipe, path, args), verb="transcribed", as_json=args.json)
+        return jsonl.run(lambda path: transcript_record(pipe, path, args), verb="transcribed", as_json=args.json,
+                         batch_size=args.batch_size, records_for=lambda paths: transcript_records(pipe, paths, args))
     if not source.is_dir():
         out = transcribe_one(pipe, source, args, progress=not args.json)
         emit(out, fmt, args.out, source)
@@ -125,6 +131,36 @@ def transcript_record(pipe: Any, path: Path, args: argparse.Namespace) -> dict[s
     record = json.loads(rendered(transcribe_one(pipe, path, args, progress=False), "json", path))
     record.pop("file", None)
     return record
+
+
+def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -> list[dict[str, Any] | Exception]:
+    """The lines of a batch of files (`--batch-size`): each file is loaded alone (one that fails to load gets its
+    error), then the others are transcribed in one batch."""
+    from ..speech.audio import load_audio
+    from ..speech.pipeline import check_duration
+
+    results: list[dict[str, Any] | Exception | None] = [None] * len(paths)
+    loaded = []
+    for index, path in enumerate(paths):
+        try:
+            samples = load_audio(path, pipe.sampling_rate)
+            check_duration(samples, pipe.sampling_rate, f"audio {str(path)!r}")
+        except MMSpecError as error:
+            results[index] = error
+            continue
+        loaded.append((index, samples))
+    if loaded:
+        outs = pipe([samples for _, samples in loaded], sampling_rate=pipe.sampling_rate, method=args.method,
+                    mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens, progress_bar=False,
+                    batch_size=len(loaded))
+        for (index, _), out in zip(loaded, outs):
+            path = paths[index]
+            if out.note:
+                print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+            record = json.loads(rendered(out, "json", path))
+            record.pop("file", None)
+            results[index] = record
+    return results  # type: ignore[return-value]  # every slot is filled
 
 
 def emit(out: Any, fmt: str, destination: str | None, source: Path) -> None:
