@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
+from .devices import input_device
 from .errors import MMSpecError
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class CachedModel:
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         """Keep only batch rows `keep` in the cache (and the encoder's states): finished rows stop costing work."""
-        self.cache.batch_select_indices(keep.to(self.model.device))
+        self.cache.batch_select_indices(keep.to(input_device(self.model)))  # not model.device: "meta" when offloaded
         for name, value in list(self._encoder_kwargs.items()):
             if isinstance(value, torch.Tensor):
                 self._encoder_kwargs[name] = value.index_select(0, keep.to(value.device))

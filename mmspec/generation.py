@@ -28,6 +28,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import logits_process as lp
 
+from .devices import input_device
 from .errors import MMSpecError
 from .sampling import SamplingConfig
 
@@ -269,7 +270,7 @@ def build_logits_processors(
     user_processors = list(user_processors)
     config = copy.deepcopy(config)
     config.do_sample = False  # warpers are the SamplingConfig's job
-    device = model.device
+    device = input_device(model)  # `model.device` reads "meta" when accelerate offloaded the first parameter
     eos = config.eos_token_id
     eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     config._eos_token_tensor = torch.tensor(eos_list, dtype=torch.long, device=device) if eos_list else None

@@ -153,6 +153,37 @@ def test_embeddings_on_disk_sampling_without_a_generator(drafter, tmp_path):
     assert not torch.equal(first, sample(model, 1))  # control: the global seed decides the draws
 
 
+@pytest.fixture(scope="module")
+def llama_embeddings_on_disk(tmp_path_factory):
+    return dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path_factory.mktemp("llama-embeddings-on-disk"))
+
+
+@pytest.mark.parametrize("settings", [{"suppress_tokens": [9, 94]}, {"begin_suppress_tokens": [9]},
+                                      {"min_new_tokens": 10, "eos_token_id": 94}, {"repetition_penalty": 1.3}])
+def test_embeddings_on_disk_with_logits_processors(llama_embeddings_on_disk, settings):
+    """generate's processors are built on the input device (on "meta", suppression fails and the minimum
+    length's end-token tensor reads nothing, so an end token came early)."""
+    out = assert_greedy_equal(llama_embeddings_on_disk, tiny_target(), PROMPT, max_new_tokens=MAX_NEW, **settings)
+    assert out.stats.new_tokens >= settings.get("min_new_tokens", MAX_NEW)
+    plain = llama_embeddings_on_disk.generate(PROMPT, do_sample=False, max_new_tokens=MAX_NEW,
+                                              eos_token_id=settings.get("eos_token_id"))
+    assert not torch.equal(out.sequences, plain)  # control: each setting changes this output
+
+
+def test_embeddings_on_disk_ragged_batch_with_rows_ending_early(llama_embeddings_on_disk):
+    """Rows that reach the end token leave the batch: the caches keep the other rows, picked on the input device."""
+    prompts = [[1, 17, 23, 5, 60, 41, 9, 12], [1, 5, 6], [1, 40, 41, 40, 41, 40]]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    settings = {"attention_mask": mask, "max_new_tokens": MAX_NEW, "eos_token_id": 94}
+    expected = llama_embeddings_on_disk.generate(ids, do_sample=False, **settings)
+    assert (expected[:, width:] == 94).any(dim=1).tolist() == [True, False, False]  # row 0 ends, the others run on
+    for chosen in (tiny_target(), NeverAgreeDrafter(tiny_target())):
+        out = speculative_generate(llama_embeddings_on_disk, chosen, ids, num_draft_tokens=3, **settings)
+        assert torch.equal(out.sequences, expected)
+
+
 def test_embeddings_on_disk_tree_decoding(drafter, tmp_path):
     """Tree rounds keep the accepted path's cache entries with positions built on the input device."""
     model = dispatched(tiny_target(), LLAMA_MAP_EMBEDDINGS_ON_DISK, tmp_path)
