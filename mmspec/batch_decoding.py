@@ -107,6 +107,7 @@ def decode_batch(
             setattr(row_stats[live], f"{role}_forwards", getattr(row_stats[live], f"{role}_forwards") + forwards)
 
     with stats.timer("prefill"):
+        drafter.prefill_batch(batch, model_inputs)
         step = target.start_batch(batch, **model_inputs)
         count("target", 1)
         drafter.on_target_prefill_batch(batch, step)

@@ -181,7 +181,8 @@ class SpeculativeDecoder:
                 self.drafter.logits_processor = processors
                 if self.streamer is not None:
                     self.streamer.put(sequence.cpu())
-                self.drafter.prefill(sequence, model_inputs)
+                if not batched:  # decode_batch prefills the drafter with the batch's layout
+                    self.drafter.prefill(sequence, model_inputs)
                 if batched:
                     pass
                 elif self.drafter.drafts_from_prompt and self.tree is None:

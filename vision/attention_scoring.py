@@ -41,17 +41,22 @@ def text_to_visual_importance(
 
 
 class ImportanceCapture:
-    """Collects per-layer visual importance during one prefill."""
+    """Collects per-layer visual importance during one prefill, for each row of the batch.
 
-    def __init__(self, text_positions: torch.Tensor, visual_positions: torch.Tensor) -> None:
-        self.text_positions = text_positions
-        self.visual_positions = visual_positions
-        self.per_layer: dict[int, torch.Tensor] = {}
+    `rows[b]` = (text query positions, visual positions) of row b (columns of the prefilled prompt);
+    `per_layer[layer][b]` is row b's importance [1, H_kv, num_visual_b].
+    """
+
+    def __init__(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.rows = rows
+        self.per_layer: dict[int, list[torch.Tensor]] = {}
 
     def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
         # Each layer scores on its own device (layers may sit on several GPUs under a device map).
-        text, visual = self.text_positions.to(query.device), self.visual_positions.to(query.device)
-        self.per_layer[layer_idx] = text_to_visual_importance(query, key, text, visual, scaling)
+        self.per_layer[layer_idx] = [
+            text_to_visual_importance(query[b:b + 1], key[b:b + 1], text.to(query.device), visual.to(query.device), scaling)
+            for b, (text, visual) in enumerate(self.rows)
+        ]
 
 
 _active_capture: ContextVar[ImportanceCapture | None] = ContextVar("mmspec_importance_capture", default=None)

@@ -31,6 +31,7 @@ from mmspec.drafters.base import Drafter
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
+from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig
 from mmspec.types import Proposal
 
@@ -93,32 +94,46 @@ class SparseToDenseDrafter(Drafter):
             raise MMSpecError("Sparse-to-Dense drafts with the target's own weights: build it with the target model")
         self.target = target
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        tokens = sequence[0]
+    def _split(self, tokens: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A prompt's visual columns, text columns and text query columns (the text after the visual span)."""
         is_visual = torch.isin(tokens, torch.tensor(sorted(self.visual_ids), device=tokens.device))
-        visual = is_visual.nonzero().flatten()
+        visual, text = columns[is_visual], columns[~is_visual]
         if visual.numel() == 0:
             raise MMSpecError("Sparse-to-Dense needs visual tokens in the prompt (an image or a video)")
-        text = (~is_visual).nonzero().flatten()
         queries = text[text > visual[0]]
         if queries.numel() == 0:
             queries = text[-1:] if text.numel() else visual[-1:]
-        self.num_visual = visual.numel()
-        self.kept_visual = self.visual_keep or max(1, self.kv_budget - text.numel())
-        self._visual, self._text = visual, text
-        self._capture = ImportanceCapture(text_positions=queries, visual_positions=visual)
+        return visual, text, queries
+
+    def _start_capture(self, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Score visual keys during the target's prefill (through the attention interface, no patching)."""
+        self._rows = rows
+        self.num_visual = rows[0][0].numel()
+        self.kept_visual = self.visual_keep or max(1, self.kv_budget - rows[0][1].numel())
+        self._capture = ImportanceCapture([(queries, visual) for visual, _, queries in rows])
         self._saved_attention = self.model.config.get_text_config()._attn_implementation
         self.model.set_attn_implementation(language_attention_setting(self.model, SCORING_ATTENTION))
         self._capture_token = _active_capture.set(self._capture)
 
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+    def _end_capture(self) -> None:
         _active_capture.reset(self._capture_token)
         self.model.set_attn_implementation(language_attention_setting(self.model, self._saved_attention))
+
+    def _kept(self, row: int, layer_idx: int) -> torch.Tensor:
+        """Row `row`'s kept prompt columns at one layer, per KV head [1, H_kv, n]."""
+        visual, text, _ = self._rows[row]
+        kept_visual = self.visual_keep or max(1, self.kv_budget - text.numel())
+        return select_kv_positions(self._capture.per_layer[layer_idx][row], visual, text, kept_visual)
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        self._start_capture([self._split(sequence[0], torch.arange(sequence.shape[1], device=sequence.device))])
+
+    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+        self._end_capture()
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
         for layer_idx, layer in enumerate(dense.layers):
-            importance = self._capture.per_layer[layer_idx]
-            keep = select_kv_positions(importance, self._visual, self._text, self.kept_visual)
+            keep = self._kept(0, layer_idx)
             self.sparse_cache.update(gather_positions(layer.keys, keep), gather_positions(layer.values, keep), layer_idx)
         self._sparse_prompt_length = self.sparse_cache.get_seq_length()
         self._synced = dense.get_seq_length()  # dense positions mirrored into the sparse cache
@@ -153,16 +168,19 @@ class SparseToDenseDrafter(Drafter):
             self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
         self._synced = new_length
 
-    def _sparse_step(self, token: torch.Tensor, position: int) -> torch.Tensor:
-        """One drafting forward of `token` [B] at true `position`, attending to the whole sparse cache."""
+    def _sparse_step(self, token: torch.Tensor, position: int | torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """One drafting forward of `token` [B] at true `position` (or per-row positions [B, 1]), attending to
+        the whole sparse cache, or to the entries `keys` [B, cache + 1] marks (a batch's padding and holes)."""
         kv_length = self.sparse_cache.get_seq_length() + 1
-        attend_all = torch.ones(token.shape[0], 1, 1, kv_length, dtype=torch.bool, device=token.device)
+        if keys is None:
+            keys = torch.ones(token.shape[0], kv_length, dtype=torch.bool, device=token.device)
+        positions = self._position_ids(position, token) if isinstance(position, int) else position
         self.forwards += 1
         out = self.model(
             input_ids=token[:, None],
             **{cache_argument(self.model): self.sparse_cache},
-            position_ids=self._position_ids(position, token),
-            attention_mask=attend_all,
+            position_ids=positions,
+            attention_mask=keys.bool()[:, None, None, :],
             use_cache=True,
             logits_to_keep=1,
         )
@@ -185,6 +203,64 @@ class SparseToDenseDrafter(Drafter):
         excess = self.sparse_cache.get_seq_length() - length
         if excess > 0:
             self.sparse_cache.crop(-excess)
+
+    # --- batches: each row keeps its own top-K visual entries; rows are padded apart (masked) -------
+
+    drafts_batches = True
+
+    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
+        rows = []
+        for b in range(batch.size):
+            columns = batch.mask[b].nonzero().flatten()
+            rows.append(self._split(batch.tokens[b][columns], columns))
+        self._start_capture(rows)
+
+    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+        self._end_capture()
+        dense = self.target.cache
+        self.sparse_cache = DynamicCache()
+        for layer_idx, layer in enumerate(dense.layers):
+            kept = [self._kept(b, layer_idx) for b in range(batch.size)]
+            width = max(k.shape[-1] for k in kept)
+            keys, values = [], []
+            for b, keep in enumerate(kept):
+                padded = torch.nn.functional.pad(keep, (0, width - keep.shape[-1]))  # pads read column 0, masked
+                keys.append(gather_positions(layer.keys[b:b + 1], padded.to(layer.keys.device)))
+                values.append(gather_positions(layer.values[b:b + 1], padded.to(layer.values.device)))
+            self.sparse_cache.update(torch.cat(keys), torch.cat(values), layer_idx)
+        counts = torch.tensor([k.shape[-1] for k in kept], device=batch.mask.device)
+        self._sparse_mask = (torch.arange(width, device=batch.mask.device)[None] < counts[:, None]).long()
+        self._synced = dense.get_seq_length()
+        self._rope_deltas = None
+
+    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        if max_tokens <= 0:
+            return Proposal.empty(batch.tokens)
+        self._mirror_committed(batch)
+        token, tokens, dists = batch.tokens[:, -1], [], []
+        for step in range(max_tokens):
+            keys = torch.cat([self._sparse_mask, self._sparse_mask.new_ones((batch.size, step + 1))], dim=1)
+            positions = batch.next_positions(step + 1)[:, -1:] - 1  # the newest token's, then each draft's
+            token, dist, _ = choose_draft_token(self._sparse_step(token, positions, keys), sampling, generator, False)
+            tokens.append(token)
+            if dist is not None:
+                dists.append(dist)
+        return Proposal(tokens=torch.stack(tokens, dim=1), probs=torch.stack(dists, dim=1) if dists else None)
+
+    def _mirror_committed(self, batch: RaggedBatch) -> None:
+        """Drop the last drafts' sparse KV; copy in the dense KV of the columns committed since (holes masked)."""
+        self._truncate_sparse(self._sparse_mask.shape[1])
+        dense = self.target.cache
+        new_length = dense.get_seq_length()
+        for layer_idx, layer in enumerate(dense.layers):
+            self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
+        self._sparse_mask = torch.cat([self._sparse_mask, batch.mask[:, self._synced:new_length]], dim=1)
+        self._synced = new_length
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        self.sparse_cache.batch_select_indices(keep.to(self._sparse_mask.device))
+        self._sparse_mask = self._sparse_mask.index_select(0, keep.to(self._sparse_mask.device))
 
     @property
     def kept_fraction(self) -> float:

@@ -78,6 +78,10 @@ class Drafter(ABC):
         may draft fewer (`Proposal.lengths`). Rejected drafts become holes in `batch` afterwards."""
         raise MMSpecError(f"{type(self).__name__} drafts one sequence at a time; pass a batch of one")
 
+    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
+        """Batch decoding's `prefill`: called once, before the target's prefill of `batch`."""
+        self.prefill(batch.tokens, model_inputs)
+
     def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
         """Batch decoding: called right after the target's prefill of `batch` (drafters that read its state)."""
 
