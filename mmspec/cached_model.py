@@ -128,6 +128,7 @@ class CachedModel:
         `start` is 0 for a prefill, else the number of columns the cache holds."""
         inputs = batch.feed(start, new_tokens)
         tokens = inputs.pop("tokens")
+        inputs["position_ids"] = self.batch_position_ids(inputs["position_ids"], batch, prefill=start == 0, model_inputs=extra)
         if self.is_encoder_decoder:
             inputs = {"decoder_attention_mask": inputs["attention_mask"], "decoder_position_ids": inputs["position_ids"]}
         if start == 0:
@@ -135,6 +136,12 @@ class CachedModel:
         if start != self.length:
             raise RuntimeError(f"{self.role}: the cache holds {self.length} columns, not {start}")
         return self.extend(tokens, logits_to_keep=logits_to_keep, **inputs, **extra)
+
+    def batch_position_ids(self, positions: torch.LongTensor, batch: "RaggedBatch", prefill: bool,
+                           model_inputs: dict[str, Any]) -> torch.LongTensor:
+        """Position ids of a batch forward from each row's token positions [B, m] (models with another
+        position scheme, e.g. Qwen2-VL's 3-D M-RoPE, override this)."""
+        return positions
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         """Keep only batch rows `keep` in the cache (and the encoder's states): finished rows stop costing work."""

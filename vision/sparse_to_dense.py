@@ -242,6 +242,7 @@ class SparseToDenseDrafter(Drafter):
         for step in range(max_tokens):
             keys = torch.cat([self._sparse_mask, self._sparse_mask.new_ones((batch.size, step + 1))], dim=1)
             positions = batch.next_positions(step + 1)[:, -1:] - 1  # the newest token's, then each draft's
+            positions = self.target.batch_position_ids(positions, batch, prefill=False, model_inputs={})
             token, dist, _ = choose_draft_token(self._sparse_step(token, positions, keys), sampling, generator, False)
             tokens.append(token)
             if dist is not None:

@@ -26,6 +26,7 @@ from transformers import PreTrainedModel
 from ..devices import input_device
 from ..targets import Target, register_target
 from .models import feature_token_ids, modality_token_types
+from .rope_positions import target_prompt_positions
 
 
 class VisionTarget(Target):
@@ -42,10 +43,27 @@ class VisionTarget(Target):
             model_inputs["mm_token_type_ids"] = modality_token_types(self.model, sequence)
         return sequence
 
-    @property
-    def decodes_batches(self) -> bool:  # type: ignore[override]
-        # A batch passes 1-D position ids; Qwen2-VL's 3-D M-RoPE positions are not built per row yet.
-        return getattr(self.model.config, "model_type", "") != "qwen2_vl"
+    def batch_position_ids(self, positions: torch.LongTensor, batch: Any, prefill: bool,
+                           model_inputs: dict[str, Any]) -> torch.LongTensor:
+        """Qwen2-VL in a batch: the prompt's 3-D M-RoPE table per row (`get_rope_index` on the left-padded
+        prompts, as `generate` computes it), then each row's text position + its rope delta on all three
+        axes (as the model places new tokens, holes skipped); 1-D positions for the other models."""
+        if getattr(self.model.config, "model_type", "") != "qwen2_vl":
+            return positions
+        if prefill:
+            inputs = {**model_inputs, "attention_mask": batch.mask}
+            table = target_prompt_positions(self.model, batch.tokens, inputs)
+            if table is None:  # text only: sequence positions on all axes
+                self._batch_deltas = torch.zeros_like(positions[:, :1])
+                return positions[None].expand(3, *positions.shape)
+            self._batch_deltas = table[1]
+            return table[0]
+        return (positions + self._batch_deltas.to(positions.device))[None].expand(3, *positions.shape)
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        super().select_rows(keep)
+        if getattr(self, "_batch_deltas", None) is not None:
+            self._batch_deltas = self._batch_deltas.index_select(0, keep.to(self._batch_deltas.device))
 
     def tree_position_ids(self, positions: torch.LongTensor) -> torch.LongTensor:
         """Qwen2-VL's M-RoPE: a draft tree's text positions on all three axes, shifted by the `rope_deltas`

@@ -6,12 +6,14 @@ import torch
 
 from mmspec import speculative_generate
 from mmspec.drafters import NoDrafter
-from mmspec.errors import MMSpecError
 from mmspec.policies import FixedDraftLength
 from mmspec.sampling import SamplingConfig
 from mmspec.vision.text_drafter import TextOnlyDrafter
 
-from .tiny_vlms import BOS, IMAGE, VIDEO, llava, next_video, onevision, qwen2_vl_image, text_drafter_lm
+from mmspec.vision.models import modality_token_types
+from mmspec.vision.sparse_to_dense import SparseToDenseDrafter
+
+from .tiny_vlms import BOS, IMAGE, VIDEO, VISION_END, VISION_START, llava, next_video, onevision, qwen2_vl_model, text_drafter_lm
 
 # Per row: text before and after the media placeholders (ragged lengths).
 ROWS = [([BOS, 11, 12], [13, 14, 15, 11, 12]), ([BOS, 40], [41, 42]), ([BOS, 7, 8, 9, 10, 11], [12, 13, 14])]
@@ -83,9 +85,43 @@ def test_text_drafter_reads_a_batch_as_each_row_alone(drafter_lm):
         assert torch.equal(batched.first[i], expected)
 
 
-def test_qwen2_vl_batches_are_refused():
-    case = qwen2_vl_image()
-    ids = case.input_ids.repeat(2, 1)
-    inputs = {k: torch.cat([v, v]) for k, v in case.inputs.items()}
-    with pytest.raises(MMSpecError, match="decodes one sequence at a time"):
-        speculative_generate(case.model, NoDrafter(), ids, max_new_tokens=4, **inputs)
+QWEN_ROWS = [([BOS, 41, 42, VISION_START], [VISION_END, 43, 44, 41, 42]), ([BOS, 40, VISION_START], [VISION_END, 42]),
+             ([BOS, 7, 8, 9, 10, VISION_START], [VISION_END, 12, 13, 14])]
+
+
+def qwen_batch(kind):
+    """Ragged Qwen2-VL rows, each with its own picture (4 tokens, grid 1x4x4) or video (8 tokens, grid 2x4x4)."""
+    placeholder, count, grid, key, grid_key = ((IMAGE, 4, [1, 4, 4], "pixel_values", "image_grid_thw") if kind == "image"
+                                               else (VIDEO, 8, [2, 4, 4], "pixel_values_videos", "video_grid_thw"))
+    rows = [torch.tensor(before + [placeholder] * count + after) for before, after in QWEN_ROWS]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([r.new_zeros(width - len(r)), r]) for r in rows])
+    mask = torch.stack([torch.cat([r.new_zeros(width - len(r)), torch.ones_like(r)]) for r in rows])
+    torch.manual_seed(9)
+    patches = grid[0] * grid[1] * grid[2]
+    pixels = torch.randn(len(rows) * patches, 3 * 2 * 14 * 14)
+    singles = [{key: pixels[i * patches:(i + 1) * patches], grid_key: torch.tensor([grid])} for i in range(len(rows))]
+    return rows, ids, mask, {key: pixels, grid_key: torch.tensor([grid] * len(rows))}, singles
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return qwen2_vl_model()
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize("method", ["text", "ar", "std"])
+def test_qwen2_vl_batch_equals_generate_and_each_row_alone(qwen, drafter_lm, kind, method):
+    """Qwen2-VL's 3-D M-RoPE positions per row: the prompt's table from the padded batch, then text
+    position + the row's rope delta."""
+    rows, ids, mask, media, singles = qwen_batch(kind)
+    types = modality_token_types(qwen, ids)
+    expected = qwen.generate(ids, attention_mask=mask, mm_token_type_ids=types, max_new_tokens=12, do_sample=False, **media)
+    drafter = {"text": lambda: TextOnlyDrafter(drafter_lm, qwen), "ar": NoDrafter,
+               "std": lambda: SparseToDenseDrafter(qwen, visual_keep=2)}[method]()
+    out = speculative_generate(qwen, drafter, ids, attention_mask=mask, max_new_tokens=12, num_draft_tokens=3, **media)
+    assert torch.equal(out.sequences, expected)
+    for i, row in enumerate(rows):
+        alone = qwen.generate(row[None], mm_token_type_ids=modality_token_types(qwen, row[None]), max_new_tokens=12,
+                              do_sample=False, **singles[i])
+        assert torch.equal(out.sequences[i, ids.shape[1]:][: alone.shape[1] - len(row)], alone[0, len(row):])
