@@ -367,8 +367,10 @@ def run_speech_bench(
     fast_decoder: str | Path | None = None,
     ar_fast_decoder: str | Path | None = None,
     progress: bool = True,
-) -> SpeechBenchReport:
-    """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench."""
+    batch_sizes: tuple[int, ...] | None = None,
+) -> Any:
+    """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
+    (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`)."""
     from .models import fast_decoder_root, speech_model_path
 
     if n < 1:
@@ -388,8 +390,14 @@ def run_speech_bench(
         raise MMSpecError("--fast-decoder holds an AR fast decoder; pass it as --ar-fast-decoder")
     if ar is not None and not isinstance(ar, ARFastDecoder):
         raise MMSpecError("--ar-fast-decoder holds a CTC fast decoder; pass it as --fast-decoder")
+    title = f"bench speech: {model_name} on {len(clips)} clips from {data}"
+    if batch_sizes:
+        from .bench_batches import bench_speech_batches
+
+        return bench_speech_batches(model, processor, clips, batch_sizes, ctc_fast_decoder=ctc, ar_fast_decoder=ar,
+                                    repeats=repeats, progress=progress, title=title)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, repeats=repeats,
-                        progress=progress, title=f"bench speech: {model_name} on {len(clips)} clips from {data}")
+                        progress=progress, title=title)
 
 
 def _optional(given: str | Path | None, default: Path, load: Callable[[Any], Any]) -> Any:

@@ -306,8 +306,9 @@ class TranscriptionPipeline(SpeculativePipeline):
                 Not with `batch_size` > 1.
             batch_size: for a list, items decoded together: their windows go through the decoder in batches
                 of up to `batch_size` rows. 1 (default): one item after another, every method. Larger: the
-                Whisper target and the method's drafter must decode batches (`WhisperTarget.decodes_batches`,
-                not yet: today a larger `batch_size` is refused with one line).
+                method's drafter must decode batches (`ar`; `hybrid` where its fast decoder's drafter does, as the
+                CTC one's: see `batching_methods()`; otherwise one line refuses it); each transcript equals the
+                recording's alone.
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -353,7 +354,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                        self.batching_methods())
 
     def batching_methods(self) -> list[str]:
-        """The available methods that decode a list `batch_size` > 1 at a time (none while Whisper targets do not batch)."""
+        """The available methods that decode a list `batch_size` > 1 at a time."""
         target = WhisperTarget(self.model)
         return [m for m in self.available_methods if batching_refusal(target, self.make_drafter(m), m) is None]
 

@@ -105,9 +105,14 @@ def test_a_batch_that_fails_whole_runs_file_by_file(tmp_path):
                        {"file": "c.txt", "n": 1, "error": None}]
 
 
-def test_transcribe_batches_follow_the_target(tmp_path, capsys):
+@pytest.mark.parametrize("batching", [True, False])
+def test_transcribe_batches_follow_the_target(tmp_path, capsys, monkeypatch, batching):
     from mmspec.speech.target import WhisperTarget
 
+    if not batching:
+        monkeypatch.setattr(WhisperTarget, "decodes_batches", False)
+    elif not WhisperTarget.decodes_batches:
+        pytest.skip("Whisper targets do not decode batches")
     folder = tmp_path / "audio"
     folder.mkdir()
     assets = Path(__file__).parents[1] / "demos" / "assets"

@@ -300,3 +300,43 @@ def _hf_assistant(model: PreTrainedModel, drafter: PreTrainedModel, item: Captio
         return None, None, (f"transformers' assisted generation failed for {type(model).__name__}: "
                             f"{type(error).__name__}: {first}")
     return assistant, assistant_counter, ""
+
+
+def bench_vision_batches(
+    pipe: Any,
+    videos: list[Any],
+    batch_sizes: tuple[int, ...],
+    *,
+    max_new_tokens: int = 48,
+    num_draft_tokens: int = 5,
+    repeats: int = 3,
+    progress: bool = True,
+    title: str = "bench vision (batches)",
+) -> Any:
+    """Plain batched `generate` vs each of the caption pipeline's methods that decode batches (`ar`, `text`, and any
+    other whose drafter batches), per batch size: the videos are cut into left-padded batches of each size, prepared
+    by the pipeline's processor. Returns a `BatchSizeReport`."""
+    from ..bench.batches import mmspec_batched, plain_batched, run_batch_sizes
+
+    model = pipe.model
+    target = pipe.target
+
+    def batches_of(size: int) -> list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
+        batches = []
+        for start in range(0, len(videos), size):
+            group = videos[start:start + size]
+            inputs = pipe.prepare_batch_inputs("video", group, [None] * len(group))
+            batches.append((inputs.pop("input_ids"), inputs.pop("attention_mask"), inputs))
+        return batches
+
+    counter = ForwardCounter(model)
+    methods: dict[str, MethodFn] = {"plain-batched": plain_batched(model, max_new_tokens, counter)}
+    for method in pipe.batching_methods():
+        name = f"mmspec-{method}"
+        decoder = SpeculativeDecoder(target, pipe.make_drafter(method), policy=FixedDraftLength(num_draft_tokens), method=name)
+        methods[name] = mmspec_batched(decoder, max_new_tokens)
+    try:
+        return run_batch_sizes(title, methods, batches_of, batch_sizes, repeats=repeats, progress=progress,
+                               settings={"videos": len(videos), "max_new_tokens": max_new_tokens, "k": num_draft_tokens})
+    finally:
+        counter.close()

@@ -8,6 +8,7 @@ over B rows; on a CPU the verify's cost grows with B (k + 1) tokens, so the gain
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,13 @@ from ..policies import FixedDraftLength
 from ..stats import SpecStats
 from .harness import BenchReport, ForwardCounter, MethodFn, TableReport, run_benchmark
 
-Batch = tuple[torch.LongTensor, torch.LongTensor]  # left-padded ids [B, P], attention mask [B, P]
+# left-padded ids [B, P], attention mask [B, P], and optionally the batch's other model inputs (pixels, ...)
+Batch = tuple[torch.LongTensor, torch.LongTensor] | tuple[torch.LongTensor, torch.LongTensor, dict[str, Any]]
+
+
+def batch_parts(batch: Batch) -> tuple[torch.LongTensor, torch.LongTensor, dict[str, Any]]:
+    """ids, attention mask and the other model inputs of a batch."""
+    return batch[0], batch[1], (batch[2] if len(batch) > 2 else {})  # type: ignore[misc]
 
 
 def left_padded_batches(prompts: list[list[int]], size: int, pad_token_id: int) -> list[Batch]:
@@ -47,10 +54,10 @@ def plain_batched(target: PreTrainedModel, max_new_tokens: int, counter: Forward
     stops = eos_ids(target, None)
 
     def run(batch: Batch) -> tuple[list[int], SpecStats]:
-        ids, mask = batch
+        ids, mask, inputs = batch_parts(batch)
         counter.take()
         start = time.perf_counter()
-        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens)
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, **inputs)
         stats = SpecStats(method="plain-batched", total_time=time.perf_counter() - start)
         stats.new_tokens = new_token_count(out[:, ids.shape[1]:], stops)
         stats.target_forwards = counter.take() * ids.shape[0]  # per row, as mmspec's batch stats count them
@@ -61,8 +68,8 @@ def plain_batched(target: PreTrainedModel, max_new_tokens: int, counter: Forward
 
 def mmspec_batched(decoder: SpeculativeDecoder, max_new_tokens: int) -> MethodFn:
     def run(batch: Batch) -> tuple[list[int], SpecStats]:
-        ids, mask = batch
-        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
+        ids, mask, inputs = batch_parts(batch)
+        out = decoder.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, **inputs)
         return out.sequences[:, ids.shape[1]:].flatten().tolist(), out.stats
 
     return run
@@ -117,15 +124,32 @@ def bench_text_batches(
             SpeculativeDecoder(target, PromptLookupDrafter(), policy=FixedDraftLength(num_draft_tokens),
                                method="mmspec-prompt-lookup"), max_new_tokens),
     }
-    reports = {}
     try:
-        with torch.inference_mode():
-            for size in batch_sizes:
-                reports[size] = run_benchmark(
-                    f"{title}, batch size {size}", methods, left_padded_batches(prompts, size, pad_token_id),
-                    reference="plain-batched", repeats=repeats, progress=progress,
-                    settings={"prompts": len(prompts), "batch_size": size, "max_new_tokens": max_new_tokens,
-                              "k": num_draft_tokens, "repeats": repeats, "threads": torch.get_num_threads()})
+        return run_batch_sizes(
+            title, methods, lambda size: left_padded_batches(prompts, size, pad_token_id), batch_sizes, repeats=repeats,
+            progress=progress, settings={"prompts": len(prompts), "max_new_tokens": max_new_tokens, "k": num_draft_tokens})
     finally:
         counter.close()
+
+
+def run_batch_sizes(
+    title: str,
+    methods: dict[str, MethodFn],
+    batches_of: Callable[[int], Sequence[Any]],
+    batch_sizes: Sequence[int],
+    *,
+    reference: str = "plain-batched",
+    repeats: int = 3,
+    progress: bool = True,
+    settings: dict[str, Any] | None = None,
+) -> BatchSizeReport:
+    """Every method over `batches_of(size)` for each batch size (`run_benchmark`, `reference` the plain batched
+    `generate`), gathered in one `BatchSizeReport`; `settings` are shown with each size's table."""
+    reports = {}
+    with torch.inference_mode():
+        for size in batch_sizes:
+            reports[size] = run_benchmark(
+                f"{title}, batch size {size}", methods, batches_of(size), reference=reference, repeats=repeats,
+                progress=progress, settings={**(settings or {}), "batch_size": size, "repeats": repeats,
+                                             "threads": torch.get_num_threads()})
     return BatchSizeReport(title=title, reports=reports)

@@ -7,7 +7,7 @@ import json
 
 from ..errors import MMSpecError
 from . import checks
-from .common import SharedFlags, add_size_flag, set_threads
+from .common import SharedFlags, add_size_flag, emit, set_threads
 from .tree_flag import add_tree_flag
 
 
@@ -23,6 +23,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         default=[(32, 5), (32, 9), (72, 5)], metavar="K,GAMMA",
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
     add_tree_flag(parser)
+    parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
+                        help="caption the videos in left-padded batches of each size (e.g. 1,4,8): plain batched generate "
+                             "vs mmspec's methods that decode batches (ar, text), tokens/s per batch size")
     parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
                         help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
                              "repeatable (the model folder's msd/ and flash/ drafters get rows by default)")
@@ -30,7 +33,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vision.bench import CaptionInput, bench_vision
+    from ..vision.bench import CaptionInput, bench_vision, bench_vision_batches
     from ..vision.feature_methods import load_checked, parse_drafter_spec
     from ..vision.pipeline import CaptionPipeline
     from ..world import examples, render_video
@@ -44,11 +47,22 @@ def run(args: argparse.Namespace) -> int:
             raise MMSpecError(f"--extra-drafter label {label!r} is used twice (msd / flash name the model's own drafters)")
         feature[label] = load_checked(kind, path, pipe.model)
     frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
-    items = []
     # held-out videos like the ones the captioner was trained on (its card says how many shapes a scene has)
     max_shapes = pipe.card.get("max_shapes", 3)
-    for scene, _caption in examples(args.num_samples, seed=args.seed, split="heldout", max_shapes=max_shapes):
-        inputs = pipe.prepare_inputs(video=render_video(scene, num_frames=frames, size=size))
+    videos = [render_video(scene, num_frames=frames, size=size)
+              for scene, _caption in examples(args.num_samples, seed=args.seed, split="heldout", max_shapes=max_shapes)]
+    if args.batch_size:
+        if args.tree is not None or args.extra_drafter:
+            raise MMSpecError("--batch-size compares the methods that decode batches; --tree and --extra-drafter "
+                              "apply without it")
+        report = bench_vision_batches(pipe, videos, args.batch_size, max_new_tokens=args.max_new_tokens,
+                                      num_draft_tokens=args.num_draft_tokens, repeats=args.repeats, progress=not args.json,
+                                      title=f"bench vision: {args.model} on {len(videos)} held-out videos")
+        emit(report, args)
+        return 0
+    items = []
+    for video in videos:
+        inputs = pipe.prepare_inputs(video=video)
         items.append(CaptionInput(input_ids=inputs.pop("input_ids"), model_inputs=inputs))
     std = tuple(args.std)
     report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,

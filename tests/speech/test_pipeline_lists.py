@@ -1,8 +1,8 @@
 """TranscriptionPipeline takes lists of recordings: a list in, a list of outputs out (in order).
 
 batch_size=1 decodes them one by one (every method); a larger batch_size needs a Whisper target
-that decodes batches: refused with one line while `WhisperTarget.decodes_batches` is False, and
-tested against each recording alone once it is True (the guarded test runs then).
+that decodes batches (`WhisperTarget.decodes_batches`) and a drafter that does: each recording of a
+batched list equals the recording alone; without them, one line refuses it.
 """
 
 import pytest
@@ -43,13 +43,21 @@ def test_a_list_gives_each_recordings_own_transcript(pipe, recordings, method): 
     assert len({o.text for o in outs}) > 1  # the control: items differ, so a mix-up would show
 
 
-def test_batches_refused_while_whisper_does_not_batch(pipe, recordings):  # noqa: F811
-    if WhisperTarget.decodes_batches:
-        pytest.skip("Whisper targets decode batches now: test_batched_list_equals_each_alone covers it")
+def test_batches_refused_when_whisper_does_not_batch(pipe, recordings, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(WhisperTarget, "decodes_batches", False)
     with pytest.raises(MMSpecError, match=r"batch_size=2: the model \(WhisperTarget over WhisperForConditionalGeneration\) "
                                           r"decodes one sequence at a time; use batch_size=1$"):
         pipe(recordings, sampling_rate=[None, None, RATE, None], method="ar", batch_size=2, progress_bar=False)
     assert pipe.batching_methods() == []
+
+
+def test_a_drafter_that_cannot_batch_is_named(pipe, recordings, monkeypatch):  # noqa: F811
+    from mmspec.speech.hybrid import HybridDrafter
+
+    monkeypatch.setattr(HybridDrafter, "drafts_batches", False)
+    with pytest.raises(MMSpecError, match=r"batch_size=3: method 'hybrid' drafts one sequence at a time \(HybridDrafter\); "
+                                          r"use batch_size=1 or a method that batches \(ar\)$"):
+        pipe(recordings, sampling_rate=[None, None, RATE, None], method="hybrid", batch_size=3, progress_bar=False)
 
 
 @pytest.mark.skipif(not WhisperTarget.decodes_batches, reason="WhisperTarget.decodes_batches is False: batches not wired yet")
@@ -61,7 +69,9 @@ def test_batched_list_equals_each_alone(pipe, recordings, method, batch_size):  
     outs = pipe(recordings, sampling_rate=[None, None, RATE, None], method=method, batch_size=batch_size, progress_bar=False)
     for out, lone in zip(outs, alone(pipe, recordings, method)):
         assert out.text == lone.text and [c.tokens for c in out.chunks] == [c.tokens for c in lone.chunks]
-        assert out.stats.new_tokens == lone.stats.new_tokens
+        assert [(c.start_s, c.end_s) for c in out.chunks] == [(c.start_s, c.end_s) for c in lone.chunks]
+        assert out.stats.new_tokens == lone.stats.new_tokens and out.segments == lone.segments
+    assert len({o.text for o in outs}) > 1  # the control: items differ, so a mix-up would show
 
 
 def test_bad_list_calls(pipe, recordings, clip):  # noqa: F811
