@@ -107,7 +107,7 @@ def test_a_batch_without_padding_needs_no_mask(target, small_drafter):
 
 VOCAB = 5
 NEW_TOKENS = 4
-SAMPLED_PROMPTS = [[1, 2, 0, 4], [3, 1], [2, 2, 2]]
+SAMPLED_PROMPTS = [[1, 2, 0, 4], [3, 1], [2, 2, 2], [4], [0, 1, 2, 3, 4], [2, 3], [1, 1, 4, 0], [3, 3, 0]]
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +127,10 @@ def resample_from_target_rule(proposal, target_logits, sampling, generator):
     return verdict
 
 
-def batch_draws(target, drafter, rule, num_draws, seed=7):
-    ids, mask = left_padded(SAMPLED_PROMPTS)
+def batch_draws(target, drafter, rule, num_draws, size=3, seed=7):
+    ids, mask = left_padded(SAMPLED_PROMPTS[:size])
     generator = torch.Generator().manual_seed(seed)
-    rows = [[] for _ in SAMPLED_PROMPTS]
+    rows = [[] for _ in range(size)]
     for _ in range(num_draws):
         out = speculative_generate(target, drafter, ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=True,
                                    generator=generator, num_draft_tokens=3, rule=rule)
@@ -140,15 +140,16 @@ def batch_draws(target, drafter, rule, num_draws, seed=7):
 
 
 def check_rows(target, rows):
-    for prompt, draws in zip(SAMPLED_PROMPTS, rows):
+    for prompt, draws in zip(SAMPLED_PROMPTS, rows):  # as many rows as were drawn
         exact = exact_continuation_distribution(target, torch.tensor([prompt]), NEW_TOKENS, SamplingConfig(do_sample=True))
         replay = iter(draws)
         assert_distribution_preserved(lambda generator: next(replay), exact, num_draws=len(draws))
 
 
-def test_sampled_rows_follow_the_target(peaked_pair):
+@pytest.mark.parametrize("size", [3, 8])
+def test_sampled_rows_follow_the_target(peaked_pair, size):
     target, drafter = peaked_pair
-    check_rows(target, batch_draws(target, drafter, None, num_draws=2500))
+    check_rows(target, batch_draws(target, drafter, None, num_draws=2500, size=size))
 
 
 def test_control_wrong_residual_fails_in_a_batch(peaked_pair):
