@@ -71,26 +71,10 @@ def decode_batch(
         raise MMSpecError("pad batches on the left (tokenizer padding_side='left'): a row ends in padding")
 
     def commit(tokens: torch.LongTensor, valid: torch.Tensor) -> None:
-        """Append columns; cut each row at its first stop token or its token budget; drop finished rows."""
-        valid = valid.clone()
-        finished = []
-        for b, live in enumerate(batch.rows.tolist()):
-            room = max_new_tokens - len(batch.generated[live])
-            kept = 0
-            for j in range(tokens.shape[1]):
-                if not valid[b, j]:
-                    continue
-                if kept == room:
-                    valid[b, j:] = False
-                    break
-                kept += 1
-                if int(tokens[b, j]) in stops or kept == room:
-                    valid[b, j + 1:] = False
-                    finished.append(b)
-                    break
-        batch.append(tokens, valid)
+        """Append the round's columns; rows that stopped leave the batch (and every cache)."""
+        committed, finished = batch.commit(tokens, valid, stops, max_new_tokens)
         if on_tokens is not None:
-            on_tokens(int(valid.sum()))
+            on_tokens(committed)
         if finished:
             keep = torch.tensor([b for b in range(batch.size) if b not in finished], dtype=torch.long,
                                 device=batch.tokens.device)

@@ -57,6 +57,22 @@ class RaggedBatch:
         """The attention mask [B, S + count] for a forward that appends `count` valid columns."""
         return torch.cat([self.mask, self.mask.new_ones((self.size, count))], dim=1)
 
+    def commit(self, tokens: torch.LongTensor, valid: torch.Tensor, stops: set[int], budget: int) -> tuple[int, list[int]]:
+        """Append a round's columns `tokens` [B, m] whose `valid` [B, m] ones are committed, each row cut after
+        its first stop token or at its token `budget`. Returns the tokens committed and the rows that finished."""
+        valid = valid.clone()
+        finished = []
+        for b, live in enumerate(self.rows.tolist()):
+            room, kept = budget - len(self.generated[live]), 0  # a live row has room for one more at least
+            for j in valid[b].nonzero().flatten().tolist():
+                kept += 1
+                if int(tokens[b, j]) in stops or kept == room:
+                    valid[b, j + 1:] = False
+                    finished.append(b)
+                    break
+        self.append(tokens, valid)
+        return int(valid.sum()), finished
+
     def append(self, tokens: torch.LongTensor, valid: torch.Tensor) -> None:
         """Add columns `tokens` [B, m]; `valid` [B, m] says which hold committed tokens (the rest are holes)."""
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
