@@ -515,3 +515,24 @@ def test_cli_with_the_first_parameter_on_disk(tiny_captioner_folder, asr_folder,
         results.append(json.loads(captured.out))
     assert results[0]["text"] == results[1]["text"] and results[0]["stats"]["new_tokens"] == 8
     assert results[2]["text"] == results[3]["text"] and results[2]["stats"]["new_tokens"] > 0
+
+
+from .vision.test_feature_methods import drafters, zoo_like_folder  # noqa: E402,F401 - fixtures: msd/ and flash/ drafters
+
+
+@pytest.mark.parametrize("where", ["head", "first", "embeddings"])
+@pytest.mark.parametrize("method", ["msd", "flash"])
+def test_feature_drafters_on_a_dispatched_captioner(zoo_like_folder, frames, tmp_path, method, where):
+    """MSD and FLASH borrow the target's embedding and LM head: with the head on the disk (the drafter then
+    sits where accelerate runs the head, not on its weight's meta device), with the first parameter too, and
+    with the embedding too (the visual ids live on the input device), output equals the whole model's generate."""
+    from mmspec.vision.pipeline import CaptionPipeline
+
+    device_map = {"head": CAPTIONER_MAP, "first": CAPTIONER_MAP_FIRST_ON_DISK,
+                  "embeddings": {**CAPTIONER_MAP_FIRST_ON_DISK, "model.language_model.embed_tokens": "disk"}}[where]
+    pipe = CaptionPipeline.from_pretrained(zoo_like_folder, device_map=device_map, offload_folder=tmp_path)
+    assert pipe.model.hf_device_map["lm_head"] == "disk" and method in pipe.available_methods
+    whole = CaptionPipeline.from_pretrained(zoo_like_folder)
+    expected = whole.model.generate(**whole.prepare_inputs(video=frames), do_sample=False, max_new_tokens=12)
+    out = pipe(video=frames, max_new_tokens=12, method=method, progress_bar=False)
+    assert out.sequences[0].tolist() == expected[0].tolist()

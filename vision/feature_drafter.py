@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 
+from mmspec.devices import input_device
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
 from mmspec.ragged import RaggedBatch
@@ -173,7 +174,7 @@ def borrow_target_parts(model: PreTrainedModel, drafter_hidden_size: int, name: 
     lm_head = model.get_output_embeddings()
     if lm_head is None:
         raise MMSpecError(f"{type(model).__name__} has no LM head for the {name} drafter to borrow")
-    device = model.get_input_embeddings().weight.device  # where the token ids it is compared with live
+    device = input_device(model)  # where the token ids it is compared with live (the embedding may be offloaded: meta)
     try:
         visual_ids = torch.tensor(sorted(feature_token_ids(model)), dtype=torch.long, device=device)
     except MMSpecError:  # a text-only target: the drafter is then plain EAGLE
@@ -246,7 +247,9 @@ class TargetFeatureDrafter(Drafter):
         parts = borrow_target_parts(target.model, self.model.config.hidden_size, self.method_name)
         self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
         self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
-        self.model.to(self.lm_head.weight.device)
+        # Next to the head it feeds: where accelerate runs it when the head is offloaded (its weight then reads meta).
+        hook = getattr(self.lm_head, "_hf_hook", None)
+        self.model.to(getattr(hook, "execution_device", None) or self.lm_head.weight.device)
         self.target = target
 
     # --- batches (`mmspec.ragged`) ------------------------------------------------------------------
