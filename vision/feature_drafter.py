@@ -262,9 +262,17 @@ class TargetFeatureDrafter(Drafter):
 
     def _start_batch(self, slot_mask: torch.Tensor, batch_columns: int, pending: torch.Tensor) -> None:
         """After the prompt's slots: the cache's padding mask [B, D], batch columns covered, queued features [B, m, H]."""
-        if self.model.config.mrope_section:
-            raise MMSpecError(f"an M-RoPE {self.method_name} drafter decodes one sequence at a time; pass a batch of one")
         self._slot_mask, self._batch_fed, self._pending = slot_mask, batch_columns, pending
+
+    def _batch_rope(self, positions: torch.LongTensor, prompt_columns: torch.LongTensor | None = None) -> torch.LongTensor:
+        """Rotary positions of a batch's slots: 1-D `positions` [B, m] as they are, or for an M-RoPE drafter the
+        target's own [3, B, m]: its prompt table at `prompt_columns` [B, m], else text position + row delta."""
+        if not self.model.config.mrope_section:
+            return positions
+        table, deltas = self.target.batch_rope_table, self.target.batch_rope_deltas
+        if prompt_columns is not None:
+            return table.to(positions.device).gather(2, prompt_columns[None].expand(3, *prompt_columns.shape))
+        return (positions + deltas.to(positions.device))[None].expand(3, *positions.shape)
 
     def _take_true_slots(self, batch: RaggedBatch) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
         """The batch columns not fed yet: their tokens [B, m], queued features [B, m, H] and slot positions [B, m]."""
@@ -273,12 +281,12 @@ class TargetFeatureDrafter(Drafter):
         self._slot_mask = torch.cat([self._slot_mask, batch.mask[:, start:]], dim=1)
         self._batch_fed = batch.width
         # A slot sits one position before the token it consumes.
-        return batch.tokens[:, start:], features, (batch.column_positions(start) - 1).clamp(min=0)
+        return batch.tokens[:, start:], features, self._batch_rope((batch.column_positions(start) - 1).clamp(min=0))
 
     def _draft_slots(self, batch: RaggedBatch, first: int, count: int) -> tuple[torch.Tensor, torch.LongTensor]:
         """Padding mask and positions [B, count] for draft slots `first`..`first + count - 1` of this round."""
         mask = torch.cat([self._slot_mask, self._slot_mask.new_ones((batch.size, first + count))], dim=1)
-        return mask, batch.next_positions(first + count)[:, first:] - 1
+        return mask, self._batch_rope(batch.next_positions(first + count)[:, first:] - 1)
 
     def observe_batch(self, batch: RaggedBatch, verdict: Any, target_step: Any) -> None:
         """Crop the draft slots; queue the features the round's columns read: a draft column the column

@@ -159,12 +159,14 @@ class FlashDrafter(TargetFeatureDrafter):
             visual = torch.isin(tokens, self.visual_ids.to(tokens.device))
             visual[-1] = False  # the last prompt position drafts the first token: never compressed
             text_hidden = self.model.text_inputs(row_embeds[1:], row_features[:-1])
-            hidden, positions, _ = self.model.assemble(text_hidden, row_embeds, visual)
+            # An M-RoPE drafter takes the target's 3-D positions of this row's prompt (the batch's table).
+            rope = self.target.batch_rope_table[:, b][:, valid] if self.model.config.mrope_section else None
+            hidden, positions, _ = self.model.assemble(text_hidden, row_embeds, visual, rope)
             rows.append(hidden)
             places.append(positions)
         width = max(r.shape[0] for r in rows)
         hidden = torch.stack([torch.cat([r.new_zeros(width - r.shape[0], r.shape[1]), r]) for r in rows])
-        positions = torch.stack([torch.cat([p.new_zeros(width - p.shape[0]), p]) for p in places])
+        positions = torch.stack([torch.nn.functional.pad(p, (width - p.shape[-1], 0)) for p in places], dim=-2)
         mask = torch.stack([torch.cat([batch.mask.new_zeros(width - r.shape[0]), batch.mask.new_ones(r.shape[0])]) for r in rows])
         self.cache = DynamicCache()
         self._start_batch(mask, batch.width, features[:, -1:])

@@ -379,7 +379,9 @@ class MSDDrafter(TargetFeatureDrafter):
         visual = torch.isin(batch.tokens, self.visual_ids.to(batch.tokens.device))
         inputs = self.model.slot_inputs(self.embed_tokens(batch.tokens), previous, visual, embeds)
         self.cache = DynamicCache()
-        self._slot_forward(inputs, (batch.column_positions(0) - 1).clamp(min=0), self._slot_mask)
+        previous_columns = (torch.arange(batch.width, device=batch.tokens.device) - 1).clamp(min=0).expand(batch.size, -1)
+        positions = self._batch_rope((batch.column_positions(0) - 1).clamp(min=0), previous_columns)
+        self._slot_forward(inputs, positions, self._slot_mask)
 
     def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
                       generator: torch.Generator | None) -> Proposal:

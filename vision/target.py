@@ -54,16 +54,17 @@ class VisionTarget(Target):
             inputs = {**model_inputs, "attention_mask": batch.mask}
             table = target_prompt_positions(self.model, batch.tokens, inputs)
             if table is None:  # text only: sequence positions on all axes
-                self._batch_deltas = torch.zeros_like(positions[:, :1])
-                return positions[None].expand(3, *positions.shape)
-            self._batch_deltas = table[1]
+                table = (positions[None].expand(3, *positions.shape), torch.zeros_like(positions[:, :1]))
+            # Kept for feature drafters, which rotate by the target's positions: the prompt's table
+            # [3, B, P] (columns of the padded batch) and each row's delta [B, 1].
+            self.batch_rope_table, self.batch_rope_deltas = table
             return table[0]
-        return (positions + self._batch_deltas.to(positions.device))[None].expand(3, *positions.shape)
+        return (positions + self.batch_rope_deltas.to(positions.device))[None].expand(3, *positions.shape)
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         super().select_rows(keep)
-        if getattr(self, "_batch_deltas", None) is not None:
-            self._batch_deltas = self._batch_deltas.index_select(0, keep.to(self._batch_deltas.device))
+        if getattr(self, "batch_rope_deltas", None) is not None:
+            self.batch_rope_deltas = self.batch_rope_deltas.index_select(0, keep.to(self.batch_rope_deltas.device))
 
     def tree_position_ids(self, positions: torch.LongTensor) -> torch.LongTensor:
         """Qwen2-VL's M-RoPE: a draft tree's text positions on all three axes, shifted by the `rope_deltas`

@@ -10,7 +10,9 @@ from mmspec.policies import FixedDraftLength
 from mmspec.sampling import SamplingConfig
 from mmspec.vision.text_drafter import TextOnlyDrafter
 
+from mmspec.vision.flash import FlashDrafterModel
 from mmspec.vision.models import modality_token_types
+from mmspec.vision.msd import MSDDrafterModel
 from mmspec.vision.sparse_to_dense import SparseToDenseDrafter
 
 from .tiny_vlms import BOS, IMAGE, VIDEO, VISION_END, VISION_START, llava, next_video, onevision, qwen2_vl_model, text_drafter_lm
@@ -125,3 +127,36 @@ def test_qwen2_vl_batch_equals_generate_and_each_row_alone(qwen, drafter_lm, kin
         alone = qwen.generate(row[None], mm_token_type_ids=modality_token_types(qwen, row[None]), max_new_tokens=12,
                               do_sample=False, **singles[i])
         assert torch.equal(out.sequences[i, ids.shape[1]:][: alone.shape[1] - len(row)], alone[0, len(row):])
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize("method", ["msd", "flash"])
+def test_qwen2_vl_feature_drafters_rotate_each_row_by_its_own_positions(qwen, kind, method):
+    """MSD and FLASH drafters of a Qwen2-VL target in a batch: output equals generate, and each row's draft
+    logits equal those of the row alone (its slots at the target's 3-D positions: the prompt table, then
+    text position + the row's delta)."""
+    from .test_feature_batches import RecordingFlash, RecordingMSD
+
+    torch.manual_seed(0)
+    text_config = qwen.config.get_text_config()
+    if method == "msd":
+        model, runtime = MSDDrafterModel.from_target_config(text_config), RecordingMSD
+    else:
+        model = FlashDrafterModel.from_target_config(text_config, num_queries=2, semi_ar_tokens=2, compress=True)
+        runtime = RecordingFlash
+    rows, ids, mask, media, singles = qwen_batch(kind)
+    types = modality_token_types(qwen, ids)
+    expected = qwen.generate(ids, attention_mask=mask, mm_token_type_ids=types, max_new_tokens=10, do_sample=False, **media)
+    batched = runtime(model.eval())
+    out = speculative_generate(qwen, batched, ids, attention_mask=mask, max_new_tokens=10, num_draft_tokens=3, **media)
+    assert torch.equal(out.sequences, expected)
+    for i, row in enumerate(rows):
+        alone = runtime(model)
+        speculative_generate(qwen, alone, row[None], max_new_tokens=10, num_draft_tokens=3, **singles[i])
+        mine = [r[i] for r in batched.rounds if i in r]
+        compared = 0
+        for (a, a_logits), (b, b_logits) in zip([r[0] for r in alone.rounds], mine):
+            if len(a) == len(b) == 3:
+                torch.testing.assert_close(b_logits, a_logits, atol=1e-4, rtol=1e-4)
+                compared += 1
+        assert compared >= 2
