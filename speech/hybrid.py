@@ -263,7 +263,7 @@ class HybridDrafter(Drafter):
             return Proposal.empty(batch.tokens)
         tokens = batch.tokens.new_zeros((batch.size, longest))
         for b, row_drafts in enumerate(drafts):
-            tokens[b, : len(row_drafts)] = torch.tensor(row_drafts, dtype=tokens.dtype)
+            tokens[b, : len(row_drafts)] = torch.tensor(row_drafts, dtype=tokens.dtype, device=tokens.device)
         return Proposal(tokens=tokens, lengths=torch.tensor([len(d) for d in drafts], device=tokens.device))
 
     def observe_batch(self, batch: RaggedBatch, verdict: Verdict, target_step: Any) -> None:
