@@ -118,7 +118,7 @@ class ARFastDecoder(WhisperForCausalLM):
             # would call a checkpoint without either "corrupted").
             config.tie_word_embeddings = False
         config.draft_vocab = check_draft_vocab(draft_vocab, config.vocab_size)
-        model = cls(config).to(dtype=target_model.dtype, device=target_model.device)
+        model = cls(config).to(dtype=target_model.dtype, device=input_device(target_model))  # not meta when offloaded
         source = decoder.state_dict()
         state = {k: v for k, v in source.items() if not k.startswith("layers.")}
         layer_prefix = f"layers.{init_layer % layers}."

@@ -536,3 +536,24 @@ def test_feature_drafters_on_a_dispatched_captioner(zoo_like_folder, frames, tmp
     expected = whole.model.generate(**whole.prepare_inputs(video=frames), do_sample=False, max_new_tokens=12)
     out = pipe(video=frames, max_new_tokens=12, method=method, progress_bar=False)
     assert out.sequences[0].tolist() == expected[0].tolist()
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_an_ar_fast_decoder_built_from_a_whisper_with_its_encoder_on_disk(asr_folder, clip, tmp_path, share):
+    """`ARFastDecoder.for_target` on the dispatched model builds on its input device (on meta it held no weights):
+    the same network as from the whole model, and hybrid transcription with it equals Whisper's greedy output."""
+    from mmspec.speech import ARFastDecoder
+    from mmspec.speech.audio import load_audio
+    from mmspec.speech.pipeline import TranscriptionPipeline
+
+    from .speech.test_pipeline import tiny_processor
+
+    model = dispatched(tiny_whisper(), WHISPER_MAP_ENCODER_ON_DISK, tmp_path)
+    built = ARFastDecoder.for_target(model, share_embeddings=share)
+    reference = ARFastDecoder.for_target(tiny_whisper(), share_embeddings=share)
+    assert built.device == torch.device("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), reference.state_dict().values()))
+    pipe = TranscriptionPipeline(model, tiny_processor(), fast_decoder=built)
+    expected = greedy(TranscriptionPipeline(tiny_whisper(), tiny_processor()), load_audio(clip), MAX_NEW)
+    out = pipe(clip, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False)
+    assert out.chunks[0].tokens == expected and out.stats.accepted > 0
