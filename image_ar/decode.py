@@ -21,7 +21,7 @@ from mmspec.decoding import RoundHook, SpeculativeDecoder
 from mmspec.drafters import Drafter, NoDrafter
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
 from mmspec.rules import AcceptanceRule, target_choice
-from mmspec.sampling import SamplingConfig, choose_next
+from mmspec.sampling import SamplingConfig
 from mmspec.stats import SpecStats
 
 from .llamagen import LlamaGenForClassConditional
@@ -73,11 +73,10 @@ def ar_generate(
     on_tokens: Callable[[int], None] | None = None,
     on_round: RoundHook | None = None,
 ) -> ImageTokensOutput:
-    """Plain autoregressive decoding: one target forward per image token (the baseline).
+    """Plain autoregressive decoding through the core loop: one target forward per image token (the baseline).
 
-    One condition: through the core loop (the `ar` method). Several: sampled in lockstep, all rows in
-    one forward per token (training-time sample batches; the core loop decodes one sequence at a
-    time), which draws differently from decoding them one by one. `on_tokens(n)` is called with the
+    Several conditions decode as one batch, all rows in one forward per token (training-time sample
+    batches), which draws differently from decoding them one by one. `on_tokens(n)` is called with the
     number of tokens committed at each step (progress bars); `on_round` (one condition) as in `decode_grids`.
     """
     cfg = as_cfg_target(target, guidance_scale)
@@ -85,26 +84,9 @@ def ar_generate(
     if labels.numel() == 1:
         return decode_grids(cfg, NoDrafter(), labels, rule=target_choice, policy=FixedDraftLength(1), sampling=sampling,
                             generator=generator, method="ar", on_tokens=on_tokens, on_round=on_round)
-    return _lockstep(cfg, labels.to(cfg.model.device), sampling, generator, on_tokens)
-
-
-def _lockstep(target: CFGTarget, labels: torch.LongTensor, sampling: SamplingConfig, generator: torch.Generator | None,
-              on_tokens: Callable[[int], None] | None) -> ImageTokensOutput:
-    """Plain AR sampling of a batch of conditions, one forward per token for all rows."""
-    stats = SpecStats(method="ar")
-    with stats.timer("total"):
-        with stats.timer("prefill"):
-            logits = target.start(labels)[:, -1]
-        tokens = []
-        for step in range(target.num_tokens):
-            token = choose_next(logits, sampling, generator)
-            tokens.append(token)
-            stats.new_tokens += 1
-            stats.target_forwards += 1
-            if on_tokens is not None:
-                on_tokens(1)
-            if step + 1 < target.num_tokens:
-                with stats.timer("verify"):
-                    logits = target.extend(token[:, None])[:, -1]
-    grid = torch.stack(tokens, dim=1).view(-1, target.grid_size, target.grid_size)
-    return ImageTokensOutput(tokens=grid, stats=stats)
+    decoder = SpeculativeDecoder(GuidedImageTarget(cfg), NoDrafter(), policy=FixedDraftLength(1), rule=target_choice,
+                                 method="ar")
+    out = decoder.generate(labels[:, None].to(cfg.model.device), max_new_tokens=cfg.num_tokens, sampling=sampling,
+                           generator=generator, eos_token_id=(), on_tokens=on_tokens)
+    grids = out.sequences[:, 1:].reshape(-1, cfg.grid_size, cfg.grid_size)
+    return ImageTokensOutput(tokens=grids, stats=out.stats)

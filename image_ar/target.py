@@ -157,9 +157,23 @@ class GuidedImageTarget(Target):
         return 0 if self.cfg.cache is None else 1 + self.cfg.length
 
     def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
-        if input_ids is None or input_ids.shape != (1, 1):
-            raise MMSpecError("image decoding starts from one condition: input_ids must be [[condition]]")
+        if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] != 1:
+            raise MMSpecError("image decoding starts from conditions: input_ids must be [[condition], ...]")
         return input_ids
+
+    # A batch of conditions decodes in lockstep (plain AR: no drafts, no holes, no early stops), one forward
+    # per token for all rows; image drafters draft one grid at a time.
+
+    def start_batch(self, batch: Any, **model_inputs: Any) -> TargetStep:
+        return self.start(batch.tokens, **model_inputs)
+
+    def score_batch(self, batch: Any, drafts: torch.LongTensor) -> TargetStep:
+        if drafts.shape[1] or not bool(batch.mask.bool().all()):
+            raise MMSpecError("a batch of image conditions decodes plain AR (method ar); draft one condition at a time")
+        return self.score(batch.tokens[:, -1:])
+
+    def select_rows(self, keep: torch.LongTensor) -> None:
+        raise MMSpecError("image grids have no end token: every row of a batch runs to the last token")
 
     def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
         tokens = sequence[:, 1:] if sequence.shape[1] > 1 else None

@@ -112,9 +112,10 @@ class GenerationSettings:
         if self.config.pad_token_id is not None:
             return int(self.config.pad_token_id)
         eos = self.config.eos_token_id
-        if eos is None:
-            return 0
-        return int(eos) if isinstance(eos, int) else int(list(eos)[0])
+        if isinstance(eos, int):
+            return eos
+        ids = list(eos or [])
+        return int(ids[0]) if ids else 0
 
     def max_new_tokens(self, prompt_length: int, max_positions: int | None) -> int:
         """As `generate`: `max_new_tokens` when set; else `max_length` counted after the prompt when
