@@ -164,7 +164,9 @@ class GuidedImageTarget(Target):
     # A batch of conditions decodes in lockstep (plain AR: no drafts, no holes, no early stops), one forward
     # per token for all rows; image drafters draft one grid at a time.
 
-    def start_batch(self, batch: Any, **model_inputs: Any) -> TargetStep:
+    def start_batch(self, batch: Any, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
+        if drafts is not None:
+            raise MMSpecError("a batch of image conditions decodes plain AR (method ar); draft one condition at a time")
         return self.start(batch.tokens, **model_inputs)
 
     def score_batch(self, batch: Any, drafts: torch.LongTensor) -> TargetStep:

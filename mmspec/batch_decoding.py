@@ -27,7 +27,8 @@ from .rules import AcceptanceRule, greedy_match, speculative_sampling
 from .sampling import SamplingConfig, choose_next
 from .drafters import Drafter
 from .stats import SpecStats
-from .targets import Target
+from .targets import Target, TargetStep
+from .types import Proposal
 from .trees import TreeConfig
 
 
@@ -90,13 +91,41 @@ def decode_batch(
         for live in batch.rows.tolist():
             setattr(row_stats[live], f"{role}_forwards", getattr(row_stats[live], f"{role}_forwards") + forwards)
 
+    def judge(proposal: Proposal, step: TargetStep) -> None:
+        """Verify one round's drafts against the target's logits [B, k + 1, V] and commit."""
+        if proposal.lengths is not None and rule not in (greedy_match, speculative_sampling):
+            raise MMSpecError("rows drafted different numbers of tokens; only the default rules handle that")
+        verdict = rule(proposal, step.logits, sampling, generator)
+        accepted = verdict.num_accepted
+        slots = torch.arange(proposal.length, device=accepted.device)[None]
+        valid = torch.cat([slots < accepted[:, None], torch.ones_like(accepted[:, None], dtype=torch.bool)], dim=1)
+        drafted = [proposal.length] * batch.size if proposal.lengths is None else proposal.lengths.tolist()
+        for live, row_drafted, n in zip(batch.rows.tolist(), drafted, accepted.tolist()):
+            row_stats[live].record_round(row_drafted, n)
+        policy.update(proposal.length, int(accepted.max()))
+        drafter.observe_batch(batch, verdict, step)
+        commit(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
+
     with stats.timer("prefill"):
+        before = drafter.forwards
         drafter.prefill_batch(batch, model_inputs)
-        step = target.start_batch(batch, **model_inputs)
+        proposal = None
+        k = min(policy.max_tokens(), max_new_tokens - 1)
+        if drafter.drafts_from_prompt and k > 0:
+            # As in the batch-1 loop: the first drafts ride along with the prefill (one forward fewer per row).
+            proposal = drafter.propose_batch(batch, k, sampling, generator)
+            if not proposal.length or not target.drafts_can_join_prefill(proposal.tokens, model_inputs):
+                proposal = None
+                drafter.prefill_batch(batch, model_inputs)  # forget those drafts; the next round drafts again
+        step = target.start_batch(batch, None if proposal is None else proposal.tokens, **model_inputs)
         count("target", 1)
         drafter.on_target_prefill_batch(batch, step)
-        first = choose_next(step.logits[:, -1], sampling, generator)
-        commit(first[:, None], torch.ones_like(first[:, None], dtype=torch.bool))
+        count("drafter", drafter.forwards - before)
+        if proposal is not None:
+            judge(proposal, step)
+        else:
+            first = choose_next(step.logits[:, -1], sampling, generator)
+            commit(first[:, None], torch.ones_like(first[:, None], dtype=torch.bool))
 
     while batch.size:
         room = max(max_new_tokens - len(batch.generated[live]) for live in batch.rows.tolist())
@@ -108,18 +137,7 @@ def decode_batch(
         with stats.timer("verify"):
             step = target.score_batch(batch, proposal.tokens)
             count("target", 1)
-            if proposal.lengths is not None and rule not in (greedy_match, speculative_sampling):
-                raise MMSpecError("rows drafted different numbers of tokens; only the default rules handle that")
-            verdict = rule(proposal, step.logits, sampling, generator)
-            accepted = verdict.num_accepted
-            slots = torch.arange(proposal.length, device=accepted.device)[None]
-            valid = torch.cat([slots < accepted[:, None], torch.ones_like(accepted[:, None], dtype=torch.bool)], dim=1)
-            drafted = [proposal.length] * batch.size if proposal.lengths is None else proposal.lengths.tolist()
-            for live, row_drafted, n in zip(batch.rows.tolist(), drafted, accepted.tolist()):
-                row_stats[live].record_round(row_drafted, n)
-            policy.update(proposal.length, int(accepted.max()))
-            drafter.observe_batch(batch, verdict, step)
-            commit(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
+            judge(proposal, step)
     for row, tokens in zip(row_stats, batch.generated):
         row.new_tokens = len(tokens)
         row.prefill_time, row.draft_time, row.verify_time = stats.prefill_time, stats.draft_time, stats.verify_time

@@ -129,11 +129,17 @@ class Target(CachedModel):
             self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
         return self._processed(step, first_position)
 
-    def start_batch(self, batch: RaggedBatch, **model_inputs: Any) -> TargetStep:
-        """Batch decoding: prefill the left-padded prompts of `batch`; logits [B, 1, V] after each prompt."""
+    def start_batch(self, batch: RaggedBatch, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
+        """Batch decoding: prefill the left-padded prompts of `batch`, with `drafts` [B, k] appended when they ride
+        along (see `drafts_can_join_prefill`); logits [B, k + 1, V] from each prompt's last token on."""
+        drafts = batch.tokens[:, :0] if drafts is None else drafts
+        for name in PER_TOKEN_INPUTS:
+            value = model_inputs.get(name)
+            if value is not None and drafts.shape[1]:
+                model_inputs[name] = torch.cat([value, value.new_zeros((*value.shape[:-1], drafts.shape[1]))], dim=-1)
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        out = self.feed_columns(batch, 0, batch.tokens[:, :0], logits_to_keep=1, **extra, **model_inputs)
-        return self._processed_batch(self._step(out, 1), batch, batch.width - 1)
+        out = self.feed_columns(batch, 0, drafts, logits_to_keep=drafts.shape[1] + 1, **extra, **model_inputs)
+        return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
 
     def score_batch(self, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
         """Batch decoding: ONE forward over each row's newest token and its drafts [B, k]: logits [B, k + 1, V]."""

@@ -247,7 +247,8 @@ class HybridDrafter(Drafter):
 
     drafts_batches = True
 
-    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
+        self.prefill(batch.tokens, model_inputs)  # the fast decoder's hypotheses, one per recording
         self._cursors = {}
         for row in batch.rows.tolist():
             cursor = copy.copy(self)

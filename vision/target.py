@@ -52,13 +52,17 @@ class VisionTarget(Target):
             return positions
         if prefill:
             inputs = {**model_inputs, "attention_mask": batch.mask}
+            types = inputs.get("mm_token_type_ids")
+            if types is not None:  # drafts riding along with the prefill are not part of the prompt
+                inputs["mm_token_type_ids"] = types[:, : batch.width]
             table = target_prompt_positions(self.model, batch.tokens, inputs)
             if table is None:  # text only: sequence positions on all axes
-                table = (positions[None].expand(3, *positions.shape), torch.zeros_like(positions[:, :1]))
+                table = (positions[:, : batch.width][None].expand(3, -1, -1), torch.zeros_like(positions[:, :1]))
             # Kept for feature drafters, which rotate by the target's positions: the prompt's table
             # [3, B, P] (columns of the padded batch) and each row's delta [B, 1].
             self.batch_rope_table, self.batch_rope_deltas = table
-            return table[0]
+            drafts = (positions[:, batch.width:] + table[1].to(positions.device))[None].expand(3, -1, -1)
+            return torch.cat([table[0].to(positions.device), drafts], dim=-1)
         return (positions + self.batch_rope_deltas.to(positions.device))[None].expand(3, *positions.shape)
 
     def select_rows(self, keep: torch.LongTensor) -> None:

@@ -78,12 +78,11 @@ def test_text_drafter_reads_a_batch_as_each_row_alone(drafter_lm):
     batched = FirstDrafts(drafter_lm, case.model)
     speculative_generate(case.model, batched, ids, attention_mask=mask, max_new_tokens=6, num_draft_tokens=4, **media)
     for i, row in enumerate(rows):
-        # In a batch the first drafts follow the target's first token: draft alone from the same tokens.
-        first_token = case.model.generate(row[None], max_new_tokens=1, do_sample=False, **{key: media[key][i:i + 1]})
+        # The first drafts ride along with the prefill: drafted from the prompt, as a lone drafter drafts them.
         lone = TextOnlyDrafter(drafter_lm, case.model)
-        lone.accept_inputs(first_token, {})
-        lone.prefill(first_token, {})
-        expected = lone.propose(first_token, 4, SamplingConfig(), None, FixedDraftLength(4)).tokens[0]
+        lone.accept_inputs(row[None], {})
+        lone.prefill(row[None], {})
+        expected = lone.propose(row[None], 4, SamplingConfig(), None, FixedDraftLength(4)).tokens[0]
         assert torch.equal(batched.first[i], expected)
 
 
