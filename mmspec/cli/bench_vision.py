@@ -25,7 +25,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     add_tree_flag(parser)
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="caption the videos in left-padded batches of each size (e.g. 1,4,8): plain batched generate "
-                             "vs mmspec's methods that decode batches (ar, text), tokens/s per batch size")
+                             "vs mmspec's methods that decode batches, tokens/s per batch size")
     parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
                         help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
                              "repeatable (the model folder's msd/ and flash/ drafters get rows by default)")
