@@ -47,7 +47,8 @@ from .pipeline_common import (ClassConditionalMixin, ImageGenerationOutput, chec
 from .llamagen import LlamaGenForClassConditional
 from .methods import METHODS, MethodConfig, MethodRunner
 from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
-from .target import CFGTarget
+from .decode import ar_generate
+from .target import CFGTarget, ImageTokensOutput
 from .mar_pipeline import MAR_METHODS, MARPipeline
 from .var_pipeline import VAR_METHODS, VARPipeline
 from .vq import VQModel
@@ -267,6 +268,7 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         gsd_latents: Any = MODEL_DEFAULT,
         progress_bar: bool = True,
         callback_on_round: RoundCallback | None = None,
+        batch_size: int = 1,
     ) -> ImageGenerationOutput:
         """Generate `num_images` images per class label (or class-name prompt).
 
@@ -278,6 +280,9 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         `callback_on_round(round_index, info)`: after every target forward (the core loop's `on_round`);
         `info` is a `mmspec.pipelines.RoundInfo`: the committed token ids, drafted / accepted counts,
         `chunk` = which image of the call, `position` = the raster index of the first token in its grid.
+        `batch_size`: images decoded together, all rows in one forward per token (method "ar" only; the
+        image drafters draft one grid at a time). Rows of a batch draw from the generator in turn, so a
+        sampled image depends on its batch; greedy ones do not.
         """
         check_output_type(output_type)
         labels = self.resolve_labels(class_labels, prompt, num_images)
@@ -294,14 +299,32 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         generator = self.generator_for(generator, seed, needed=sampling.do_sample)
         scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
         per_image = self.runner.target.num_tokens
+        batched = check_batch_size(batch_size, method, callback_on_round) > 1
         with self.progress_bar(total=len(labels) * per_image, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
-            on_round = per_image_rounds(self.round_reporter(callback_on_round, bar), per_image)
-            out = self.runner.run(config, labels, sampling=sampling, generator=generator, guidance_scale=scale,
-                                  on_round=on_round)
+            if batched:
+                self.runner.target.guidance_scale = float(scale)
+                outs = [ar_generate(self.runner.target, labels[i:i + batch_size], sampling, generator, scale, on_tokens=bar.update)
+                        for i in range(0, len(labels), batch_size)]
+                out = ImageTokensOutput(tokens=torch.cat([o.tokens for o in outs]), stats=sum((o.stats for o in outs[1:]), outs[0].stats))
+            else:
+                on_round = per_image_rounds(self.round_reporter(callback_on_round, bar), per_image)
+                out = self.runner.run(config, labels, sampling=sampling, generator=generator, guidance_scale=scale,
+                                      on_round=on_round)
         images = convert(self.vq.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=labels, method=method,
                                      model=self.model_name, stats=out.stats,
                                      settings=config.settings(self.drafter is not None))
+
+
+def check_batch_size(batch_size: Any, method: str, callback_on_round: Any) -> int:
+    """`batch_size` as given, refused in one line where a batch cannot decode."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise MMSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if batch_size > 1 and method != "ar":
+        raise MMSpecError(f"method {method!r} drafts one image at a time; batch_size > 1 decodes method 'ar' only")
+    if batch_size > 1 and callback_on_round is not None:
+        raise MMSpecError("callback_on_round follows one image at a time; use batch_size=1")
+    return batch_size
 
 
 ImagePipeline = SpeculativeImagePipeline  # `from mmspec import ImagePipeline`

@@ -53,3 +53,26 @@ def test_image_batches_refuse_drafts(model):
     decoder = SpeculativeDecoder(GuidedImageTarget(CFGTarget(model)), GuidedImageDrafter(CFGTarget(tiny_llamagen(seed=1))))
     with pytest.raises(MMSpecError, match="one sequence at a time"):
         decoder.generate(torch.tensor([[0], [1]]), max_new_tokens=4, eos_token_id=())
+
+
+def test_pipeline_batches_plain_ar(tmp_path):
+    """SpeculativeImagePipeline(batch_size=N) decodes N labels together (method ar): greedy images equal the
+    one-by-one ones; sampled ones follow the lockstep reference; other methods and round callbacks are refused."""
+    from mmspec.image_ar import SpeculativeImagePipeline
+
+    from .tiny_image_folder import build_tiny_folder
+
+    pipe = SpeculativeImagePipeline.from_pretrained(build_tiny_folder(tmp_path / "m"))
+    labels = [0, 1, 2, 1, 0]
+    one_by_one = pipe(class_labels=labels, method="ar", temperature=0, progress_bar=False)
+    batched = pipe(class_labels=labels, method="ar", temperature=0, progress_bar=False, batch_size=2)
+    assert torch.equal(batched.tokens, one_by_one.tokens) and len(batched.images) == 5
+    assert batched.stats.new_tokens == one_by_one.stats.new_tokens
+    sampled = pipe(class_labels=labels[:3], method="ar", seed=3, progress_bar=False, batch_size=3, guidance_scale=2.0)
+    expected = lockstep_reference(pipe.runner.target.model, labels[:3], SamplingConfig(do_sample=True),
+                                  torch.Generator().manual_seed(3), 2.0)
+    assert torch.equal(sampled.tokens, expected)
+    with pytest.raises(MMSpecError, match="drafts one image at a time"):
+        pipe(class_labels=labels, method="sjd", batch_size=2, progress_bar=False)
+    with pytest.raises(MMSpecError, match="batch_size must be an integer >= 1"):
+        pipe(class_labels=labels, batch_size=0, progress_bar=False)
