@@ -4,8 +4,6 @@ that fails to load is an error line and its batch-mates still decode together; r
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +11,7 @@ from mmspec.cli import folder_runs, main
 from mmspec.decoding import SpeculativeDecoder
 from mmspec.errors import MMSpecError
 
-from .test_folder_mode import caption, folder, lines  # noqa: F401 - the fixture: five videos and a corrupt one
+from .test_folder_mode import audio_folder, caption, folder, lines  # noqa: F401 - the fixture: five videos and a corrupt one
 
 KEPT = ("file", "text", "method", "model", "notes", "error")  # stats differ: a batch counts its rounds per row
 
@@ -113,12 +111,7 @@ def test_transcribe_batches_follow_the_target(tmp_path, capsys, monkeypatch, bat
         monkeypatch.setattr(WhisperTarget, "decodes_batches", False)
     elif not WhisperTarget.decodes_batches:
         pytest.skip("Whisper targets do not decode batches")
-    folder = tmp_path / "audio"
-    folder.mkdir()
-    assets = Path(__file__).parents[1] / "demos" / "assets"
-    for name in ("speech-everyday.flac", "speech-shapes.flac"):
-        (folder / name).write_bytes((assets / name).read_bytes())
-    (folder / "bad.wav").write_bytes(os.urandom(2000))
+    folder = audio_folder(tmp_path)
     argv = ["transcribe", str(folder), "--model", "shapes-whisper-asr", "--threads", "1", "--method", "ar"]
     one = tmp_path / "one.jsonl"
     assert main([*argv, "--out", str(one)]) == 2

@@ -193,13 +193,19 @@ def test_accelerate_two_processes_merge_to_the_one_process_result(folder, refere
     assert swapped != comparable(reference)
 
 
-def test_transcribe_a_folder_into_json_lines(tmp_path, capsys):
+def audio_folder(tmp_path: Path) -> Path:
+    """Two speech recordings from the demo's assets and one file that is not audio."""
     folder = tmp_path / "audio"
     folder.mkdir()
     assets = Path(__file__).parents[1] / "demos" / "assets"
     for name in ("speech-everyday.flac", "speech-shapes.flac"):
         (folder / name).write_bytes((assets / name).read_bytes())
     (folder / "bad.wav").write_bytes(os.urandom(2000))
+    return folder
+
+
+def test_transcribe_a_folder_into_json_lines(tmp_path, capsys):
+    folder = audio_folder(tmp_path)
     out = tmp_path / "transcripts.jsonl"
     argv = ["transcribe", str(folder), "--model", "shapes-whisper-asr", "--out", str(out), "--threads", "1"]
     assert main(argv) == 2
