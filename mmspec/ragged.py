@@ -40,10 +40,6 @@ class RaggedBatch:
     def width(self) -> int:
         return int(self.tokens.shape[1])
 
-    def prompt_positions(self) -> torch.LongTensor:
-        """Position ids of the prompt columns [B, P]: valid tokens count from 0; pads get 1, as in `generate`."""
-        return (self.mask.cumsum(-1) - 1).masked_fill(self.mask == 0, 1)
-
     def next_positions(self, count: int) -> torch.LongTensor:
         """Positions [B, count] of `count` columns appended after the current ones (all valid)."""
         start = self.mask.sum(-1, keepdim=True)
