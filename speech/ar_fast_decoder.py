@@ -283,8 +283,6 @@ class ARHybridDrafter(HybridDrafter):
     past the next likely correction is mostly thrown away).
     """
 
-    drafts_batches = False  # its re-drafting follows one recording's committed text
-
     def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, redraft_tokens: int | None = None,
                  **kwargs: Any) -> None:
         if not isinstance(fast_decoder, ARFastDecoder):
@@ -300,11 +298,35 @@ class ARHybridDrafter(HybridDrafter):
         self._suppression: tuple[list[int], list[int]] = ([], [])
         self._rejected = False
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        self._prompt = [int(t) for t in sequence[0].tolist()]
+    @property
+    def drafts_batches(self) -> bool:  # type: ignore[override]
+        return not self.redraft  # re-drafting follows one recording's committed text
+
+    def prefill_batch(self, batch: Any, model_inputs: dict[str, Any]) -> None:
+        """Each recording's hypothesis continues its own forced prompt (recordings sharing a prompt, e.g. one
+        detected language, are drafted together in one batched pass of the fast decoder)."""
+        self._reset()
+        self._read_suppression()
+        states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
+        prompts = batch.tokens.tolist()
+        self._hypotheses = [[] for _ in prompts]
+        for prompt in dict.fromkeys(map(tuple, prompts)):
+            rows = [b for b, row in enumerate(prompts) if tuple(row) == prompt]
+            with self._drafting_setup(list(prompt)):
+                found = self.fast_decoder.hypothesis(states[rows])
+            self.forwards += self.fast_decoder.last_steps
+            for b, hypothesis in zip(rows, found):
+                self._hypotheses[b] = hypothesis
+        self._start_cursors(batch)
+
+    def _read_suppression(self) -> None:
         if self.target is not None:
             generation = self.target.model.generation_config
             self._suppression = (list(generation.suppress_tokens or []), list(generation.begin_suppress_tokens or []))
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        self._prompt = [int(t) for t in sequence[0].tolist()]
+        self._read_suppression()
         self.redrafts, self._rejected = 0, False
         with self._drafting_setup(self._prompt):
             super().prefill(sequence, model_inputs)

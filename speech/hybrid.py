@@ -249,10 +249,15 @@ class HybridDrafter(Drafter):
 
     def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
         self.prefill(batch.tokens, model_inputs)  # the fast decoder's hypotheses, one per recording
+        self._start_cursors(batch)
+
+    def _start_cursors(self, batch: RaggedBatch) -> None:
+        """One alignment cursor per recording, over its own hypothesis (`self._hypotheses[row]`)."""
         self._cursors = {}
         for row in batch.rows.tolist():
             cursor = copy.copy(self)
             cursor._reset()
+            cursor.prompt_length = batch.width
             cursor.set_hypothesis(self._hypotheses[row])
             self._cursors[row] = cursor
 

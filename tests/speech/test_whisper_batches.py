@@ -74,3 +74,35 @@ def test_each_recording_detects_its_language(whisper):
     expected = whisper.generate(x, do_sample=False, max_new_tokens=4, return_dict_in_generate=True).sequences
     out = speculative_generate(whisper, NoDrafter(), None, input_features=x, max_new_tokens=4)
     assert torch.equal(out.sequences[:, 1], expected[:, 1])
+
+
+@pytest.mark.parametrize("init_layer", [-1, 1])
+def test_ar_fast_decoder_batch_equals_generate(whisper, references, batch_reference, init_layer):
+    """The AR fast decoder drafts every recording's hypothesis in one batched pass per forced prompt (the
+    recordings' detected languages may differ); each row's hypothesis is the one it drafts alone."""
+    from mmspec import SpeculativeDecoder
+    from mmspec.speech import ARFastDecoder, ARHybridDrafter, WhisperTarget, hybrid_rule
+    from mmspec.speech.hybrid import hybrid_policy
+
+    x, expected = batch_reference
+    fast = ARFastDecoder.for_target(whisper, init_layer=init_layer)
+    drafter = ARHybridDrafter(fast)
+    decoder = SpeculativeDecoder(WhisperTarget(whisper), drafter, policy=hybrid_policy(), rule=hybrid_rule("strict"))
+    out = decoder.generate(None, input_features=x, max_new_tokens=MAX_NEW)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.accepted > 0 if init_layer == 1 else True
+    for row, seed in enumerate(SEEDS):
+        alone = ARHybridDrafter(fast)
+        SpeculativeDecoder(WhisperTarget(whisper), alone, policy=hybrid_policy(), rule=hybrid_rule("strict")).generate(
+            None, input_features=references[seed][0], max_new_tokens=MAX_NEW)
+        assert drafter._hypotheses[row] == alone.hypothesis
+
+
+def test_ar_fast_decoder_re_drafting_stays_one_recording_at_a_time(whisper, batch_reference):
+    from mmspec import MMSpecError, SpeculativeDecoder
+    from mmspec.speech import ARFastDecoder, ARHybridDrafter, WhisperTarget
+
+    x, _ = batch_reference
+    drafter = ARHybridDrafter(ARFastDecoder.for_target(whisper), redraft=True)
+    with pytest.raises(MMSpecError, match="drafts one sequence at a time"):
+        SpeculativeDecoder(WhisperTarget(whisper), drafter).generate(None, input_features=x, max_new_tokens=4)
