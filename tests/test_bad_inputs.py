@@ -56,6 +56,7 @@ CAPTION = [
     (["caption", "{video}", "--drafter-device", "cpu"], "--drafter-device places the drafter of a model spread by"),
     (["caption", "{tmp}", "--out", "{tmp}/c.jsonl", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1"),
     (["caption", "{tmp}", "--out", "{tmp}/c.jsonl", "--batch-size", "two"], "argument --batch-size"),
+    (["caption", "{video}", "--batch-size", "4"], "--batch-size applies to a folder run into --out FILE.jsonl"),
 ]
 LONG_PROMPT = "a red circle moves " * 400
 CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail before decoding

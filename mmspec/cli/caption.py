@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args)
     placement = placement_options(args)
     folder = folder_runs.plan(args.path, args.out, IMAGE_SUFFIXES | folder_runs.VIDEO_SUFFIXES, args.retry_failed)
+    if args.batch_size > 1 and folder is None:
+        raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
 
     if args.model is None:
         announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of one moving shape")
