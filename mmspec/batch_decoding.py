@@ -23,7 +23,7 @@ import torch
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy
 from .ragged import RaggedBatch
-from .rules import AcceptanceRule, greedy_match, speculative_sampling
+from .rules import AcceptanceRule
 from .sampling import SamplingConfig, choose_next
 from .drafters import Drafter
 from .stats import SpecStats
@@ -93,8 +93,9 @@ def decode_batch(
 
     def judge(proposal: Proposal, step: TargetStep) -> None:
         """Verify one round's drafts against the target's logits [B, k + 1, V] and commit."""
-        if proposal.lengths is not None and rule not in (greedy_match, speculative_sampling):
-            raise MMSpecError("rows drafted different numbers of tokens; only the default rules handle that")
+        if proposal.lengths is not None and not getattr(rule, "ragged_drafts", False):
+            raise MMSpecError("rows drafted different numbers of tokens, which this acceptance rule cannot judge "
+                              "(it has no `ragged_drafts`); use the default rule or a batch of one")
         verdict = rule(proposal, step.logits, sampling, generator)
         accepted = verdict.num_accepted
         slots = torch.arange(proposal.length, device=accepted.device)[None]

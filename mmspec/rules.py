@@ -156,5 +156,10 @@ def on_target_probabilities(rule: ProbabilityRule) -> AcceptanceRule:
     return accept
 
 
+# Rules that honour `Proposal.lengths` (rows of a batch drafting different numbers of tokens) say so.
+greedy_match.ragged_drafts = True  # type: ignore[attr-defined]
+speculative_sampling.ragged_drafts = True  # type: ignore[attr-defined]
+
+
 def default_rule(sampling: SamplingConfig) -> AcceptanceRule:
     return speculative_sampling if sampling.do_sample else greedy_match

@@ -321,10 +321,12 @@ def relaxed_top_r_rule(top_r: int = 3, margin: float = 2.0) -> AcceptanceRule:
         best_lp = head.max(dim=-1).values
         rank = (head > draft_lp[..., None]).sum(dim=-1)  # tokens strictly better than the draft
         ok = (rank < top_r) & (best_lp - draft_lp <= margin) & torch.isfinite(draft_lp)
-        num_accepted = leading_true_count(ok)
+        valid = proposal.valid()  # a batch's rows may draft fewer: their padding is never accepted
+        num_accepted = leading_true_count(ok if valid is None else ok & valid)
         next_token = choice.gather(1, num_accepted[:, None]).squeeze(1)
         return Verdict(num_accepted=num_accepted, next_token=next_token)
 
+    relaxed_top_r.ragged_drafts = True  # type: ignore[attr-defined]
     relaxed_top_r.top_r = top_r  # type: ignore[attr-defined]
     relaxed_top_r.margin = margin  # type: ignore[attr-defined]
     return relaxed_top_r

@@ -106,3 +106,15 @@ def test_ar_fast_decoder_re_drafting_stays_one_recording_at_a_time(whisper, batc
     drafter = ARHybridDrafter(ARFastDecoder.for_target(whisper), redraft=True)
     with pytest.raises(MMSpecError, match="drafts one sequence at a time"):
         SpeculativeDecoder(WhisperTarget(whisper), drafter).generate(None, input_features=x, max_new_tokens=4)
+
+
+def test_relaxed_hybrid_in_a_batch_equals_each_recording_alone(whisper, references, batch_reference):
+    """The relaxed rule (not lossless) judges each row's ragged drafts as it judges them alone."""
+    x, _ = batch_reference
+    rows = [hypotheses(references[seed][2])[kind] for seed, kind in zip(SEEDS, ["exact", "wrong_middle", "empty",
+                                                                             "garbage", "inserted_middle"])]
+    out = hybrid_generate(whisper, PerRowHypotheses(rows), x, mode="relaxed", max_new_tokens=MAX_NEW)
+    for row, (seed, hypothesis) in enumerate(zip(SEEDS, rows)):
+        alone = hybrid_generate(whisper, PerRowHypotheses([hypothesis]), references[seed][0], mode="relaxed",
+                                max_new_tokens=MAX_NEW).sequences[0]
+        assert torch.equal(out.sequences[row, : alone.shape[0]], alone)
