@@ -11,6 +11,9 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
 With `tree=TreeConfig(...)` the drafter proposes a draft tree instead (`mmspec.trees`), the target
 verifies all its nodes in that one forward with a tree attention mask, a tree rule
 (`mmspec.tree_rules`) picks the accepted path, and both caches keep that path only.
+
+A batch of several rows runs the same steps in `mmspec.batch_decoding`, where rejected drafts become
+masked holes instead of being cropped (rows accept different numbers of drafts).
 """
 
 from __future__ import annotations
@@ -181,23 +184,21 @@ class SpeculativeDecoder:
                 self.drafter.logits_processor = processors
                 if self.streamer is not None:
                     self.streamer.put(sequence.cpu())
-                if not batched:  # decode_batch prefills the drafter with the batch's layout
+                if not batched:  # (a batch: decode_batch prefills drafter and target with the batch's layout)
                     self.drafter.prefill(sequence, model_inputs)
-                if batched:
-                    pass
-                elif self.drafter.drafts_from_prompt and self.tree is None:
-                    # Like transformers' assisted generation: the first drafts ride along with the prefill.
-                    k = min(policy.max_tokens(), max_new_tokens - 1)
-                    proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
-                    step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
-                    sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
-                else:
-                    step = self.target.start(sequence, **model_inputs)
-                    self.drafter.on_target_prefill(sequence, step)
-                    first = choose_next(step.logits[:, -1], sampling, generator)
-                    sequence = torch.cat([sequence, first[:, None]], dim=1)
-                    self._announce(first, first[:0])
-                    done = int(first[0]) in stops
+                    if self.drafter.drafts_from_prompt and self.tree is None:
+                        # Like transformers' assisted generation: the first drafts ride along with the prefill.
+                        k = min(policy.max_tokens(), max_new_tokens - 1)
+                        proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                        step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
+                        sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
+                    else:
+                        step = self.target.start(sequence, **model_inputs)
+                        self.drafter.on_target_prefill(sequence, step)
+                        first = choose_next(step.logits[:, -1], sampling, generator)
+                        sequence = torch.cat([sequence, first[:, None]], dim=1)
+                        self._announce(first, first[:0])
+                        done = int(first[0]) in stops
 
             if batched:
                 sequence = decode_batch(
