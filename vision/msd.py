@@ -362,10 +362,7 @@ class MSDDrafter(TargetFeatureDrafter):
     def _forward(self, inputs: torch.Tensor, start: int) -> torch.Tensor:
         """Run slots at true positions start, start + 1, ... on top of the cache; last output [B, H]."""
         indices = torch.arange(start, start + inputs.shape[1], device=inputs.device)[None].expand(inputs.shape[0], -1)
-        positions = self.position_ids(indices)
-        self.forwards += 1
-        out = self.model(inputs, positions, past_key_values=self.cache, use_cache=True)
-        return out.last_hidden_state[:, -1]
+        return self._slot_forward(inputs, self.position_ids(indices))
 
 
     # --- batches: slots in the batch's columns; a row's first column, pads and holes are masked --------
@@ -401,7 +398,8 @@ class MSDDrafter(TargetFeatureDrafter):
                                             positions, mask)
         return Proposal(tokens=torch.stack(tokens, dim=1), probs=torch.stack(dists, dim=1) if dists else None)
 
-    def _slot_forward(self, inputs: torch.Tensor, positions: torch.LongTensor, mask: torch.Tensor) -> torch.Tensor:
+    def _slot_forward(self, inputs: torch.Tensor, positions: torch.LongTensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run slots at `positions` on top of the cache (a batch's `mask` hides its pads and holes); last output [B, H]."""
         self.forwards += 1
         return self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True).last_hidden_state[:, -1]
 
