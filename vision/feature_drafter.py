@@ -133,22 +133,14 @@ def drafter_layer_config(config: Any, **settings: Any) -> LlamaConfig:
 class FeatureDrafterModel(PreTrainedModel):
     """Base class of trainable feature drafters; `kind` names it for `mmspec train-drafter --kind`.
 
-    Subclasses define `training_loss` (their paper's objective on a `DistillBatch`, returning at
-    least {"loss": ...}); the generic trainer does the rest (optimiser, schedule, checkpoints).
+    Subclasses define `training_loss(batch, embed_tokens, lm_head, noise_std=0.0, generator=None)`: their
+    paper's objective on a `DistillBatch`, returning at least {"loss": ...}; the generic trainer does the
+    rest (optimiser, schedule, checkpoints).
     """
 
     kind: str = ""
     base_model_prefix = "drafter"
 
-    def training_loss(
-        self,
-        batch: DistillBatch,
-        embed_tokens: torch.nn.Module,
-        lm_head: torch.nn.Module,
-        noise_std: float = 0.0,
-        generator: torch.Generator | None = None,
-    ) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
 
 
 @dataclass

@@ -8,19 +8,11 @@ import sys
 from pathlib import Path
 
 from ..errors import MMSpecError
-from . import checks
+from . import checks, common
 from .atomic import atomic_write
-from .common import (
-    IMAGE_SUFFIXES,
-    LazyChoices,
-    SharedFlags,
-    announce_zoo_default,
-    set_threads,
-    stats_json,
-)
 
 
-def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
+def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) -> None:
     parser = commands.add_parser("generate-image", parents=[flags.seed, flags.threads, flags.json],
                                  help="generate an image of a class (or from text, with Janus) with an AR image model, "
                                       "speculatively")
@@ -28,7 +20,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         "free text for a text-to-image model (Janus)")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style, Janus or a saved "
                         "VAR pipeline such as shapes-var, or a saved MAR pipeline (default: the toy shapes-image-ar)")
-    parser.add_argument("--method", choices=LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
+    parser.add_argument("--method", choices=common.LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
                         metavar="METHOD", help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), "
                         "gsd / lantern = relaxed; VAR models: ar = the large VAR alone, code = CoDe (large drafts the "
                         "first scales, the small refiner the rest); MAR models: ar = the target MAR alone, cspd = continuous "
@@ -83,7 +75,7 @@ def optional_float(value: str) -> float | None:
 
 def check_output(path: str) -> None:
     try:
-        checks.output_file(IMAGE_SUFFIXES, "image")(path)
+        checks.output_file(common.IMAGE_SUFFIXES, "image")(path)
     except argparse.ArgumentTypeError as error:
         raise MMSpecError(f"--out: {error}") from None
 
@@ -93,10 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
 
-    set_threads(args)
+    common.set_threads(args)
 
     if args.model is None:
-        announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+        common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     if args.out:  # before the model loads: a path that cannot be written fails now, not after generating
         check_output(args.out)
     pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL, drafter=args.drafter)
@@ -146,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     s = out.stats
     if args.json:
         print(json.dumps({"method": out.method, "model": out.model, **described, "out": str(out_path),
-                          "settings": out.settings, "stats": stats_json(s, step_compression=s.step_compression)},
+                          "settings": out.settings, "stats": common.stats_json(s, step_compression=s.step_compression)},
                          indent=2))
     else:
         print(out_path)

@@ -19,22 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import (
-    GenerationConfig,
-    JanusConfig,
-    JanusForConditionalGeneration,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-    LlavaNextVideoConfig,
-    LlavaNextVideoForConditionalGeneration,
-    LlavaOnevisionConfig,
-    LlavaOnevisionForConditionalGeneration,
-    PreTrainedModel,
-    Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
-    WhisperConfig,
-    WhisperForConditionalGeneration,
-)
+import transformers
+from transformers import GenerationConfig, PreTrainedModel
 
 FIXTURES = Path(__file__).parent
 
@@ -76,7 +62,7 @@ def _shrink_text(text: Any, **overrides: Any) -> None:
         text.max_window_layers = min(text.max_window_layers, text.num_hidden_layers)
 
 
-def shrink_llava(config: LlavaConfig) -> None:
+def shrink_llava(config: transformers.LlavaConfig) -> None:
     """CLIP 336 px / patch 14 -> 28 px: 4 patches (CLS dropped by the 'default' strategy) -> 4 image tokens."""
     _shrink_text(config.text_config)
     _set(config.vision_config, image_size=28, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -85,7 +71,7 @@ def shrink_llava(config: LlavaConfig) -> None:
     config.initializer_range = INIT
 
 
-def shrink_next_video(config: LlavaNextVideoConfig) -> None:
+def shrink_next_video(config: transformers.LlavaNextVideoConfig) -> None:
     """CLIP 336 -> 56 px: 4 x 4 patches, average-pooled by the shipped stride 2 -> 4 tokens per frame."""
     _shrink_text(config.text_config)
     _set(config.vision_config, image_size=56, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -95,7 +81,7 @@ def shrink_next_video(config: LlavaNextVideoConfig) -> None:
     config.initializer_range = INIT
 
 
-def shrink_onevision(config: LlavaOnevisionConfig) -> None:
+def shrink_onevision(config: transformers.LlavaOnevisionConfig) -> None:
     """SigLIP 384 -> 56 px (patch 14: 4 x 4), pooled 2 x 2 per video frame, + one newline token."""
     _shrink_text(config.text_config)
     _set(config.vision_config, image_size=56, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -104,20 +90,20 @@ def shrink_onevision(config: LlavaOnevisionConfig) -> None:
     config.initializer_range = INIT
 
 
-def shrink_qwen2_vl(config: Qwen2VLConfig) -> None:
+def shrink_qwen2_vl(config: transformers.Qwen2VLConfig) -> None:
     """Keeps head_dim 128, so the shipped M-RoPE sections (16, 24, 24) still split it; a 1-block vision tower."""
     _shrink_text(config.text_config, hidden_size=256, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
     _set(config.vision_config, depth=1, embed_dim=32, num_heads=2, hidden_size=256, initializer_range=INIT)
     config.initializer_range = INIT
 
 
-def shrink_whisper(config: WhisperConfig) -> None:
+def shrink_whisper(config: transformers.WhisperConfig) -> None:
     """Two thin layers each side and 64 mel frames (max_source_positions 32); vocabulary and ids as shipped."""
     _set(config, d_model=48, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
          encoder_ffn_dim=96, decoder_ffn_dim=96, num_hidden_layers=1, max_source_positions=32, init_std=0.5)
 
 
-def shrink_janus(config: JanusConfig, image_tokens: int = 16) -> None:
+def shrink_janus(config: transformers.JanusConfig, image_tokens: int = 16) -> None:
     """4 x 4 image tokens (a 16 px VQ grid of 4 x 4), thin LM and towers; the 102400-token vocabulary,
     the 16384-code VQ codebook and the special ids stay as shipped."""
     _shrink_text(config.text_config, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4)
@@ -127,14 +113,18 @@ def shrink_janus(config: JanusConfig, image_tokens: int = 16) -> None:
          projection_dim=32, image_token_embed_dim=32, initializer_range=0.5)
 
 
+# checkpoint -> (config class, model class, shrink); classes by name from transformers.
 SPECS: dict[str, tuple[type, type, Callable[[Any], None]]] = {
-    "llava-1.5-7b-hf": (LlavaConfig, LlavaForConditionalGeneration, shrink_llava),
-    "llava-onevision-qwen2-0.5b-ov-hf": (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, shrink_onevision),
-    "LLaVA-NeXT-Video-7B-hf": (LlavaNextVideoConfig, LlavaNextVideoForConditionalGeneration, shrink_next_video),
-    "Qwen2-VL-2B-Instruct": (Qwen2VLConfig, Qwen2VLForConditionalGeneration, shrink_qwen2_vl),
-    "whisper-tiny": (WhisperConfig, WhisperForConditionalGeneration, shrink_whisper),
-    "whisper-large-v3": (WhisperConfig, WhisperForConditionalGeneration, shrink_whisper),
-    "Janus-Pro-1B": (JanusConfig, JanusForConditionalGeneration, shrink_janus),
+    name: (getattr(transformers, f"{family}Config"), getattr(transformers, f"{family}ForConditionalGeneration"), shrink)
+    for name, family, shrink in (
+        ("llava-1.5-7b-hf", "Llava", shrink_llava),
+        ("llava-onevision-qwen2-0.5b-ov-hf", "LlavaOnevision", shrink_onevision),
+        ("LLaVA-NeXT-Video-7B-hf", "LlavaNextVideo", shrink_next_video),
+        ("Qwen2-VL-2B-Instruct", "Qwen2VL", shrink_qwen2_vl),
+        ("whisper-tiny", "Whisper", shrink_whisper),
+        ("whisper-large-v3", "Whisper", shrink_whisper),
+        ("Janus-Pro-1B", "Janus", shrink_janus),
+    )
 }
 
 

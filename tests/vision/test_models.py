@@ -3,17 +3,8 @@
 import pytest
 import torch
 
-from mmspec import MMSpecError
+from mmspec import MMSpecError, vision
 from mmspec.testing import tiny_llama
-from mmspec.vision import (
-    SUPPORTED_ARCHITECTURES,
-    feature_token_ids,
-    load_vision_model,
-    modality_token_types,
-    visual_mask,
-    visual_positions,
-    visual_token_ids,
-)
 
 from .tiny_vlms import IMAGE, VIDEO, VISION_END, VISION_START
 
@@ -29,10 +20,10 @@ EXPECTED_IDS = {
 @pytest.mark.parametrize("name", sorted(EXPECTED_IDS))
 def test_visual_token_ids_come_from_the_config(name, vlm_cases):
     model = vlm_cases[name].model
-    assert type(model).__name__ in SUPPORTED_ARCHITECTURES
-    assert visual_token_ids(model) == EXPECTED_IDS[name]
-    assert visual_token_ids(model.config) == EXPECTED_IDS[name]
-    assert feature_token_ids(model) == EXPECTED_IDS[name] - {VISION_START, VISION_END}
+    assert type(model).__name__ in vision.SUPPORTED_ARCHITECTURES
+    assert vision.visual_token_ids(model) == EXPECTED_IDS[name]
+    assert vision.visual_token_ids(model.config) == EXPECTED_IDS[name]
+    assert vision.feature_token_ids(model) == EXPECTED_IDS[name] - {VISION_START, VISION_END}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_IDS))
@@ -41,41 +32,41 @@ def test_visual_positions_are_the_placeholder_run(name, vlm_cases):
     ids = case.input_ids
     run = [i for i, t in enumerate(ids[0].tolist()) if t in (IMAGE, VIDEO)]
     assert run == list(range(run[0], run[0] + len(run)))  # one contiguous run in these prompts
-    positions = visual_positions(case.model, ids)
+    positions = vision.visual_positions(case.model, ids)
     assert positions.dtype == torch.long and positions.tolist() == run
-    assert visual_positions(case.model, ids[0]).tolist() == run
-    assert torch.equal(visual_mask(case.model, ids).nonzero()[:, 1], positions)
+    assert vision.visual_positions(case.model, ids[0]).tolist() == run
+    assert torch.equal(vision.visual_mask(case.model, ids).nonzero()[:, 1], positions)
 
 
 def test_visual_positions_with_markers(vlm_cases):
     case = vlm_cases["qwen2vl-image"]
-    positions = visual_positions(case.model, case.input_ids, include_markers=True).tolist()
-    plain = visual_positions(case.model, case.input_ids).tolist()
+    positions = vision.visual_positions(case.model, case.input_ids, include_markers=True).tolist()
+    plain = vision.visual_positions(case.model, case.input_ids).tolist()
     assert positions == [plain[0] - 1, *plain, plain[-1] + 1]
 
 
 def test_visual_positions_rejects_batches(vlm_cases):
     case = vlm_cases["llava-image"]
     with pytest.raises(MMSpecError, match="one sequence"):
-        visual_positions(case.model, case.input_ids.repeat(2, 1))
+        vision.visual_positions(case.model, case.input_ids.repeat(2, 1))
 
 
 def test_modality_token_types_match_qwen2_vl_processor_convention(vlm_cases):
     for name, value in (("qwen2vl-image", 1), ("qwen2vl-video", 2)):
         case = vlm_cases[name]
-        assert torch.equal(modality_token_types(case.model, case.input_ids), case.inputs["mm_token_type_ids"])
-        assert set(modality_token_types(case.model, case.input_ids).unique().tolist()) == {0, value}
+        assert torch.equal(vision.modality_token_types(case.model, case.input_ids), case.inputs["mm_token_type_ids"])
+        assert set(vision.modality_token_types(case.model, case.input_ids).unique().tolist()) == {0, value}
 
 
 def test_text_only_model_has_no_visual_tokens():
     with pytest.raises(MMSpecError, match="no image or video token"):
-        visual_token_ids(tiny_llama())
+        vision.visual_token_ids(tiny_llama())
 
 
 def test_load_vision_model_round_trip(vlm_cases, tmp_path):
     case = vlm_cases["llava-image"]
     case.model.save_pretrained(tmp_path)
-    loaded = load_vision_model(tmp_path)
+    loaded = vision.load_vision_model(tmp_path)
     assert type(loaded) is type(case.model) and not loaded.training
     with torch.no_grad():
         a = case.model(case.input_ids, **case.inputs).logits
@@ -85,16 +76,16 @@ def test_load_vision_model_round_trip(vlm_cases, tmp_path):
 
 def test_load_vision_model_errors(vlm_cases, tmp_path):
     with pytest.raises(MMSpecError, match="not found"):
-        load_vision_model(tmp_path / "missing")
+        vision.load_vision_model(tmp_path / "missing")
     text_dir = tmp_path / "text"
     tiny_llama().save_pretrained(text_dir)
     with pytest.raises(MMSpecError, match="not a vision-language"):
-        load_vision_model(text_dir)
+        vision.load_vision_model(text_dir)
     no_weights = tmp_path / "no_weights"
     vlm_cases["llava-image"].model.config.save_pretrained(no_weights)
     with pytest.raises(MMSpecError, match="could not load"):
-        load_vision_model(no_weights)
+        vision.load_vision_model(no_weights)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{ not json")
     with pytest.raises(MMSpecError, match="could not load"):
-        load_vision_model(tmp_path / "broken")
+        vision.load_vision_model(tmp_path / "broken")
