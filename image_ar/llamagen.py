@@ -363,27 +363,15 @@ class LlamaGenForClassConditional(PreTrainedModel):
         return model.eval()
 
 
-def tiny_llamagen(
-    vocab_size: int = 12,
-    grid_size: int = 4,
-    num_classes: int = 3,
-    dim: int = 32,
-    n_layer: int = 2,
-    n_head: int = 2,
-    seed: int = 0,
-    initializer_range: float = 0.02,
-) -> LlamaGenForClassConditional:
-    """A random model small enough for unit tests (large initializer_range -> peaked distributions)."""
+# The defaults of `tiny_llamagen` (LlamaGenConfig fields).
+TINY_LLAMAGEN = dict(vocab_size=12, num_classes=3, dim=32, n_layer=2, n_head=2, multiple_of=8, initializer_range=0.02)
+
+
+def tiny_llamagen(grid_size: int = 4, seed: int = 0, **config: Any) -> LlamaGenForClassConditional:
+    """A random model small enough for unit tests: `TINY_LLAMAGEN` overridden by `config` (any LlamaGenConfig
+    field; a large initializer_range gives peaked distributions), `grid_size` x `grid_size` image tokens,
+    half as many key/value heads as heads unless `n_kv_head` is given."""
     torch.manual_seed(seed)
-    config = LlamaGenConfig(
-        vocab_size=vocab_size,
-        dim=dim,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_kv_head=max(1, n_head // 2),
-        multiple_of=8,
-        num_classes=num_classes,
-        block_size=grid_size * grid_size,
-        initializer_range=initializer_range,
-    )
-    return LlamaGenForClassConditional(config).eval()
+    settings = {**TINY_LLAMAGEN, **config}
+    settings.setdefault("n_kv_head", max(1, settings["n_head"] // 2))
+    return LlamaGenForClassConditional(LlamaGenConfig(block_size=grid_size * grid_size, **settings)).eval()

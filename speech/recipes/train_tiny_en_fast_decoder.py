@@ -25,31 +25,61 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from mmspec.cached_model import model_vocab_size
 from mmspec.errors import MMSpecError
 from mmspec.speech.ar_fast_decoder import ARFastDecoder
 from mmspec.speech.models import speech_model_path
 from mmspec.speech.pipeline import load_whisper
-from mmspec.speech.train_fast import Example, _eos_ids, draft_vocabulary, prepare_examples, read_clip_folder, train_ar_fast_decoder
+from mmspec.speech.train_fast import (
+    Example,
+    _eos_ids,
+    draft_vocabulary,
+    prepare_examples,
+    read_clip_folder,
+    train_ar_fast_decoder,
+)
 
 MODEL = "whisper-tiny.en"
 
 
+SHARD = 64  # clips per cache shard: an interrupted run keeps every finished shard
+
+
 def cached_examples(model, processor, data: str, cache: str | None) -> list[Example]:
-    """Encoder states + tiny.en's greedy labels for every clip, read from `cache` when it exists."""
+    """Encoder states + tiny.en's greedy labels for every clip, read from `cache` where it has them.
+
+    `cache` is a file (written whole at the end) or, ending in "/", a folder of shards of
+    :data:`SHARD` clips written as they are done, so a long run that is stopped resumes.
+    """
     if cache and Path(cache).is_file():
         return [Example(states=s, prompt=p, labels=l) for s, p, l in torch.load(cache)]
-    examples = prepare_examples(model, processor, read_clip_folder(data), "target")
-    if cache:
-        torch.save([(e.states.half(), e.prompt, e.labels) for e in examples], cache)
+    clips = read_clip_folder(data)
+    if not (cache and (cache.endswith("/") or Path(cache).is_dir())):
+        examples = prepare_examples(model, processor, clips, "target")
+        if cache:
+            torch.save([(e.states.half(), e.prompt, e.labels) for e in examples], cache)
+        return examples
+    folder = Path(cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    examples: list[Example] = []
+    for start in tqdm(range(0, len(clips), SHARD), desc="encode + label shards", unit="shard"):
+        shard = folder / f"shard_{start // SHARD:05d}.pt"
+        if not shard.is_file():
+            done = prepare_examples(model, processor, clips[start : start + SHARD], "target", progress_bar=False)
+            partial = shard.with_suffix(".part")
+            torch.save([(e.states.half(), e.prompt, e.labels) for e in done], partial)
+            partial.replace(shard)
+        examples += [Example(states=s, prompt=p, labels=l) for s, p, l in torch.load(shard)]
     return examples
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="clip folder (metadata.jsonl) from speech_data")
-    parser.add_argument("--cache", help="file for the encoder states and labels (read if it exists)")
+    parser.add_argument("--cache", help="file (or folder/, written in shards, resumable) for the encoder states and "
+                        "labels; read where it exists")
     parser.add_argument("--out", required=True)
     parser.add_argument("--minutes", type=float, default=14.0, help="training wall-time budget (sets the step count)")
     parser.add_argument("--steps", type=int, help="a fixed step count instead of --minutes")
