@@ -45,6 +45,7 @@ from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
+from .fast_decoder import check_draft_vocab
 from .hybrid import HybridDrafter
 from .lean_decoder import LeanWhisperDecoder
 from .target import encoder_outputs_of
@@ -370,20 +371,6 @@ class ARHybridDrafter(HybridDrafter):
         if self._last is not None:
             self._rejected = int(verdict.num_accepted[0]) < self._last[1]
         super().observe(sequence, verdict, target_step)
-
-
-def check_draft_vocab(draft_vocab: Sequence[int] | None, vocab_size: int) -> list[int] | None:
-    """A reduced drafting vocabulary as a list of distinct ids inside the vocabulary (None: the whole one)."""
-    if draft_vocab is None:
-        return None
-    ids = [int(t) for t in draft_vocab]
-    if not ids:
-        raise MMSpecError("the draft vocabulary is empty")
-    if len(set(ids)) != len(ids):
-        raise MMSpecError("the draft vocabulary lists a token id twice")
-    if not all(0 <= t < vocab_size for t in ids):
-        raise MMSpecError(f"the draft vocabulary holds token ids outside 0..{vocab_size - 1}")
-    return ids
 
 
 def attach_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -> ARFastDecoder:

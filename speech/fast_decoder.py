@@ -10,7 +10,10 @@ upsampling (CTC needs at least as many frames as output tokens plus repeats; Whi
 gives 50 frames per second, plenty, but a toy model with a short window may not), one transformer
 encoder layer, and a linear layer over the target's vocabulary plus one CTC blank (the last id).
 Greedy CTC decoding (argmax per frame, collapse repeats, drop blanks) turns it into token ids of
-the target's own vocabulary, so no mapping between tokenizers is needed.
+the target's own vocabulary, so no mapping between tokenizers is needed. On a real Whisper the full
+vocabulary (51864 ids) makes the head the costliest part of the pass, so a `draft_vocab` (the most
+frequent ids, FR-Spec style) can replace it: the head then predicts those ids plus the blank, and
+the target still verifies over its whole vocabulary (lossless either way).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class CTCFastDecoderConfig(PretrainedConfig):
         upsample: frames produced per encoder frame (>= 1).
         max_positions: learned positional embeddings over the (upsampled) frames.
         dropout: used in training only.
+        draft_vocab: the token ids the head predicts (None: the whole vocabulary); the blank follows them.
     """
 
     model_type = MODEL_TYPE
@@ -54,6 +58,7 @@ class CTCFastDecoderConfig(PretrainedConfig):
         upsample: int = 1,
         max_positions: int = 1500,
         dropout: float = 0.1,
+        draft_vocab: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -65,16 +70,18 @@ class CTCFastDecoderConfig(PretrainedConfig):
         self.upsample = upsample
         self.max_positions = max_positions
         self.dropout = dropout
+        self.draft_vocab = check_draft_vocab(draft_vocab, vocab_size)
         super().__init__(**kwargs)
 
     @property
     def blank_id(self) -> int:
-        return self.vocab_size
+        """The blank's column of the head: after the vocabulary it predicts."""
+        return len(self.draft_vocab) if self.draft_vocab else self.vocab_size
 
 
 @dataclass
 class CTCFastDecoderOutput(ModelOutput):
-    """logits [B, T', V + 1] (blank last); loss when labels were given."""
+    """logits [B, T', V + 1] (V: the draft vocabulary's size when there is one; blank last); loss when labels were given."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -106,8 +113,9 @@ class CTCFastDecoder(PreTrainedModel):
             for _ in range(config.num_layers)
         )
         self.norm = nn.LayerNorm(config.hidden_size)
-        self.head = nn.Linear(config.hidden_size, config.vocab_size + 1)
+        self.head = nn.Linear(config.hidden_size, config.blank_id + 1)
         self.post_init()
+        self._column = {token: column for column, token in enumerate(config.draft_vocab or [])}
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -133,8 +141,9 @@ class CTCFastDecoder(PreTrainedModel):
     ) -> CTCFastDecoderOutput:
         """encoder_hidden_states [B, T, D_enc] -> logits [B, T * upsample, V + 1].
 
-        labels [B, L] (padded with -100) with the target's token ids; the CTC loss is averaged
-        over the batch, each utterance's loss divided by its label length (torch's "mean").
+        labels [B, L] (padded with -100): head columns (`label_columns`: the target's token ids, or
+        their places in the draft vocabulary); the CTC loss is averaged over the batch, each
+        utterance's loss divided by its label length (torch's "mean").
         """
         batch, frames, _ = encoder_hidden_states.shape
         hidden = self.input_proj(encoder_hidden_states.to(self.input_proj.weight.dtype))
@@ -158,7 +167,16 @@ class CTCFastDecoder(PreTrainedModel):
     def hypothesis(self, encoder_hidden_states: torch.Tensor) -> list[list[int]]:
         """Greedy CTC hypotheses, one list of target token ids per utterance."""
         logits = self(encoder_hidden_states).logits
-        return [ctc_greedy_decode(row, self.blank_id) for row in logits.argmax(-1)]
+        paths = [ctc_greedy_decode(row, self.blank_id) for row in logits.argmax(-1)]
+        vocab = self.config.draft_vocab
+        return [[vocab[c] for c in path] for path in paths] if vocab else paths
+
+    def label_columns(self, tokens: Sequence[int]) -> list[int]:
+        """The head columns of a transcript's token ids; ids outside the draft vocabulary are left out
+        (the fast decoder learns to skip what it cannot write; the target's verification puts it back)."""
+        if not self.config.draft_vocab:
+            return [int(t) for t in tokens]
+        return [self._column[t] for t in tokens if t in self._column]
 
     @classmethod
     def for_target(cls, target_model: PreTrainedModel, **config_kwargs: Any) -> "CTCFastDecoder":
@@ -174,6 +192,20 @@ class CTCFastDecoder(PreTrainedModel):
 
 
 AutoConfig.register(MODEL_TYPE, CTCFastDecoderConfig, exist_ok=True)
+
+
+def check_draft_vocab(draft_vocab: Sequence[int] | None, vocab_size: int) -> list[int] | None:
+    """A reduced drafting vocabulary as a list of distinct ids inside the vocabulary (None: the whole one)."""
+    if draft_vocab is None:
+        return None
+    ids = [int(t) for t in draft_vocab]
+    if not ids:
+        raise MMSpecError("the draft vocabulary is empty")
+    if len(set(ids)) != len(ids):
+        raise MMSpecError("the draft vocabulary lists a token id twice")
+    if not all(0 <= t < vocab_size for t in ids):
+        raise MMSpecError(f"the draft vocabulary holds token ids outside 0..{vocab_size - 1}")
+    return ids
 
 
 def ctc_greedy_decode(frame_ids: torch.Tensor | Sequence[int], blank_id: int) -> list[int]:

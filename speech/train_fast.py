@@ -305,12 +305,14 @@ def train_ctc_fast_decoder(
     warmup_steps: int | None = None,
     seed: int = 0,
     progress_bar: bool = True,
+    draft_vocab_size: int | None = None,
     **config_kwargs: Any,
 ) -> tuple[CTCFastDecoder, list[float]]:
     """Train a `CTCFastDecoder` on cached encoder states; returns (fast decoder, loss per step).
 
     Without an explicit `upsample`, the smallest one giving CTC at least 2 frames per label token
-    (room for blanks between repeats) on the longest label is used.
+    (room for blanks between repeats) on the longest label is used. `draft_vocab_size`: a fresh
+    decoder predicts only that many ids (`draft_vocabulary`); label tokens outside them are left out.
     """
     if not examples:
         raise MMSpecError("the training set is empty")
@@ -322,15 +324,18 @@ def train_ctc_fast_decoder(
         frames = examples[0].states.shape[0]
         longest = max(len(e.labels) for e in examples)
         config_kwargs.setdefault("upsample", max(1, math.ceil((2 * longest + 1) / frames)))
+        if draft_vocab_size is not None:
+            config_kwargs["draft_vocab"] = draft_vocabulary(examples, draft_vocab_size, vocab, _eos_ids(target_model))
         fast_decoder = CTCFastDecoder.for_target(target_model, **config_kwargs)
+    columns = [fast_decoder.label_columns(e.labels) for e in examples]
 
     def batch_loss(indices: list[int]) -> torch.Tensor:
-        states = torch.stack([examples[i].states for i in indices]).to(fast_decoder.device)
-        width = max(1, max(len(examples[i].labels) for i in indices))
+        states = torch.stack([examples[i].states for i in indices]).to(fast_decoder.device, fast_decoder.dtype)
+        width = max(1, max(len(columns[i]) for i in indices))
         labels = torch.full((len(indices), width), -100, dtype=torch.long)
         for r, i in enumerate(indices):
-            if examples[i].labels:
-                labels[r, : len(examples[i].labels)] = torch.tensor(examples[i].labels)
+            if columns[i]:
+                labels[r, : len(columns[i])] = torch.tensor(columns[i])
         logits = fast_decoder(states).logits
         return ctc_loss(logits, labels.to(logits.device), fast_decoder.blank_id)
 

@@ -1,20 +1,24 @@
-"""An AR fast decoder for `whisper-tiny.en`: one Whisper decoder layer distilled on tiny.en's frozen encoder.
+"""Fast decoders for `whisper-tiny.en` (AR: one Whisper decoder layer; CTC: a light head), on its frozen encoder.
 
-Data: a clip folder from `speech_data` (espeak-ng, 48 voices, 140-210 wpm, pitch 25-75, light noise;
-half shapes-world captions, half everyday template sentences). Labels: tiny.en's OWN greedy
+Data: a clip folder from `varied_speech` (standard-library docstrings, Markov text and the toy's
+sentences, spoken by espeak-ng and hibari-tts) or `speech_data`. Labels: tiny.en's OWN greedy
 transcripts of those clips (distillation: the draft should predict what the target will say, not
 the reference text). Each clip goes through the encoder once; the states, prompts and labels are
-cached (`--cache`, float16) so a second run trains without the encoder.
+cached (`--cache`, float16; a folder/ is written in shards and resumes) so a second run, or the
+other kind, trains without the encoder.
 
-The fast decoder shares tiny.en's token embedding and output head (never saved) and drafts over
-a reduced vocabulary of `--vocab-size` ids (the labels' most frequent tokens, then the lowest
-byte-pair ids); it starts from whichever tiny.en decoder layer (first or last) gives the lower
-loss on two batches. One thread; the step count is `--steps`, or a wall-time budget over the
-measured time of one step. Saved in float16 with training.json.
+Both kinds predict a reduced vocabulary of `--vocab-size` ids (the labels' most frequent tokens,
+then the lowest byte-pair ids); the target verifies over its whole vocabulary. The AR decoder
+shares tiny.en's token embedding and output head (never saved) and starts from whichever tiny.en
+decoder layer (first or last) gives the lower loss on two batches; the CTC decoder is trained from
+scratch. The step count is `--steps`, or a wall-time budget over the measured time of one step.
+Saved in float16 with training.json.
 
-    python -m mmspec.speech.recipes.speech_data --out /tmp/tiny-en-train --n 480 --split train --max-seconds 10
-    python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/tiny-en-train \\
-        --cache /tmp/tiny-en-train.pt --out /tmp/tiny-en-ar-fast-decoder --steps 400
+    python -m mmspec.speech.recipes.varied_speech --out /tmp/varied-train --n 5000 --split train
+    python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
+        --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-ar --kind ar --minutes 25 --threads 2
+    python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
+        --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-ctc --kind ctc --minutes 15 --threads 2
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ from mmspec.speech.ar_fast_decoder import ARFastDecoder
 from mmspec.speech.models import speech_model_path
 from mmspec.speech.pipeline import load_whisper
 from mmspec.speech.train_fast import (
+    DEFAULT_LEARNING_RATE,
     Example,
     _eos_ids,
     draft_vocabulary,
     prepare_examples,
     read_clip_folder,
     train_ar_fast_decoder,
+    train_ctc_fast_decoder,
 )
 
 MODEL = "whisper-tiny.en"
@@ -75,17 +81,25 @@ def cached_examples(model, processor, data: str, cache: str | None) -> list[Exam
     return examples
 
 
+def seconds_per_step(train, examples: list[Example], batch_size: int) -> tuple[float, float]:
+    """(first loss, seconds per step) of two steps at a learning rate too small to move anything."""
+    started = time.perf_counter()
+    _, losses = train(examples[: 2 * batch_size], 2, learning_rate=1e-12, warmup_steps=0, progress_bar=False)
+    return losses[0], (time.perf_counter() - started) / 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="clip folder (metadata.jsonl) from speech_data")
+    parser.add_argument("--data", required=True, help="clip folder (metadata.jsonl) from speech_data or varied_speech")
     parser.add_argument("--cache", help="file (or folder/, written in shards, resumable) for the encoder states and "
                         "labels; read where it exists")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--kind", choices=("ar", "ctc"), default="ar")
     parser.add_argument("--minutes", type=float, default=14.0, help="training wall-time budget (sets the step count)")
     parser.add_argument("--steps", type=int, help="a fixed step count instead of --minutes")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--learning-rate", type=float, help="default: 5e-4 (ar), 1e-3 (ctc)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,34 +110,42 @@ def main() -> None:
     examples = cached_examples(model, processor, args.data, args.cache)
     if not examples:
         raise MMSpecError("no training clips")
-    vocab = draft_vocabulary(examples, args.vocab_size, model_vocab_size(model), _eos_ids(model))
-    prompt = examples[0].prompt
+    learning_rate = args.learning_rate or DEFAULT_LEARNING_RATE[args.kind]
+    report: dict = {"kind": args.kind}
+    if args.kind == "ar":
+        vocab = draft_vocabulary(examples, args.vocab_size, model_vocab_size(model), _eos_ids(model))
 
-    def fresh(layer: int) -> ARFastDecoder:
-        return ARFastDecoder.for_target(model, init_layer=layer, prompt_ids=prompt, share_embeddings=True, draft_vocab=vocab)
+        def train_from(layer: int):
+            fresh = ARFastDecoder.for_target(model, init_layer=layer, prompt_ids=examples[0].prompt,
+                                             share_embeddings=True, draft_vocab=vocab)
+            return lambda data, steps, **kw: train_ar_fast_decoder(model, data, steps, fresh, batch_size=args.batch_size, **kw)
 
-    trials = {}
-    for layer in (0, -1):  # a loss-only probe: the learning rate is too small to move anything
-        started = time.perf_counter()
-        _, losses = train_ar_fast_decoder(model, examples[: 2 * args.batch_size], 2, fresh(layer), batch_size=args.batch_size,
-                                          learning_rate=1e-12, warmup_steps=0, progress_bar=False)
-        trials[layer] = (losses[0], (time.perf_counter() - started) / 2)
-        print(f"init from decoder layer {layer}: loss {losses[0]:.3f}, {trials[layer][1]:.2f} s/step", flush=True)
-    layer = min(trials, key=lambda k: trials[k][0])
-    steps = args.steps or max(20, int(args.minutes * 60 / trials[layer][1]))
-    print(f"training {steps} steps from layer {layer}", flush=True)
+        trials = {layer: seconds_per_step(train_from(layer), examples, args.batch_size) for layer in (0, -1)}
+        for layer, (loss, step) in trials.items():
+            print(f"init from decoder layer {layer}: loss {loss:.3f}, {step:.2f} s/step", flush=True)
+        layer = min(trials, key=lambda k: trials[k][0])
+        train, step_seconds = train_from(layer), trials[layer][1]
+        report["init_layer"] = layer
+    else:
+        def train(data, steps, **kw):
+            return train_ctc_fast_decoder(model, data, steps, batch_size=args.batch_size,
+                                          draft_vocab_size=args.vocab_size, **kw)
+
+        step_seconds = seconds_per_step(train, examples, args.batch_size)[1]
+    steps = args.steps or max(20, int(args.minutes * 60 / step_seconds))
+    print(f"training {steps} steps ({step_seconds:.2f} s/step measured)", flush=True)
     started = time.perf_counter()
-    fast, losses = train_ar_fast_decoder(model, examples, steps, fresh(layer), batch_size=args.batch_size,
-                                         learning_rate=args.learning_rate, seed=0)
+    fast, losses = train(examples, steps, learning_rate=learning_rate, seed=0)
     seconds = time.perf_counter() - started
     out = Path(args.out)
     fast.half().save_pretrained(out)
     tail = losses[-20:]
-    report = {"kind": "ar", "target": MODEL, "labels": "target (tiny.en greedy)", "clips": len(examples),
-              "label_tokens": sum(len(e.labels) for e in examples), "steps": steps, "batch_size": args.batch_size,
-              "learning_rate": args.learning_rate, "init_layer": layer, "draft_vocab_size": len(vocab),
-              "first_loss": round(losses[0], 4), "final_loss": round(sum(tail) / len(tail), 4),
-              "train_seconds": round(seconds, 1), "threads": args.threads}
+    report.update({"target": MODEL, "labels": "target (tiny.en greedy)", "data": Path(args.data).name,
+                   "clips": len(examples), "label_tokens": sum(len(e.labels) for e in examples), "steps": steps,
+                   "batch_size": args.batch_size, "learning_rate": learning_rate,
+                   "draft_vocab_size": len(fast.config.draft_vocab), "first_loss": round(losses[0], 4),
+                   "final_loss": round(sum(tail) / len(tail), 4), "train_seconds": round(seconds, 1),
+                   "threads": args.threads})
     (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report), flush=True)
 

@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import load_file
 
 from mmspec import MMSpecError
-from mmspec.speech import ARFastDecoder
+from mmspec.speech import ARFastDecoder, CTCFastDecoder, ctc_greedy_decode, hybrid_generate
 from mmspec.speech.ar_fast_decoder import attach_ar_fast_decoder
 from mmspec.speech.pipeline import load_fast_decoder
 from mmspec.speech.target import encoder_outputs_of
-from mmspec.speech.train_fast import Example, draft_vocabulary, train_ar_fast_decoder
+from mmspec.speech.train_fast import Example, draft_vocabulary, train_ar_fast_decoder, train_ctc_fast_decoder
 
 from .conftest import MAX_NEW, assert_same
 from .test_ar_fast_decoder import ar_hybrid
@@ -111,3 +111,44 @@ def test_training_with_a_reduced_vocabulary_lowers_the_loss(whisper, references)
     finally:
         for p in whisper.parameters():
             p.requires_grad_(True)
+
+
+# --- the CTC fast decoder over a reduced vocabulary ---------------------------------------------
+
+
+def ctc_head(whisper, vocab=None, seed=0):
+    torch.manual_seed(seed)
+    return CTCFastDecoder.for_target(whisper, hidden_size=32, intermediate_size=64, num_attention_heads=4, upsample=2,
+                                     draft_vocab=vocab).eval()
+
+
+def test_ctc_reduced_vocabulary_writes_the_kept_ids(whisper):
+    kept = [EOT] + list(range(40, 100))
+    head = ctc_head(whisper, kept)
+    assert head.head.out_features == len(kept) + 1 and head.blank_id == len(kept)
+    states = states_of(whisper, 2)
+    logits = head(states).logits
+    paths = [ctc_greedy_decode(row, head.blank_id) for row in logits.argmax(-1)]
+    assert head.hypothesis(states) == [[kept[c] for c in path] for path in paths]
+    assert any(paths) and all(t in kept for t in head.hypothesis(states)[0])
+    assert head.label_columns([EOT, 41, 7, 99]) == [0, 2, 60]  # 7 is not kept: left out
+    assert ctc_head(whisper).label_columns([7, 41]) == [7, 41]  # the whole vocabulary: ids are columns
+
+
+def test_ctc_reduced_vocabulary_trains_saves_and_stays_lossless(whisper, references, tmp_path):
+    examples = [Example(states=states_of(whisper, s)[0], prompt=PROMPT, labels=references[s][2]) for s in range(4)]
+    head, losses = train_ctc_fast_decoder(whisper, examples, 3, batch_size=2, progress_bar=False, draft_vocab_size=50,
+                                          hidden_size=32, intermediate_size=64, num_attention_heads=4)
+    assert len(head.config.draft_vocab) == 50 and len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    head.save_pretrained(tmp_path / "ctc")
+    loaded = load_fast_decoder(tmp_path / "ctc")
+    assert loaded.config.draft_vocab == head.config.draft_vocab and loaded.head.out_features == 51
+    for seed in (0, 1, 2):
+        x, expected, _ = references[seed]
+        assert_same(hybrid_generate(whisper, loaded, x, max_new_tokens=MAX_NEW).sequences, expected)
+
+
+@pytest.mark.parametrize("vocab", [[], [3, 3], [VOCAB]], ids=["empty", "twice", "outside"])
+def test_ctc_bad_reduced_vocabulary_is_refused(whisper, vocab):
+    with pytest.raises(MMSpecError, match="draft vocabulary"):
+        ctc_head(whisper, vocab)
