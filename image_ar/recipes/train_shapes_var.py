@@ -2,6 +2,7 @@
 
     python -m mmspec.image_ar.recipes.train_shapes_var --role large --threads 1     # ~20 min
     python -m mmspec.image_ar.recipes.train_shapes_var --role small --threads 1     # ~10 min
+    python -m mmspec.image_ar.recipes.train_shapes_var --role large --init-from saved/model --max-minutes 60  # continue
     python -m mmspec.image_ar.recipes.train_shapes_var --role large --steps 3 --train-n 96 --heldout-n 48 \\
         --sample-n 24 --out /tmp/x                                                   # smoke (needs OUT/vq)
 
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from mmspec.image_ar.code_training import drop_labels
 from mmspec.image_ar.judge import load_judge
-from mmspec.image_ar.var import VAR, VARSampling
+from mmspec.image_ar.var import VAR
 from mmspec.image_ar.var_vq import VQVAE
 from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
 
@@ -132,8 +133,19 @@ def train(args: argparse.Namespace) -> dict:
     codes, labels = cached_scale_codes(vq_dir, vq, args.train_n, args.seed, "train", cache)
     held_codes, held_labels = cached_scale_codes(vq_dir, vq, args.heldout_n, args.seed, "heldout", cache)
     prep = time.time() - t0
-    model = VAR(vocab_size=vq.vocab_size, Cvae=vq.Cvae, num_classes=data.NUM_CLASSES, depth=depth, embed_dim=width,
-                num_heads=heads, patch_nums=vq.v_patch_nums).init_weights().train()
+    if args.init_from:  # continue a saved VAR: its own size; it must read this VQ-VAE's codes
+        try:
+            model = VAR.from_pretrained(args.init_from, torch_dtype=torch.float32).train()
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"cannot load the VAR in {args.init_from}: {str(error).splitlines()[0]}") from None
+        expected = (vq.vocab_size, vq.Cvae, tuple(vq.v_patch_nums), data.NUM_CLASSES)
+        if (model.V, model.Cvae, tuple(model.patch_nums), model.num_classes) != expected:
+            raise SystemExit(f"{args.init_from} is not a VAR over this VQ-VAE's codes (vocabulary, code width, scales "
+                             f"and classes must be {expected})")
+    else:
+        model = VAR(vocab_size=vq.vocab_size, Cvae=vq.Cvae, num_classes=data.NUM_CLASSES, depth=depth, embed_dim=width,
+                    num_heads=heads, patch_nums=vq.v_patch_nums).init_weights().train()
+    depth, width = model.depth, model.C
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.role} VAR: {n_params / 1e6:.2f}M parameters (depth {depth}, width {width}), {codes.shape[0]} train "
           f"sequences of {codes.shape[1]} tokens; bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
@@ -166,14 +178,15 @@ def train(args: argparse.Namespace) -> dict:
         "dtype": "float16",
         "trained_on": (f"VQ-VAE codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train'); "
                        f"{loop.done} steps x {args.batch_size} ({loop.done * args.batch_size / codes.shape[0]:.2f} "
-                       f"epochs); class dropout {args.class_dropout}"),
+                       f"epochs); class dropout {args.class_dropout}"
+                       + (f"; continued from {args.init_from}" if args.init_from else "")),
         "optimiser": (f"AdamW lr {args.lr}, betas (0.9, 0.95), weight decay 0.05, warm-up {args.warmup}, cosine to "
                       f"10%, bf16 autocast {data.autocast_state(args.bf16)}"),
         **data.timing_facts(loop, wall, args.threads, prep),
         "quality": {**quality, "measured_on": (f"{args.heldout_n} held-out sequences; samples: temperature 1, no "
                                                f"top-k, judged by {args.judge}/judge; fp16 weights upcast")},
         "rebuild_command": (f"python -m mmspec.image_ar.recipes.train_shapes_var --role {args.role} --steps {loop.done} "
-                            f"--threads {args.threads}"),
+                            f"--threads {args.threads}" + (f" --init-from {args.init_from}" if args.init_from else "")),
     }
     shapes_var.update_card(out, subfolder, info)
     print(f"saved {folder} after {wall:.0f}s of training", flush=True)
@@ -188,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--width", type=int, default=0, help="embed_dim (0 = the role's)")
     parser.add_argument("--heads", type=int, default=0, help="attention heads (0 = the role's)")
     parser.add_argument("--vq", default=None, help="VQ-VAE folder (default OUT/vq)")
+    parser.add_argument("--init-from", default=None, help="a saved VAR folder to continue training (keeps its size; "
+                        "copy it first when it is the --out folder's own)")
     parser.add_argument("--cache-dir", default=str(shapes_var.CACHE_DIR), help="where the encoded codes are cached")
     parser.add_argument("--class-dropout", type=float, default=0.1)
     parser.add_argument("--train-n", type=int, default=24000)

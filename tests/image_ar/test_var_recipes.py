@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmspec.image_ar.recipes import build_shapes_var, shapes_var, train_shapes_var, train_shapes_var_vq
+from mmspec.image_ar.var import VAR
 from mmspec.image_ar.var_pipeline import VARPipeline
 
 
@@ -41,3 +42,26 @@ def test_recipes_never_write_into_the_package_without_into_zoo(recipe, argv, cap
         recipe.main(["--out", str(shapes_var.ZOO_DIR / "vq"), *argv])
     assert exit_info.value.code == 2
     assert "inside the installed mmspec package; pass --into-zoo" in capsys.readouterr().err
+
+
+def test_init_from_continues_a_saved_var(tmp_path):
+    """--init-from starts from the saved weights (a learning rate too small to move them leaves them as they were),
+    keeps that model's size whatever the role's, and says so in the card; a VAR of other codes is refused."""
+    out = tmp_path / "shapes-var"
+    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    saved = tmp_path / "first"
+    (out / "refiner").rename(saved)
+    train_shapes_var.main(["--out", str(out), "--role", "small", "--steps", "1", "--lr", "1e-12", "--warmup", "0",
+                           "--train-n", "32", "--heldout-n", "16", "--sample-n", "0", "--threads", "1",
+                           "--init-from", str(saved), "--depth", "3"])
+    before = VARPipeline.from_pretrained(out, refiner=str(saved)).refiner.state_dict()
+    after = VARPipeline.from_pretrained(out).refiner.state_dict()
+    assert before.keys() == after.keys() and all(torch.allclose(before[k], after[k], atol=1e-3) for k in before)
+    card = json.loads((out / "zoo_card.json").read_text())["components"]["refiner"]
+    assert card["trained_on"].endswith(f"continued from {saved}") and f"--init-from {saved}" in card["rebuild_command"]
+    VAR(vocab_size=7, Cvae=4, num_classes=3, depth=1, embed_dim=16, num_heads=2, patch_nums=(1, 2)).save_pretrained(
+        tmp_path / "wrong")
+    with pytest.raises(SystemExit, match="not a VAR over this VQ-VAE"):
+        train_shapes_var.main(["--out", str(tmp_path / "other"), "--vq", str(out / "vq"), "--role", "small",
+                               "--steps", "1", "--sample-n", "0", "--train-n", "32", "--heldout-n", "16",
+                               "--init-from", str(tmp_path / "wrong")])
