@@ -2,6 +2,8 @@
 
     python -m mmspec.image_ar.recipes.train_toy_mar --stage all --out shapes-mar                    # vae, target, draft
     python -m mmspec.image_ar.recipes.train_toy_mar --stage all --steps 3 --batch-size 4 --out /tmp/x   # smoke
+    cp -r shapes-mar/model first && python -m mmspec.image_ar.recipes.train_toy_mar --stage target \\
+        --init-from first --out shapes-mar --max-minutes 60                                          # continue
 
 Data: the class-conditional 64 x 64 renders of `image_ar_data` (24 classes = kind x colour), a fresh
 seeded stream. Three stages, each its own folder under --out (diffusers `save_pretrained`, fp16); once
@@ -14,7 +16,8 @@ all three exist, --out is also a saved `MARPipeline` (model_index.json over vae/
   16 channels), the official training loss (random order, masking ratio from the truncated normal,
   diffusion loss on the masked tokens, 10% label dropout for CFG); the draft is narrower and shallower.
 
-Each stage writes training.json (steps, seconds per step, wall time, last smoothed loss). Not yet
+Each stage writes training.json (steps, seconds per step, wall time, last smoothed loss, and
+`continued_from` when --init-from started it from a saved MAR). Not yet
 run to a trained toy: no judge accuracy or speed-up is claimed for it.
 """
 
@@ -83,7 +86,7 @@ def train_vae(args: argparse.Namespace, out: Path) -> dict:
 
 def train_mar(role: str, args: argparse.Namespace, out: Path) -> dict:
     vae = AutoencoderKL.from_pretrained(out / "vae", torch_dtype=torch.float32).eval()
-    model = build_mar(role, args).train()
+    model = (load_mar(args.init_from) if args.init_from else build_mar(role, args)).train()
     stream = data.Stream(args.seed + (1 if role == "draft" else 0), "train")
     opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.02)
     generator = torch.Generator().manual_seed(args.seed)
@@ -96,7 +99,18 @@ def train_mar(role: str, args: argparse.Namespace, out: Path) -> dict:
         loss = model(latents, batch.labels, generator=generator)
         optimizer_step(opt, loss, model.parameters())
         loop.log(step, loss.item(), every=50)
-    return save(model.eval(), out / FOLDERS[role], loop, {"parameters": sum(p.numel() for p in model.parameters())})
+    extra = {"parameters": sum(p.numel() for p in model.parameters())}
+    if args.init_from:
+        extra["continued_from"] = str(args.init_from)
+    return save(model.eval(), out / FOLDERS[role], loop, extra)
+
+
+def load_mar(folder: str) -> MAR:
+    """A saved MAR to continue training, in float32."""
+    try:
+        return MAR.from_pretrained(folder, torch_dtype=torch.float32)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"cannot load the MAR in {folder}: {str(error).splitlines()[0]}") from None
 
 
 def save(model: torch.nn.Module, folder: Path, loop: TrainingLoop, extra: dict) -> dict:
@@ -126,11 +140,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sampling-steps", type=int, default=50, help="DDPM steps of the diffusion head at sampling")
     parser.add_argument("--diffusion-batch-mul", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--init-from", default=None, help="a saved MAR folder to continue (with --stage target or "
+                        "draft; copy it first when it is the output's own)")
     args = parser.parse_args(argv)
     out = parse_output_folder(parser, args, ZOO_DIR)
     data.set_threads(args.threads)
     seed_everything(args.seed)
     stages = ("vae", "target", "draft") if args.stage == "all" else (args.stage,)
+    if args.init_from and args.stage not in ("target", "draft"):
+        parser.error("--init-from continues one MAR: pass --stage target or --stage draft")
     if stages[0] != "vae" and not (out / "vae" / "config.json").is_file():
         parser.error(f"no trained VAE in {out / 'vae'}: run --stage vae first")
     info = {stage: train_vae(args, out) if stage == "vae" else train_mar(stage, args, out) for stage in stages}

@@ -50,3 +50,21 @@ def test_the_three_stages_make_a_saved_pipeline(tmp_path):
     assert pipe.draft is not None and pipe.class_names[3] == train_toy_mar.data.label_names()[3]
     image = pipe(prompt=pipe.class_names[3], method="cspd", num_iter=4, seed=0, progress_bar=False).images[0]
     assert image.size == (64, 64)
+
+
+def test_init_from_continues_a_saved_mar(tmp_path, capsys):
+    out = tmp_path / "shapes-mar"
+    train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE])
+    saved = tmp_path / "first"
+    (out / "model").rename(saved)
+    info = train_toy_mar.main(["--stage", "target", "--out", str(out), "--init-from", str(saved), *SMOKE,
+                               "--steps", "1", "--lr", "1e-12", "--warmup", "0"])
+    assert info["target"]["continued_from"] == str(saved)
+    before = MAR.from_pretrained(saved).state_dict()
+    after = MAR.from_pretrained(out / "model").state_dict()
+    assert before.keys() == after.keys() and all(torch.allclose(before[k], after[k], atol=1e-3) for k in before)
+    with pytest.raises(SystemExit) as usage:
+        train_toy_mar.main(["--stage", "all", "--out", str(out), "--init-from", str(saved), *SMOKE])
+    assert usage.value.code == 2 and "--stage target or --stage draft" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="cannot load the MAR"):
+        train_toy_mar.main(["--stage", "draft", "--out", str(out), "--init-from", str(tmp_path / "none"), *SMOKE])
