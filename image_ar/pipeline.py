@@ -37,7 +37,7 @@ from mmspec.errors import MMSpecError
 from mmspec.pipelines import (DrafterFactory, RoundCallback, SpeculativePipeline, _saved_class_name, resolve_dtype,
                               saved_pipeline_folder)
 from mmspec.sampling import SamplingConfig
-from mmspec.zoo import resolve
+from mmspec.zoo import entries, resolve
 
 from .imaging import convert
 from .janus_pipeline import JanusImagePipeline, is_janus_folder
@@ -66,6 +66,20 @@ class _ModelDefault:
 
 MODEL_DEFAULT: Any = _ModelDefault()
 DEFAULT_GUIDANCE_SCALE = 4.0  # LlamaGen's class-conditional default (used when the card states none)
+
+
+def image_family(name_or_path: str | os.PathLike) -> str | None:
+    """The family a name loads as ("llamagen", "janus", "var" or "mar"), read from its files without loading
+    weights or asking the Hub; None when only loading can tell (a Hub id, a missing folder)."""
+    name = str(name_or_path)
+    saved = saved_pipeline_folder(name)
+    if saved is not None:
+        families = {VARPipeline.__name__: "var", MARPipeline.__name__: "mar", JanusImagePipeline.__name__: "janus"}
+        return families.get(_saved_class_name(saved), "llamagen")
+    folder = next((entry.path for entry in entries() if entry.name == name), None) or Path(name).expanduser()
+    if not (folder / "config.json").is_file():
+        return None
+    return "janus" if is_janus_folder(folder) else "llamagen"
 
 
 class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):

@@ -71,7 +71,7 @@ def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
 
 def run(args: argparse.Namespace) -> int:
     from ..image_ar.bench import bench_image, default_methods
-    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
     from ..image_ar.rules import LANTERN_DELTA, LANTERN_K
     from ..sampling import SamplingConfig
 
@@ -86,13 +86,16 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
+    family = image_family(name)
+    if family is not None:  # flags of another family fail before any weights load
+        refuse_family_flags(args, family, name)
     pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
+    if family is None:  # known only now that the model is loaded
+        refuse_family_flags(args, getattr(pipe, "family", None) or "llamagen", name)
     if getattr(pipe, "family", None) == "var":
         return run_var(pipe, name, args)
     if getattr(pipe, "family", None) == "mar":
         return run_mar(pipe, name, args)
-    if args.draft_scales is not None:
-        raise MMSpecError(f"--draft-scales applies to VAR models (CoDe rows); {name!r} is not one")
     if lantern is None:  # the model's LANTERN default (its card's, else the authors')
         card = pipe.lantern_settings() if hasattr(pipe, "lantern_settings") else {}
         lantern = [(card.get("lantern_delta", LANTERN_DELTA), card.get("lantern_k", LANTERN_K))]
@@ -113,8 +116,6 @@ def run_var(pipe, name: str, args: argparse.Namespace) -> int:
     """The VAR rows: the large model alone and CoDe at each --draft-scales (`image_ar.var_bench`)."""
     from ..image_ar.var_bench import bench_var
 
-    refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens"),
-                 f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     report = bench_var(pipe, labels, seed=args.seed, draft_scales=args.draft_scales, guidance_scale=args.guidance_scale,
                        temperature=args.temperature, repeats=args.repeats, judge=pipe.card.get("judge"),
@@ -126,15 +127,25 @@ def run_mar(pipe, name: str, args: argparse.Namespace) -> int:
     """The MAR rows: the target MAR alone and CSpD with its draft MAR (`image_ar.mar_bench`)."""
     from ..image_ar.mar_bench import bench_mar
 
-    refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window"),
-                 f"not options of MAR rows; {name!r} is a MAR model "
-                 "(rows: ar and cspd at -k draft steps, default the card's draft window)")
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     num_drafts = [args.num_draft_tokens] if args.num_draft_tokens else None
     report = bench_mar(pipe, labels, seed=args.seed, num_drafts=num_drafts,
                        guidance_scale=args.guidance_scale, temperature=args.temperature,
                        repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     return finish(report, args)
+
+
+def refuse_family_flags(args: argparse.Namespace, family: str, name: str) -> None:
+    """One error naming the given flags that a model of `family` has no use for."""
+    if family == "var":
+        refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens"),
+                     f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")
+    elif family == "mar":
+        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window"),
+                     f"not options of MAR rows; {name!r} is a MAR model "
+                     "(rows: ar and cspd at -k draft steps, default the card's draft window)")
+    elif args.draft_scales is not None:
+        raise MMSpecError(f"--draft-scales applies to VAR models (CoDe rows); {name!r} is not one")
 
 
 def refuse_flags(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:

@@ -83,7 +83,7 @@ def check_output(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline
+    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
 
     common.set_threads(args)
 
@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
         common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     if args.out:  # before the model loads: a path that cannot be written fails now, not after generating
         check_output(args.out)
-    pipe = SpeculativeImagePipeline.from_pretrained(args.model or DEFAULT_IMAGE_MODEL, drafter=args.drafter)
+    model_name = args.model or DEFAULT_IMAGE_MODEL
+    family = image_family(model_name)
+    if family is not None:  # flags of another family fail before any weights load
+        options = family_options(args, family, model_name)
+    pipe = SpeculativeImagePipeline.from_pretrained(model_name, drafter=args.drafter)
     if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
         condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
         stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"
@@ -109,28 +113,11 @@ def run(args: argparse.Namespace) -> int:
         check_output(str(out_path))
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
-    # Only the method options given on the command line; the rest come from the model card (else the authors').
-    options = {name: getattr(args, name) for name in IMAGE_METHOD_OPTIONS if hasattr(args, name)}
-    if getattr(pipe, "family", None) == "var":
-        if options:
-            flags = ", ".join("--" + name.replace("_", "-") for name in options)
-            raise MMSpecError(f"{flags}: options of LlamaGen-style methods; {pipe.model_name!r} is a VAR model "
-                              f"(methods {', '.join(pipe.methods)})")
-        options = {"draft_scales": args.draft_scales}
-    elif getattr(pipe, "family", None) == "mar":
-        flags = [name for name in options] + (["draft_scales"] if args.draft_scales is not None else [])
-        if flags:
-            flags = ", ".join("--" + name.replace("_", "-") for name in flags)
-            raise MMSpecError(f"{flags}: not options of MAR; {pipe.model_name!r} is a MAR model "
-                              f"(methods {', '.join(pipe.methods)}; --num-iter, --draft-steps)")
-        if args.draft_steps is not None and (args.method or pipe.default_method) != "cspd":
-            raise MMSpecError(f"--draft-steps applies to method cspd, not {args.method or pipe.default_method!r}")
-        options = {"num_iter": args.num_iter, "num_draft": args.draft_steps}
-    elif args.draft_scales is not None:
-        raise MMSpecError(f"--draft-scales applies to VAR models (method code); {pipe.model_name!r} is not one")
-    if getattr(pipe, "family", None) != "mar" and (args.num_iter is not None or args.draft_steps is not None):
-        given = ", ".join(f for f, v in (("--num-iter", args.num_iter), ("--draft-steps", args.draft_steps)) if v)
-        raise MMSpecError(f"{given}: options of MAR models; {pipe.model_name!r} is not one")
+    if family is None:  # known only now that the model is loaded
+        options = family_options(args, getattr(pipe, "family", None) or "llamagen", model_name)
+    if getattr(pipe, "family", None) == "mar" and args.draft_steps is not None \
+            and (args.method or pipe.default_method) != "cspd":
+        raise MMSpecError(f"--draft-steps applies to method cspd, not {args.method or pipe.default_method!r}")
     out = pipe(**condition, method=args.method, guidance_scale=args.guidance_scale, temperature=args.temperature,
                top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed), progress_bar=not args.json,
                **options)
@@ -152,3 +139,31 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
     return 0
+
+
+def family_options(args: argparse.Namespace, family: str, name: str) -> dict:
+    """The method options given on the command line (the rest come from the model card, else the authors'),
+    for a model of `family`; flags of another family are refused in one line."""
+    from ..image_ar.mar_pipeline import MAR_METHODS
+    from ..image_ar.var_pipeline import VAR_METHODS
+
+    options = {option: getattr(args, option) for option in IMAGE_METHOD_OPTIONS if hasattr(args, option)}
+    if family == "var":
+        if options:
+            flags = ", ".join("--" + option.replace("_", "-") for option in options)
+            raise MMSpecError(f"{flags}: options of LlamaGen-style methods; {name!r} is a VAR model "
+                              f"(methods {', '.join(VAR_METHODS)})")
+        options = {"draft_scales": args.draft_scales}
+    elif family == "mar":
+        flags = list(options) + (["draft_scales"] if args.draft_scales is not None else [])
+        if flags:
+            flags = ", ".join("--" + option.replace("_", "-") for option in flags)
+            raise MMSpecError(f"{flags}: not options of MAR; {name!r} is a MAR model "
+                              f"(methods {', '.join(MAR_METHODS)}; --num-iter, --draft-steps)")
+        options = {"num_iter": args.num_iter, "num_draft": args.draft_steps}
+    elif args.draft_scales is not None:
+        raise MMSpecError(f"--draft-scales applies to VAR models (method code); {name!r} is not one")
+    if family != "mar" and (args.num_iter is not None or args.draft_steps is not None):
+        given = ", ".join(f for f, v in (("--num-iter", args.num_iter), ("--draft-steps", args.draft_steps)) if v)
+        raise MMSpecError(f"{given}: options of MAR models; {name!r} is not one")
+    return options

@@ -174,3 +174,26 @@ def test_mar_flags_on_another_family_are_refused(tmp_path, capsys):
     assert main(["generate-image", "red circle", "--model", str(folder), "--num-iter", "4",
                  "--out", str(tmp_path / "x.png")]) == 2
     assert "--num-iter: options of MAR models" in capsys.readouterr().err
+
+
+def test_family_flags_are_refused_before_any_weights_load(saved, tmp_path, capsys, monkeypatch):
+    from mmspec.cli import main
+    from mmspec.image_ar.pipeline import SpeculativeImagePipeline, image_family
+
+    from .tiny_image_folder import build_tiny_folder
+
+    llamagen = build_tiny_folder(tmp_path / "llamagen")
+    assert image_family(saved) == "mar" and image_family(llamagen) == "llamagen"
+    assert image_family("shapes-image-ar") == "llamagen" and image_family("someone/not-here") is None
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("weights loaded before the flags were checked")
+
+    monkeypatch.setattr(SpeculativeImagePipeline, "from_pretrained", classmethod(no_loading))
+    for model, flags, message in ((saved, ["--lantern-k", "4"], "not options of MAR"),
+                                  (llamagen, ["--num-iter", "4"], "options of MAR models"),
+                                  (llamagen, ["--draft-scales", "2"], "applies to VAR models")):
+        assert main(["generate-image", "shape 1", "--model", str(model), "--out", str(tmp_path / "x.png"), *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["bench", "image", "--model", str(saved), "--window", "8"]) == 2
+    assert "not options of MAR rows" in capsys.readouterr().err
