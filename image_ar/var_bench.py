@@ -6,13 +6,16 @@ within 1..S-1). Image i of every row uses the same class label and a CPU generat
 Columns: forwards of the large model and of the refiner, wall time (median over repetitions after a
 warm-up, rows interleaved: `mmspec.bench.harness`), speed-up over ar, and, from the judge (default the
 zoo's `shapes-image-ar` judge): class accuracy and the Fréchet distance to an independent ar run (other
-seeds; the ar row shows the noise floor). Peak memory: on CUDA `torch.cuda.max_memory_allocated` over one
-pass of the row; on a CPU the bytes of the weights the row keeps loaded (large, or large + refiner),
-since the CPU allocator has no peak counter.
+seeds; the ar row shows the noise floor), with ar's own spread (its accuracy on that second run and a 95%
+interval). Peak memory: on CUDA `torch.cuda.max_memory_allocated` over one image of the row; on a CPU,
+which has no peak allocation counter, the weights the row keeps loaded (large, or large + refiner) plus
+its largest key/value cache for one image, computed from the shapes (CoDe's saving: the large scales'
+cache belongs to the small refiner, and the large model's is freed before it starts).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -91,15 +94,32 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
             made = [images[name][i] for i, _ in items]
             quality[name] = {"class_accuracy": judged.class_accuracy(made, list(labels)),
                              "fd_vs_ar": judged.frechet_distance(made, reference)}
+        notes.append(ar_spread_note(quality[REFERENCE]["class_accuracy"], judged.class_accuracy(reference, list(labels)),
+                                    len(items)))
     # Sampled outputs are not comparable token by token; no drafts are verified.
     rows = rows_without(report, rows_spec, "draft_scales",
                         ("identical_to_reference", "mismatched_outputs", "drafted", "accepted", "alpha", "tau",
                          "step_compression", "position_attempts", "position_accepts", "per_position_acceptance", "rounds"),
                         extra=lambda name: {**memory[name], **quality.get(name, {})})
     if not torch.cuda.is_available() or pipe.device.type != "cuda":
-        notes.append("memory MB = bytes of the weights the row keeps loaded (the CPU has no peak allocation counter)")
+        notes.append("memory MB = the weights the row keeps loaded + its largest KV cache of one image, computed from "
+                     "the shapes (the CPU has no peak allocation counter)")
     grid = rows_grid(images, items, grid_columns)
     return VARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion measured on n trials."""
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def ar_spread_note(accuracy: float, other_seeds_accuracy: float, n: int) -> str:
+    """How far the large model's own class accuracy moves: a second run on other seeds, and its 95% interval."""
+    low, high = wilson_interval(accuracy, n)
+    return (f"ar's own spread: class accuracy {other_seeds_accuracy:.3f} on the FD reference run (other seeds); "
+            f"95% interval of ar's {accuracy:.3f} on {n} images: {low:.3f}-{high:.3f} (Wilson)")
 
 
 def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]], label: int,
@@ -115,5 +135,18 @@ def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]],
             result[name] = {"memory_mb": peak, "memory_measure": "torch.cuda.max_memory_allocated, one image"}
         else:
             models = (pipe.model,) if method == "ar" else (pipe.model, pipe.refiner)
-            result[name] = {"memory_mb": weights_mb(*models), "memory_measure": "weights kept loaded"}
+            rows = 2 if (pipe.default_guidance_scale if options.get("guidance_scale") is None
+                         else options["guidance_scale"]) else 1  # CFG runs the conditional and unconditional rows
+            if method == "ar":
+                cache = kv_cache_bytes(pipe.model, pipe.model.L, rows)
+            else:  # the large model's cache is freed before the refiner builds its own
+                cache = max(kv_cache_bytes(pipe.model, pipe.model.begin_ends[n - 1][1], rows),
+                            kv_cache_bytes(pipe.refiner, pipe.refiner.L, rows))
+            result[name] = {"memory_mb": weights_mb(*models) + cache / 2**20,
+                            "memory_measure": "weights kept loaded + the largest KV cache of one image, from shapes"}
     return result
+
+
+def kv_cache_bytes(model: torch.nn.Module, tokens: int, rows: int) -> int:
+    """Bytes of a VAR's key/value cache over `tokens` positions for `rows` sequences (every block keeps K and V)."""
+    return model.depth * 2 * rows * tokens * model.C * model.pos_1LC.element_size()

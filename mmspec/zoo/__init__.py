@@ -73,7 +73,8 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
     text = str(name_or_path)
     for entry in entries():
         if entry.name == text:
-            if not any(entry.path.glob("*.safetensors")):
+            pattern = "*/*.safetensors" if (entry.path / "model_index.json").is_file() else "*.safetensors"
+            if not any(entry.path.glob(pattern)):  # a saved pipeline keeps its weights in its components' folders
                 raise MMSpecError(f"zoo model {text!r} has no weights in {entry.path}; rebuild it: {entry.card.get('rebuild_command')}")
             return str(entry.path)
     path = Path(text).expanduser()

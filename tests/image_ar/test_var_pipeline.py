@@ -158,3 +158,13 @@ def test_bench_image_refuses_llamagen_rows_for_a_var_model(saved, capsys, flags,
 
     assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", *flags]) == 2
     assert f"{named}: options of LlamaGen-style rows" in capsys.readouterr().err
+
+
+def test_the_bench_states_ar_s_own_spread_as_a_wilson_interval():
+    from mmspec.image_ar.var_bench import ar_spread_note, wilson_interval
+
+    low, high = wilson_interval(0.5, 100)
+    assert (round(low, 3), round(high, 3)) == (0.404, 0.596)  # the textbook value
+    assert wilson_interval(0.0, 10)[0] == 0.0 and wilson_interval(1.0, 10)[1] == 1.0
+    note = ar_spread_note(0.5, 0.45, 100)
+    assert "0.450 on the FD reference run" in note and "0.404-0.596" in note

@@ -1,5 +1,5 @@
 """The shapes-var recipes end to end with tiny settings (3 steps each): the VQ-VAE, both VARs, the saved
-pipeline they make, its card; and that no recipe writes into the package without --into-zoo."""
+pipeline they make, its card, CoDe's fine-tune; and that no recipe writes into the package without --into-zoo."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from mmspec.image_ar.recipes import build_shapes_var, shapes_var, train_shapes_var, train_shapes_var_vq
+from mmspec.image_ar.recipes import (build_shapes_var, shapes_var, train_shapes_var, train_shapes_var_code,
+                                     train_shapes_var_vq)
 from mmspec.image_ar.var import VAR
 from mmspec.image_ar.var_pipeline import VARPipeline
 
@@ -65,3 +66,59 @@ def test_init_from_continues_a_saved_var(tmp_path):
         train_shapes_var.main(["--out", str(tmp_path / "other"), "--vq", str(out / "vq"), "--role", "small",
                                "--steps", "1", "--sample-n", "0", "--train-n", "32", "--heldout-n", "16",
                                "--init-from", str(tmp_path / "wrong")])
+
+
+def code_recipe(out, *argv):
+    return train_shapes_var_code.main(["--out", str(out), "--steps", "2", "--train-n", "32", "--heldout-n", "16",
+                                       "--sample-n", "24", "--threads", "1", "--cache-dir", str(out / "smoke-cache"),
+                                       *argv])
+
+
+def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(tmp_path):
+    """Each stage writes STAGE-N/ (a VAR the pipeline takes as its refiner or as a model) and a card section with
+    the quality before and after; the refiner's before/after KL is to the large VAR on the scales it generates."""
+    out = tmp_path / "shapes-var"
+    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    info = code_recipe(out, "--stage", "refiner", "--draft-scales", "6")
+    for when in ("before", "after"):
+        quality = info["quality"][when]
+        assert quality["heldout_kl_to_large_on_refined_scales"] >= 0 and 0 <= quality["code_6_class_accuracy_cfg_1.5"] <= 1
+    info = code_recipe(out, "--stage", "drafter", "--draft-scales", "5", "--sample-n", "0")
+    assert set(info["quality"]["after"]) == {"heldout_token_loss_on_drafted_scales"}
+    card = json.loads((out / "zoo_card.json").read_text())["components"]
+    assert {"refiner-6", "drafter-5"} <= set(card) and "--stage refiner --draft-scales 6" in card["refiner-6"]["rebuild_command"]
+    pipe = VARPipeline.from_pretrained(out, refiner=str(out / "refiner-6"))
+    assert pipe(class_labels=0, method="code", draft_scales=6, seed=0, progress_bar=False).images[0].size == (64, 64)
+    assert VAR.from_pretrained(out / "drafter-5").patch_nums == shapes_var.PATCH_NUMS
+
+
+def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(tmp_path):
+    """Eight steps of stage two (its own scales only) lower the refiner's KL to the large VAR on those scales; the
+    control, a learning rate too small to move the weights, leaves it where it was."""
+    out = tmp_path / "shapes-var"
+    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    start = VAR.from_pretrained(out / "refiner")  # three smoke steps leave both near uniform: make this one far from it
+    with torch.no_grad():
+        start.head.weight.mul_(200.0)
+    start.save_pretrained(tmp_path / "start")
+    common = ("--stage", "refiner", "--draft-scales", "6", "--sample-n", "0", "--warmup", "0", "--all-scales-share", "0",
+              "--steps", "8", "--init-from", str(tmp_path / "start"))
+
+    def kl(info):
+        return [info["quality"][w]["heldout_kl_to_large_on_refined_scales"] for w in ("before", "after")]
+
+    before, after = kl(code_recipe(out, *common, "--lr", "0.01"))
+    assert after < 0.95 * before
+    before, after = kl(code_recipe(out, *common, "--lr", "1e-12"))
+    assert after == pytest.approx(before, rel=1e-3)  # only the fp16 rounding of the saved weights
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--draft-scales", "8"], "draft_steps must be in 1..7"),
+    (["--draft-scales", "0"], "draft_steps must be in 1..7"),
+])
+def test_code_fine_tune_refuses_a_draft_scale_count_outside_the_scales(tmp_path, argv, message):
+    out = tmp_path / "shapes-var"
+    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    with pytest.raises(SystemExit, match=message):
+        code_recipe(out, "--stage", "refiner", *argv)

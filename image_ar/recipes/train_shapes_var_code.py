@@ -1,0 +1,197 @@
+"""CoDe's specialised fine-tune for the zoo model ``shapes-var``: a refiner (or a drafter) for one draft_scales N.
+
+    python -m mmspec.image_ar.recipes.train_shapes_var_code --stage refiner --draft-scales 6 --threads 2   # OUT/refiner-6
+    python -m mmspec.image_ar.recipes.train_shapes_var_code --stage drafter --draft-scales 6 --threads 2   # OUT/drafter-6
+    python -m mmspec.image_ar.recipes.train_shapes_var_code --stage refiner --draft-scales 6 --steps 3 --train-n 96 \\
+        --heldout-n 48 --sample-n 24 --out /tmp/x                                      # smoke (needs OUT/vq, model, refiner)
+
+The paper (Chen et al. 2024) fine-tunes each model for its part of the scales (the official repository
+has no training code; the authors describe it in their issue tracker):
+
+refiner  starts from ``OUT/refiner`` (the independently trained small VAR; ``--init-from`` another) and
+         distils the large VAR ``OUT/model`` (frozen): KL(large || refiner) of the next-scale
+         distributions, teacher-forced on ground-truth code maps, first over every scale (the first
+         ``--all-scales-share`` of the steps), then only over scales N..end, the ones it generates in CoDe.
+drafter  starts from ``OUT/model`` and trains with cross-entropy on the ground-truth codes of scales
+         0..N-1 only. It is no longer a whole model: use it only as CoDe's drafter at this N.
+
+Losses: :mod:`mmspec.image_ar.code_training`. Data: the cached VQ codes of ``train_shapes_var``. Quality,
+before and after, on held-out sequences: the refiner's KL to the large VAR on scales N..end (refiner) or
+the token loss on scales 0..N-1 (drafter), and the judge's class accuracy of CoDe samples at N (the large
+VAR, or the new drafter, with the refiner) at guidance ``--cfg``. Use the result with
+``VARPipeline.from_pretrained("shapes-var", refiner=".../refiner-6")`` or
+``mmspec bench image --model shapes-var --drafter .../refiner-6 --draft-scales 6``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mmspec.image_ar.code import check_draft_steps, code_generate
+from mmspec.image_ar.code_training import drafter_loss, refiner_loss, scale_positions, teacher_forced_logits
+from mmspec.image_ar.judge import load_judge
+from mmspec.image_ar.var import VAR, VARSampling
+from mmspec.image_ar.var_vq import VQVAE
+from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
+
+from . import image_ar_data as data
+from . import shapes_var
+from .train_shapes_var import cached_scale_codes, optimiser_text, saved_var_facts, split_scales
+
+STAGES = {"refiner": "refiner", "drafter": "model"}  # stage -> the folder it starts from
+
+
+def load_var(folder: Path, what: str) -> VAR:
+    try:
+        return VAR.from_pretrained(folder, torch_dtype=torch.float32)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"cannot load the {what} in {folder}: {str(error).splitlines()[0]}") from None
+
+
+@torch.no_grad()
+def heldout_metric(stage: str, model: VAR, teacher: VAR, vq: VQVAE, codes: torch.Tensor, labels: torch.Tensor,
+                   n: int, batch_size: int = 96) -> dict:
+    """refiner: mean KL(teacher || model) per token on scales n..end; drafter: token loss on scales 0..n-1."""
+    model.eval()
+    where = scale_positions(model, range(n, len(model.patch_nums)) if stage == "refiner" else range(0, n))
+    total, count = 0.0, 0
+    for i in range(0, codes.shape[0], batch_size):
+        maps, y = split_scales(model, codes[i : i + batch_size]), labels[i : i + batch_size]
+        logp = teacher_forced_logits(model, vq, y, maps)[:, where].float().log_softmax(-1)
+        if stage == "refiner":
+            teacher_logp = teacher_forced_logits(teacher, vq, y, maps)[:, where].float().log_softmax(-1)
+            total += (teacher_logp.exp() * (teacher_logp - logp)).sum().item()
+        else:
+            total += F.nll_loss(logp.reshape(-1, model.V), codes[i : i + batch_size, where].long().reshape(-1),
+                                reduction="sum").item()
+        count += logp.shape[0] * logp.shape[1]
+    model.train()
+    name = "heldout_kl_to_large_on_refined_scales" if stage == "refiner" else "heldout_token_loss_on_drafted_scales"
+    return {name: round(total / count, 4)}
+
+
+@torch.no_grad()
+def code_accuracy(drafter: VAR, refiner: VAR, vq: VQVAE, judge, n_images: int, draft_scales: int, cfg: float,
+                  seed: int) -> float:
+    """The judge's class accuracy on CoDe samples (classes i mod 24; temperature 1, no top-k)."""
+    labels = torch.arange(n_images) % data.NUM_CLASSES
+    modes = [(model, model.training) for model in (drafter, refiner)]
+    drafter.eval(), refiner.eval()
+    out = code_generate(drafter, refiner, vq, labels, draft_scales, VARSampling(cfg=cfg), torch.Generator().manual_seed(seed))
+    for model, training in modes:
+        model.train(training)
+    return round(judge.class_accuracy(out.images * 2 - 1, labels), 4)
+
+
+def train(args: argparse.Namespace) -> dict:
+    data.set_threads(args.threads)
+    seed_everything(args.seed)
+    out, n = Path(args.out), args.draft_scales
+    vq_dir = out / "vq"
+    if not (vq_dir / "config.json").is_file() or not (out / "model" / "config.json").is_file():
+        raise SystemExit(f"no VQ-VAE or large VAR in {out}: build shapes-var first (build_shapes_var)")
+    vq = VQVAE.from_pretrained(vq_dir, torch_dtype=torch.float32).eval()
+    large = load_var(out / "model", "large VAR").eval().requires_grad_(False)
+    try:
+        check_draft_steps(n, len(large.patch_nums))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    init = Path(args.init_from) if args.init_from else out / STAGES[args.stage]
+    model = load_var(init, args.stage).train()
+    model.check_vq(vq)
+    refiner = None if args.stage == "refiner" else load_var(out / "refiner", "refiner")
+    t0 = time.time()
+    codes, labels = cached_scale_codes(vq_dir, vq, args.train_n, args.seed, "train", Path(args.cache_dir))
+    held_codes, held_labels = cached_scale_codes(vq_dir, vq, args.heldout_n, args.seed, "heldout", Path(args.cache_dir))
+    prep = time.time() - t0
+    judge = load_judge(args.judge) if args.sample_n else None
+
+    def quality() -> dict:
+        result = heldout_metric(args.stage, model, large, vq, held_codes, held_labels, n)
+        if judge is not None:
+            pair = (large, model) if args.stage == "refiner" else (model, refiner)
+            result[f"code_{n}_class_accuracy_cfg_{args.cfg:g}"] = code_accuracy(*pair, vq, judge, args.sample_n, n,
+                                                                                args.cfg, args.seed)
+        return result
+
+    before = quality()
+    print(f"before: {json.dumps(before)}", flush=True)
+    opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    generator = torch.Generator().manual_seed(args.seed)
+    batches = IndexBatches(codes.shape[0], generator)
+    loop = TrainingLoop(args.max_minutes, args.steps, desc=f"CoDe {args.stage} N={n}")
+    for step in loop:
+        idx = batches.take(args.batch_size)
+        maps = split_scales(model, codes[idx])
+        set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
+        with data.autocast(args.bf16):
+            if args.stage == "refiner":  # stage one: every scale; stage two: only the scales it generates
+                from_scale = 0 if step < args.all_scales_share * loop.planned() else n
+                loss = refiner_loss(model, large, vq, labels[idx], maps, from_scale, args.class_dropout, generator)
+            else:
+                loss = drafter_loss(model, vq, labels[idx], maps, n, args.class_dropout, generator)
+        optimizer_step(opt, loss.float(), model.parameters())
+        loop.log(step, loss.item(), every=50, lr=opt.param_groups[0]["lr"])
+    wall = loop.wall
+    model.half().float()  # evaluate what ships (fp16 weights)
+    after = quality()
+    print(f"after: {json.dumps(after)}", flush=True)
+    section = f"{args.stage}-{n}"
+    folder = data.save_fp16(model, out / section)
+    info = {
+        "role": f"CoDe {args.stage} fine-tuned for draft_scales {n} (use only at that N)",
+        **saved_var_facts(model, folder),
+        "trained_on": (f"VQ-VAE codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train'); "
+                       f"{loop.done} steps x {args.batch_size}; started from {init}; "
+                       + (f"KL to the large VAR over every scale for the first {args.all_scales_share:.0%} of the steps, "
+                          f"then over scales {n}..{len(model.patch_nums) - 1}" if args.stage == "refiner" else
+                          f"cross-entropy on the ground truth of scales 0..{n - 1}")
+                       + f"; class dropout {args.class_dropout}"),
+        "optimiser": optimiser_text(args),
+        **data.timing_facts(loop, wall, args.threads, prep),
+        "quality": {"before": before, "after": after,
+                    "measured_on": (f"{args.heldout_n} held-out sequences; {args.sample_n} CoDe samples at N={n}, "
+                                    f"cfg {args.cfg:g}, temperature 1, judged by {args.judge}/judge")},
+        "rebuild_command": (f"python -m mmspec.image_ar.recipes.train_shapes_var_code --stage {args.stage} "
+                            f"--draft-scales {n} --steps {loop.done} --threads {args.threads}"
+                            + (f" --init-from {args.init_from}" if args.init_from else "")),
+    }
+    shapes_var.update_card(out, section, info)
+    print(f"saved {folder} after {wall:.0f}s of training", flush=True)
+    return info
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = shapes_var.recipe_parser(__doc__, "the shapes-var folder (reads vq/, model/, refiner/; writes STAGE-N/)",
+                                      max_minutes=15.0, batch_size=32, lr=5e-4, warmup=50)
+    parser.add_argument("--stage", choices=sorted(STAGES), required=True, help="which model to fine-tune")
+    parser.add_argument("--draft-scales", type=int, required=True, metavar="N",
+                        help="scales of the large model (the drafter); the refiner generates the rest")
+    parser.add_argument("--init-from", default=None, help="a saved VAR to start from (default OUT/refiner or OUT/model)")
+    parser.add_argument("--all-scales-share", type=float, default=0.5,
+                        help="refiner: share of the steps distilled over every scale before only its own")
+    parser.add_argument("--cache-dir", default=str(shapes_var.CACHE_DIR), help="where the encoded codes are cached")
+    parser.add_argument("--class-dropout", type=float, default=0.1)
+    parser.add_argument("--train-n", type=int, default=24000)
+    parser.add_argument("--heldout-n", type=int, default=480)
+    parser.add_argument("--sample-n", type=int, default=96, help="CoDe samples judged before and after (0 = skip)")
+    parser.add_argument("--cfg", type=float, default=1.5, help="guidance of the judged samples")
+    parser.add_argument("--judge", default="shapes-image-ar", help="zoo model or folder whose judge scores samples")
+    args = shapes_var.parse_recipe_args(parser, argv)
+    if not 0 <= args.all_scales_share <= 1:
+        parser.error("--all-scales-share must be in [0, 1]")
+    return train(args)
+
+
+if __name__ == "__main__":
+    main()
