@@ -128,6 +128,13 @@ def saved_var_facts(model: VAR, folder: Path) -> dict:
             "dtype": "float16"}
 
 
+def training_parts(model: VAR, args: argparse.Namespace, n: int, desc: str) -> tuple:
+    """(optimiser, seeded generator, batches over n sequences, budget loop) of a VAR training run."""
+    opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    generator = torch.Generator().manual_seed(args.seed)
+    return opt, generator, IndexBatches(n, generator), TrainingLoop(args.max_minutes, args.steps, desc=desc)
+
+
 def optimiser_text(args: argparse.Namespace) -> str:
     return (f"AdamW lr {args.lr}, betas (0.9, 0.95), weight decay 0.05, warm-up {args.warmup}, cosine to 10%, "
             f"bf16 autocast {data.autocast_state(args.bf16)}")
@@ -164,10 +171,7 @@ def train(args: argparse.Namespace) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.role} VAR: {n_params / 1e6:.2f}M parameters (depth {depth}, width {width}), {codes.shape[0]} train "
           f"sequences of {codes.shape[1]} tokens; bf16 autocast {data.autocast_state(args.bf16)}", flush=True)
-    opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
-    generator = torch.Generator().manual_seed(args.seed)
-    batches = IndexBatches(codes.shape[0], generator)
-    loop = TrainingLoop(args.max_minutes, args.steps, desc=f"VAR {args.role}")
+    opt, generator, batches, loop = training_parts(model, args, codes.shape[0], f"VAR {args.role}")
     for step in loop:
         idx = batches.take(args.batch_size)
         y = drop_labels(model, labels[idx], args.class_dropout, generator)

@@ -42,11 +42,11 @@ from mmspec.image_ar.code_training import drafter_loss, refiner_loss, scale_posi
 from mmspec.image_ar.judge import load_judge
 from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_vq import VQVAE
-from mmspec.training import IndexBatches, TrainingLoop, adamw, optimizer_step, seed_everything, set_lr, warmup_cosine
+from mmspec.training import optimizer_step, seed_everything, set_lr, warmup_cosine
 
 from . import image_ar_data as data
 from . import shapes_var
-from .train_shapes_var import cached_scale_codes, optimiser_text, saved_var_facts, split_scales
+from .train_shapes_var import cached_scale_codes, optimiser_text, saved_var_facts, split_scales, training_parts
 
 STAGES = {"refiner": "refiner", "drafter": "model"}  # stage -> the folder it starts from
 
@@ -126,10 +126,7 @@ def train(args: argparse.Namespace) -> dict:
 
     before = quality()
     print(f"before: {json.dumps(before)}", flush=True)
-    opt = adamw(model, args.lr, betas=(0.9, 0.95), weight_decay=0.05)
-    generator = torch.Generator().manual_seed(args.seed)
-    batches = IndexBatches(codes.shape[0], generator)
-    loop = TrainingLoop(args.max_minutes, args.steps, desc=f"CoDe {args.stage} N={n}")
+    opt, generator, batches, loop = training_parts(model, args, codes.shape[0], f"CoDe {args.stage} N={n}")
     for step in loop:
         idx = batches.take(args.batch_size)
         maps = split_scales(model, codes[idx])
