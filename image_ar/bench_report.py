@@ -32,28 +32,32 @@ class ImageReport(TableReport):
 
 def run_pipeline_rows(pipe: Any, title: str, rows_spec: dict[str, tuple[str, Any]], labels: Sequence[int], *,
                       knob: str, tokens_of: Callable[[Any], list], seed: int, options: dict[str, Any],
-                      settings: dict[str, Any], repeats: int, warmup: int, progress: bool):
+                      settings: dict[str, Any], repeats: int, warmup: int, progress: bool, batch_size: int = 1):
     """Time a pipeline's rows side by side: row name -> (method, value of the pipeline argument `knob`).
 
-    Image i of every row is drawn with a CPU generator seeded `seed + i` (the same draws on any device).
-    Returns the harness report, the images made ({row: {i: image}}) and the (i, label) items.
+    Images go `batch_size` to a call; the call whose first image is i draws with a CPU generator seeded
+    `seed + i` (the same draws on any device; at batch 1, image i's own seed). Returns the harness
+    report, the images made ({row: {i: image}}) and the (i, label) items, one per image.
     """
     images: dict[str, dict[int, Image.Image]] = {name: {} for name in rows_spec}
 
     def runner_for(name: str, method: str, value: Any):
-        def run(item: tuple[int, int]) -> tuple[list, SpecStats]:
-            index, label = item
-            out = pipe(class_labels=[label], method=method, **{knob: value},
-                       generator=seeded_generator("cpu", seed + index), **options)
-            images[name][index] = out.images[0]
+        def run(batch: tuple[int, list[int]]) -> tuple[list, SpecStats]:
+            first, batch_labels = batch
+            out = pipe(class_labels=batch_labels, method=method, **{knob: value},
+                       generator=seeded_generator("cpu", seed + first), **options)
+            for j, image in enumerate(out.images):
+                images[name][first + j] = image
             return tokens_of(out), out.stats
 
         return run
 
     items = list(enumerate(labels))
-    report = run_benchmark(title, {name: runner_for(name, *spec) for name, spec in rows_spec.items()}, items,
+    batches = [(i, list(labels[i : i + batch_size])) for i in range(0, len(labels), batch_size)]
+    report = run_benchmark(title, {name: runner_for(name, *spec) for name, spec in rows_spec.items()}, batches,
                            reference=REFERENCE, repeats=repeats, warmup=warmup, progress=progress,
-                           settings={"images": len(items), **settings})
+                           settings={"images": len(items), **({"batch_size": batch_size} if batch_size > 1 else {}),
+                                     **settings})
     return report, images, items
 
 

@@ -62,9 +62,13 @@ def weights_mb(*models: torch.nn.Module) -> float:
 
 def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_scales: Sequence[int] | None = None,
               guidance_scale: float | None = None, temperature: float = 1.0, repeats: int = 1, warmup: int = 1,
-              judge: Any = DEFAULT_JUDGE, grid_columns: int = 8, progress: bool = True,
+              judge: Any = DEFAULT_JUDGE, grid_columns: int = 8, progress: bool = True, batch_size: int = 1,
               title: str = "bench image (VAR)") -> VARBenchReport:
-    """Run ar and CoDe at each of `draft_scales` (default `default_draft_scales`) on every label, then judge."""
+    """Run ar and CoDe at each of `draft_scales` (default `default_draft_scales`) on every label, then judge.
+
+    `batch_size` images go to one pipeline call (wall time then measures throughput; memory stays per image)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise MMSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if pipe.refiner is None:
         raise MMSpecError(f"{pipe.model_name!r} has no refiner: the CoDe rows need one")
     scales = pipe.num_scales
@@ -76,7 +80,7 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     report, images, items = run_pipeline_rows(
         pipe, title, rows_spec, labels, knob="draft_scales",
         tokens_of=lambda out: torch.cat(out.token_maps, dim=1).flatten().tolist(),
-        seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress,
+        seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress, batch_size=batch_size,
         settings={"scales": scales, "seed": seed,
                   "cfg": pipe.default_guidance_scale if guidance_scale is None else guidance_scale,
                   "temperature": temperature, "repeats": repeats,

@@ -46,6 +46,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--draft-scales", dest="draft_scales", nargs="+", type=checks.positive_int, default=None,
                         metavar="N", help="VAR models: the CoDe rows' scales of the large model (default: CoDe's "
                         "9/1, 8/2, 7/3, 6/4 of 10 scales, scaled to the model's: S-1 .. S-4)")
+    parser.add_argument("--batch-size", dest="batch_size", type=checks.positive_int, default=None, metavar="B",
+                        help="VAR models: images per pipeline call in every row (default 1; wall time then measures "
+                        "throughput)")
     parser.add_argument("--repeats", type=checks.positive_int, default=1)
     parser.add_argument("--grid-out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="write a grid of samples per method to this image file")
     parser.set_defaults(func=run)
@@ -119,6 +122,7 @@ def run_var(pipe, name: str, args: argparse.Namespace) -> int:
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     report = bench_var(pipe, labels, seed=args.seed, draft_scales=args.draft_scales, guidance_scale=args.guidance_scale,
                        temperature=args.temperature, repeats=args.repeats, judge=pipe.card.get("judge"),
+                       batch_size=args.batch_size or 1,
                        progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     return finish(report, args)
 
@@ -141,11 +145,13 @@ def refuse_family_flags(args: argparse.Namespace, family: str, name: str) -> Non
         refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens"),
                      f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")
     elif family == "mar":
-        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window"),
+        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window", "batch_size"),
                      f"not options of MAR rows; {name!r} is a MAR model "
                      "(rows: ar and cspd at -k draft steps, default the card's draft window)")
-    elif args.draft_scales is not None:
-        raise MMSpecError(f"--draft-scales applies to VAR models (CoDe rows); {name!r} is not one")
+    else:
+        for flag in ("draft_scales", "batch_size"):
+            if getattr(args, flag) is not None:
+                raise MMSpecError(f"--{flag.replace('_', '-')} applies to VAR models (CoDe rows); {name!r} is not one")
 
 
 def refuse_flags(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:

@@ -149,6 +149,19 @@ def test_bench_image_has_the_ar_and_code_rows(saved, capsys):
     assert any("the model card names no judge" in note for note in report["notes"])
 
 
+def test_bench_image_batches_the_var_rows(saved, capsys):
+    """--batch-size B: B images per call in every row; every image is still made and judged once."""
+    from mmspec.cli import main
+
+    assert main(["bench", "image", "--model", str(saved), "--num-samples", "3", "--draft-scales", "2",
+                 "--batch-size", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {row["method"]: row for row in report["methods"]}
+    assert report["settings"]["batch_size"] == 2 and report["settings"]["images"] == 3
+    assert rows["ar"]["target_forwards"] == 2 * 4  # two calls (2 + 1 images), four scales each
+    assert rows["code 2/2"]["target_forwards"] == 2 * 2 and rows["code 2/2"]["drafter_forwards"] == 2 * 2
+
+
 @pytest.mark.parametrize("flags, named", [
     (["--methods", "sjd"], "--methods"),
     (["--window", "8", "-k", "3"], "--window, --num-draft-tokens"),  # were ignored silently
