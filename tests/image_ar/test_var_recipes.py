@@ -4,6 +4,8 @@ pipeline they make, its card, CoDe's fine-tune; and that no recipe writes into t
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,17 +70,29 @@ def test_init_from_continues_a_saved_var(tmp_path):
                                "--init-from", str(tmp_path / "wrong")])
 
 
+@pytest.fixture(scope="module")
+def smoke_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "shapes-var"
+    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    return out
+
+
+@pytest.fixture
+def built(smoke_build, tmp_path):
+    """A copy of one three-step build, for a test to write into."""
+    return Path(shutil.copytree(smoke_build, tmp_path / "shapes-var"))
+
+
 def code_recipe(out, *argv):
     return train_shapes_var_code.main(["--out", str(out), "--steps", "2", "--train-n", "32", "--heldout-n", "16",
                                        "--sample-n", "24", "--threads", "1", "--cache-dir", str(out / "smoke-cache"),
                                        *argv])
 
 
-def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(tmp_path):
+def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(built):
     """Each stage writes STAGE-N/ (a VAR the pipeline takes as its refiner or as a model) and a card section with
     the quality before and after; the refiner's before/after KL is to the large VAR on the scales it generates."""
-    out = tmp_path / "shapes-var"
-    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    out = built
     info = code_recipe(out, "--stage", "refiner", "--draft-scales", "6")
     for when in ("before", "after"):
         quality = info["quality"][when]
@@ -92,11 +106,10 @@ def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(tmp_path):
     assert VAR.from_pretrained(out / "drafter-5").patch_nums == shapes_var.PATCH_NUMS
 
 
-def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(tmp_path):
+def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(built, tmp_path):
     """Eight steps of stage two (its own scales only) lower the refiner's KL to the large VAR on those scales; the
     control, a learning rate too small to move the weights, leaves it where it was."""
-    out = tmp_path / "shapes-var"
-    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+    out = built
     start = VAR.from_pretrained(out / "refiner")  # three smoke steps leave both near uniform: make this one far from it
     with torch.no_grad():
         start.head.weight.mul_(200.0)
@@ -117,8 +130,7 @@ def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(tmp_pa
     (["--draft-scales", "8"], "draft_steps must be in 1..7"),
     (["--draft-scales", "0"], "draft_steps must be in 1..7"),
 ])
-def test_code_fine_tune_refuses_a_draft_scale_count_outside_the_scales(tmp_path, argv, message):
-    out = tmp_path / "shapes-var"
-    build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
+def test_code_fine_tune_refuses_a_draft_scale_count_outside_the_scales(built, argv, message):
+    out = built
     with pytest.raises(SystemExit, match=message):
         code_recipe(out, "--stage", "refiner", *argv)
