@@ -6,7 +6,7 @@
         --heldout-n 48 --sample-n 24 --out /tmp/x                                      # smoke (needs OUT/vq, model, refiner)
 
 The paper (Chen et al. 2024) fine-tunes each model for its part of the scales (the official repository
-has no training code; the authors describe it in their issue tracker):
+has no training code; the authors describe it in answers on their repository):
 
 refiner  starts from ``OUT/refiner`` (the independently trained small VAR; ``--init-from`` another) and
          distils the large VAR ``OUT/model`` (frozen): KL(large || refiner) of the next-scale
