@@ -128,7 +128,8 @@ def ar_spread_note(accuracy: float, other_seeds_accuracy: float, n: int) -> str:
 
 def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]], label: int,
                 options: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per row {memory_mb, memory_measure}: CUDA peak of one image, else the weights kept loaded."""
+    """Per row {memory_mb, memory_measure}: CUDA peak of one image, else the weights kept loaded + the row's
+    largest KV cache of one image (from the shapes)."""
     result = {}
     for name, (method, n) in rows_spec.items():
         if pipe.device.type == "cuda":
@@ -139,8 +140,9 @@ def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]],
             result[name] = {"memory_mb": peak, "memory_measure": "torch.cuda.max_memory_allocated, one image"}
         else:
             models = (pipe.model,) if method == "ar" else (pipe.model, pipe.refiner)
-            rows = 2 if (pipe.default_guidance_scale if options.get("guidance_scale") is None
-                         else options["guidance_scale"]) else 1  # CFG runs the conditional and unconditional rows
+            cfg = options.get("guidance_scale")
+            cfg = pipe.default_guidance_scale if cfg is None else cfg
+            rows = 2 if cfg else 1  # CFG runs the conditional and the unconditional row
             if method == "ar":
                 cache = kv_cache_bytes(pipe.model, pipe.model.L, rows)
             else:  # the large model's cache is freed before the refiner builds its own
