@@ -3,6 +3,7 @@ of the images; each bench module adds its table) and the side-by-side run of a p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -13,6 +14,7 @@ from mmspec.sampling import seeded_generator
 from mmspec.stats import SpecStats
 
 from .imaging import image_grid
+from .judge import get_judge
 
 REFERENCE = "ar"
 
@@ -31,9 +33,10 @@ class ImageReport(TableReport):
 
 
 def run_pipeline_rows(pipe: Any, title: str, rows_spec: dict[str, tuple[str, Any]], labels: Sequence[int], *,
-                      knob: str, tokens_of: Callable[[Any], list], seed: int, options: dict[str, Any],
+                      knob: str | None, tokens_of: Callable[[Any], list], seed: int, options: dict[str, Any],
                       settings: dict[str, Any], repeats: int, warmup: int, progress: bool, batch_size: int = 1):
-    """Time a pipeline's rows side by side: row name -> (method, value of the pipeline argument `knob`).
+    """Time a pipeline's rows side by side: row name -> (method, value of the pipeline argument `knob`;
+    with knob None, a dict of pipeline arguments).
 
     Images go `batch_size` to a call; the call whose first image is i draws with a CPU generator seeded
     `seed + i` (the same draws on any device; at batch 1, image i's own seed). Returns the harness
@@ -44,7 +47,7 @@ def run_pipeline_rows(pipe: Any, title: str, rows_spec: dict[str, tuple[str, Any
     def runner_for(name: str, method: str, value: Any):
         def run(batch: tuple[int, list[int]]) -> tuple[list, SpecStats]:
             first, batch_labels = batch
-            out = pipe(class_labels=batch_labels, method=method, **{knob: value},
+            out = pipe(class_labels=batch_labels, method=method, **row_arguments(knob, value),
                        generator=seeded_generator("cpu", seed + first), **options)
             for j, image in enumerate(out.images):
                 images[name][first + j] = image
@@ -61,18 +64,67 @@ def run_pipeline_rows(pipe: Any, title: str, rows_spec: dict[str, tuple[str, Any
     return report, images, items
 
 
-def rows_without(report: Any, rows_spec: dict[str, tuple[str, Any]], knob: str, dropped: Sequence[str],
+def rows_without(report: Any, rows_spec: dict[str, tuple[str, Any]], knob: str | None, dropped: Sequence[str],
                  extra: Callable[[str], dict[str, Any]] = lambda name: {}) -> list[dict[str, Any]]:
     """The report's rows with the method family and knob value added and the `dropped` columns removed
     (sampled images are not comparable token by token)."""
     rows = []
     for row in report.to_dict()["methods"]:
         method, value = rows_spec[row["method"]]
-        row.update(method_family=method, **{knob: value}, **extra(row["method"]))
+        row.update(method_family=method, **row_arguments(knob, value), **extra(row["method"]))
         for key in dropped:
             row.pop(key, None)
         rows.append(row)
     return rows
+
+
+def row_arguments(knob: str | None, value: Any) -> dict[str, Any]:
+    return dict(value or {}) if knob is None else {knob: value}
+
+
+def judge_rows(pipe: Any, judge: Any, images: dict[str, dict[int, Image.Image]], items: list[tuple[int, int]], *,
+               seed: int, options: dict[str, Any], batch_size: int = 1) -> tuple[dict[str, dict[str, float]], str]:
+    """Per row {class_accuracy, fd_vs_ar} by the judge, and a note on ar's own spread.
+
+    FD is measured against an independent `ar` run (image i drawn with seed + len(items) + i, batched as
+    the rows), so the ar row shows the noise floor; the note gives ar's accuracy on that run and the 95%
+    interval of its own."""
+    judged = get_judge(judge)
+    labels = [label for _, label in items]
+    reference: list[Image.Image] = []
+    for first in range(0, len(items), batch_size):
+        out = pipe(class_labels=labels[first : first + batch_size], method=REFERENCE,
+                   generator=seeded_generator("cpu", seed + len(items) + first), **options)
+        reference += list(out.images)
+    quality = {}
+    for name, by_item in images.items():
+        made = [by_item[i] for i, _ in items]
+        quality[name] = {"class_accuracy": judged.class_accuracy(made, labels),
+                         "fd_vs_ar": judged.frechet_distance(made, reference)}
+    note = ar_spread_note(quality[REFERENCE]["class_accuracy"], judged.class_accuracy(reference, labels), len(items))
+    return quality, note
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion measured on n trials."""
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def ar_spread_note(accuracy: float, other_seeds_accuracy: float, n: int) -> str:
+    """How far the reference's own class accuracy moves: a second run on other seeds, and its 95% interval."""
+    low, high = wilson_interval(accuracy, n)
+    return (f"ar's own spread: class accuracy {other_seeds_accuracy:.3f} on the FD reference run (other seeds); "
+            f"95% interval of ar's {accuracy:.3f} on {n} images: {low:.3f}-{high:.3f} (Wilson)")
+
+
+def quality_columns(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, Any]], str]]:
+    """The judge's two columns (header, cell maker), or nothing when no row was judged."""
+    if not any("class_accuracy" in r for r in rows):
+        return "", lambda r: ""
+    return (f" {'class acc':>9} {'FD vs AR':>9}",
+            lambda r: f" {r.get('class_accuracy', float('nan')):>9.3f} {r.get('fd_vs_ar', float('nan')):>9.2f}")
 
 
 def rows_grid(images: dict[str, dict[int, Image.Image]], items: list[tuple[int, int]], columns: int) -> Image.Image:

@@ -15,7 +15,6 @@ cache belongs to the small refiner, and the large model's is freed before it sta
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch
@@ -23,8 +22,8 @@ import torch
 from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 
-from .bench_report import REFERENCE, ImageReport, rows_grid, rows_without, run_pipeline_rows
-from .judge import DEFAULT_JUDGE, get_judge
+from .bench_report import REFERENCE, ImageReport, judge_rows, quality_columns, rows_grid, rows_without, run_pipeline_rows
+from .judge import DEFAULT_JUDGE
 from .var_pipeline import VARPipeline
 
 
@@ -36,19 +35,15 @@ def default_draft_scales(num_scales: int) -> list[int]:
 
 class VARBenchReport(ImageReport):
     def to_table(self) -> str:
-        quality = any("class_accuracy" in r for r in self.rows)
+        quality_header, quality_cells = quality_columns(self.rows)
         header = (f"{'method':<16} {'large fwd':>9} {'refiner fwd':>11} {'wall s':>8} {'min-max s':>15} {'speed-up':>8} "
-                  f"{'memory MB':>10}")
-        if quality:
-            header += f" {'class acc':>9} {'FD vs AR':>9}"
+                  f"{'memory MB':>10}") + quality_header
         lines = self.table_head(header)
         for r in self.rows:
             span = f"{r['wall_time_min_s']:.3f}-{r['wall_time_max_s']:.3f}"
             line = (f"{r['method']:<16} {r['target_forwards']:>9} {r['drafter_forwards']:>11} "
                     f"{r['wall_time_median_s']:>8.3f} {span:>15} {r['speed_up']:>7.2f}x {r['memory_mb']:>10.1f}")
-            if quality:
-                line += f" {r.get('class_accuracy', float('nan')):>9.3f} {r.get('fd_vs_ar', float('nan')):>9.2f}"
-            lines.append(line)
+            lines.append(line + quality_cells(r))
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
         lines.append(f"(code N/M = the large VAR runs N scales, the refiner M; {settings}; wall = median over "
                      "repetitions, all images)")
@@ -91,15 +86,8 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     if judge is None:
         notes.append("the model card names no judge: quality columns skipped")
     else:
-        judged = get_judge(judge)
-        reference = [pipe(class_labels=[label], method="ar", generator=seeded_generator("cpu", seed + len(items) + i),
-                          **options).images[0] for i, label in items]
-        for name in rows_spec:
-            made = [images[name][i] for i, _ in items]
-            quality[name] = {"class_accuracy": judged.class_accuracy(made, list(labels)),
-                             "fd_vs_ar": judged.frechet_distance(made, reference)}
-        notes.append(ar_spread_note(quality[REFERENCE]["class_accuracy"], judged.class_accuracy(reference, list(labels)),
-                                    len(items)))
+        quality, spread = judge_rows(pipe, judge, images, items, seed=seed, options=options, batch_size=1)
+        notes.append(spread)
     # Sampled outputs are not comparable token by token; no drafts are verified.
     rows = rows_without(report, rows_spec, "draft_scales",
                         ("identical_to_reference", "mismatched_outputs", "drafted", "accepted", "alpha", "tau",
@@ -110,20 +98,6 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
                      "the shapes (the CPU has no peak allocation counter)")
     grid = rows_grid(images, items, grid_columns)
     return VARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
-
-
-def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion measured on n trials."""
-    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def ar_spread_note(accuracy: float, other_seeds_accuracy: float, n: int) -> str:
-    """How far the large model's own class accuracy moves: a second run on other seeds, and its 95% interval."""
-    low, high = wilson_interval(accuracy, n)
-    return (f"ar's own spread: class accuracy {other_seeds_accuracy:.3f} on the FD reference run (other seeds); "
-            f"95% interval of ar's {accuracy:.3f} on {n} images: {low:.3f}-{high:.3f} (Wilson)")
 
 
 def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]], label: int,

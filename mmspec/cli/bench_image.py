@@ -47,8 +47,11 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         metavar="N", help="VAR models: the CoDe rows' scales of the large model (default: CoDe's "
                         "9/1, 8/2, 7/3, 6/4 of 10 scales, scaled to the model's: S-1 .. S-4)")
     parser.add_argument("--batch-size", dest="batch_size", type=checks.positive_int, default=None, metavar="B",
-                        help="VAR models: images per pipeline call in every row (default 1; wall time then measures "
-                        "throughput)")
+                        help="VAR and MAR models: images per pipeline call in every row (default 1; wall time then "
+                        "measures throughput)")
+    parser.add_argument("--inner-temperature", dest="inner_temperature", type=checks.positive_float, default=None,
+                        help="MAR models: scale of the cspd acceptance ratio's exponent (default 1, the paper's ratio; "
+                        "the official runner uses 42, which accepts more and no longer keeps the target's law)")
     parser.add_argument("--repeats", type=checks.positive_int, default=1)
     parser.add_argument("--grid-out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="write a grid of samples per method to this image file")
     parser.set_defaults(func=run)
@@ -133,25 +136,27 @@ def run_mar(pipe, name: str, args: argparse.Namespace) -> int:
 
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     num_drafts = [args.num_draft_tokens] if args.num_draft_tokens else None
-    report = bench_mar(pipe, labels, seed=args.seed, num_drafts=num_drafts,
-                       guidance_scale=args.guidance_scale, temperature=args.temperature,
-                       repeats=args.repeats, progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
+    report = bench_mar(pipe, labels, seed=args.seed, num_drafts=num_drafts, guidance_scale=args.guidance_scale,
+                       temperature=args.temperature, inner_temperature=args.inner_temperature or 1.0,
+                       repeats=args.repeats, batch_size=args.batch_size or 1, judge=pipe.card.get("judge"),
+                       progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     return finish(report, args)
 
 
 def refuse_family_flags(args: argparse.Namespace, family: str, name: str) -> None:
     """One error naming the given flags that a model of `family` has no use for."""
     if family == "var":
-        refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens"),
+        refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens", "inner_temperature"),
                      f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")
     elif family == "mar":
-        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window", "batch_size"),
+        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window"),
                      f"not options of MAR rows; {name!r} is a MAR model "
                      "(rows: ar and cspd at -k draft steps, default the card's draft window)")
     else:
-        for flag in ("draft_scales", "batch_size"):
+        for flag, models in (("draft_scales", "VAR models (CoDe rows)"), ("batch_size", "VAR and MAR models"),
+                             ("inner_temperature", "MAR models (cspd rows)")):
             if getattr(args, flag) is not None:
-                raise MMSpecError(f"--{flag.replace('_', '-')} applies to VAR models (CoDe rows); {name!r} is not one")
+                raise MMSpecError(f"--{flag.replace('_', '-')} applies to {models}; {name!r} is not one")
 
 
 def refuse_flags(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:

@@ -150,8 +150,10 @@ def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
                  "--grid-out", str(grid)]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["method"]: r for r in report["methods"]}
-    assert list(rows) == ["ar", "cspd k=2"]
+    assert list(rows) == ["ar", "cspd k=2", "ar 4 steps"]  # 1 pre-filled step + 5 drafted in windows of 2
     assert rows["ar"]["target_forwards"] == 2 * 6 and rows["ar"]["drafter_forwards"] == 0
+    assert rows["ar 4 steps"]["target_forwards"] == rows["cspd k=2"]["target_forwards"] == 2 * 4
+    assert rows["ar 4 steps"]["num_iter"] == 4 and rows["cspd k=2"]["num_draft"] == 2
     assert rows["cspd k=2"]["drafter_forwards"] > 0 and rows["cspd k=2"]["drafted"] > 0
     assert rows["ar"]["speed_up"] == pytest.approx(1.0) and rows["cspd k=2"]["speed_up"] > 0
     assert report["settings"]["num_iter"] == 6 and grid.is_file()
@@ -159,10 +161,42 @@ def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "cspd k=2" in table and "target fwd" in table and "speed-up" in table
     assert main(["bench", "image", "--model", str(saved), "--n", "1", "--threads", "1", "-k", "3", "--json"]) == 0
-    assert [r["method"] for r in json.loads(capsys.readouterr().out)["methods"]] == ["ar", "cspd k=3"]
+    assert [r["method"] for r in json.loads(capsys.readouterr().out)["methods"]] == ["ar", "cspd k=3", "ar 3 steps"]
     for flags in (["--lantern", "0.1,4"], ["--window", "8"]):
         assert main(["bench", "image", "--model", str(saved), *flags]) == 2
         assert "not options of MAR rows" in capsys.readouterr().err
+
+
+def test_bench_image_batches_the_mar_rows(saved, capsys):
+    """--batch-size B: B images per call in every row; --inner-temperature is stated as leaving the target's law."""
+    from mmspec.cli import main
+
+    assert main(["bench", "image", "--model", str(saved), "--n", "3", "--threads", "1", "--batch-size", "2",
+                 "--inner-temperature", "42", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["method"]: r for r in report["methods"]}
+    assert report["settings"]["batch_size"] == 2 and report["settings"]["images"] == 3
+    assert rows["ar"]["target_forwards"] == 2 * 6  # two calls (2 + 1 images), six steps each
+    assert report["settings"]["inner_temperature"] == 42 and rows["cspd k=2"]["inner_temperature"] == 42
+    assert any("NOT the target's distribution" in note for note in report["notes"])
+
+
+def test_bench_mar_judges_every_row(pipe):
+    """With a judge: class accuracy and FD vs an independent ar run per row, and ar's own spread."""
+    import timm
+
+    from mmspec.image_ar.judge import ImageJudge
+    from mmspec.image_ar.mar_bench import bench_mar
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet10t", pretrained=False, num_classes=len(CLASSES), channels=(4, 8, 8, 8))
+    model.pretrained_cfg = {"input_size": (3, 16, 16), "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    judge = ImageJudge(model, CLASSES)
+    report = bench_mar(pipe, [0, 1, 2], judge=judge, batch_size=2, progress=False, warmup=0)
+    for row in report.rows:
+        assert 0 <= row["class_accuracy"] <= 1 and row["fd_vs_ar"] >= 0
+    assert any(note.startswith("ar's own spread") for note in report.notes)
+    assert "class acc" in report.to_table() and "FD vs AR" in report.to_table()
 
 
 def test_mar_flags_on_another_family_are_refused(tmp_path, capsys):

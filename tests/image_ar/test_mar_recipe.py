@@ -14,7 +14,7 @@ from mmspec.image_ar.recipes import train_toy_mar
 from mmspec.sampling import seeded_generator
 
 SMOKE = ["--steps", "3", "--batch-size", "4", "--width-mult", "0.25", "--vae-ch", "8", "--sampling-steps", "5",
-         "--diffusion-batch-mul", "1", "--threads", "1"]
+         "--diffusion-batch-mul", "1", "--threads", "1", "--train-n", "16", "--sample-n", "0"]
 
 
 def test_three_steps_of_each_stage_save_a_loadable_pair(tmp_path):
@@ -59,12 +59,29 @@ def test_init_from_continues_a_saved_mar(tmp_path, capsys):
     (out / "model").rename(saved)
     info = train_toy_mar.main(["--stage", "target", "--out", str(out), "--init-from", str(saved), *SMOKE,
                                "--steps", "1", "--lr", "1e-12", "--warmup", "0"])
-    assert info["target"]["continued_from"] == str(saved)
+    assert info["target"]["continued_from"] == str(saved) and info["target"]["earlier_training"]["steps"] == 3
     before = MAR.from_pretrained(saved).state_dict()
     after = MAR.from_pretrained(out / "model").state_dict()
     assert before.keys() == after.keys() and all(torch.allclose(before[k], after[k], atol=1e-3) for k in before)
     with pytest.raises(SystemExit) as usage:
         train_toy_mar.main(["--stage", "all", "--out", str(out), "--init-from", str(saved), *SMOKE])
-    assert usage.value.code == 2 and "--stage target or --stage draft" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="cannot load the MAR"):
+    assert usage.value.code == 2 and "--stage vae, target or draft" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="cannot load the MAR in"):
         train_toy_mar.main(["--stage", "draft", "--out", str(out), "--init-from", str(tmp_path / "none"), *SMOKE])
+
+
+def test_the_card_stage_judges_every_part_and_sets_the_best_cfg(tmp_path):
+    out = tmp_path / "shapes-mar"
+    info = train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE, "--sample-n", "2", "--eval-cfgs", "1", "2"])
+    card = json.loads((out / "zoo_card.json").read_text())
+    assert card == info["card"] and card["name"] == "shapes-mar" and card["default_method"] == "cspd"
+    parts = card["components"]
+    assert set(parts) == {"model", "vae", "draft"} and parts["model"]["steps"] == 3
+    assert 0 <= parts["vae"]["quality"]["judge_accuracy_reconstructions"] <= 1
+    accuracy = {cfg: parts["model"]["quality"][f"cfg_{cfg}"]["class_accuracy"] for cfg in ("1", "2")}
+    best = max((a, float(c)) for c, a in accuracy.items())[1]
+    assert card["pipeline_defaults"]["cfg"] == best == json.loads((out / "model_index.json").read_text())["card"]["cfg"]
+    assert list(parts["draft"]["quality"]) == ["images_per_cfg", "method", "num_iter", f"cfg_{best:g}"]
+    assert card["total_size_bytes"] > parts["model"]["file_size_bytes"] > 0
+    with pytest.raises(SystemExit):
+        train_toy_mar.main(["--stage", "card", "--out", str(tmp_path / "empty"), *SMOKE])

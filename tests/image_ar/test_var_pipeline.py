@@ -174,7 +174,7 @@ def test_bench_image_refuses_llamagen_rows_for_a_var_model(saved, capsys, flags,
 
 
 def test_the_bench_states_ar_s_own_spread_as_a_wilson_interval():
-    from mmspec.image_ar.var_bench import ar_spread_note, wilson_interval
+    from mmspec.image_ar.bench_report import ar_spread_note, wilson_interval
 
     low, high = wilson_interval(0.5, 100)
     assert (round(low, 3), round(high, 3)) == (0.404, 0.596)  # the textbook value
