@@ -33,10 +33,22 @@ from mmspec.sampling import randint, randn
 SCHEDULERS = ("ddpm", "ddim")
 
 
-def cosine_scheduler(kind: str = "ddpm", num_train_timesteps: int = 1000) -> DDPMScheduler | DDIMScheduler:
-    """A diffusers scheduler with MAR's diffusion settings (see the module docstring)."""
+SPACINGS = ("linspace", "leading")
+
+
+def cosine_scheduler(kind: str = "ddpm", num_train_timesteps: int = 1000, timestep_spacing: str = "linspace"
+                     ) -> DDPMScheduler | DDIMScheduler:
+    """A diffusers scheduler with MAR's diffusion settings (see the module docstring).
+
+    `timestep_spacing` "linspace" (official) starts sampling at t = 999, where the cosine schedule's
+    alpha_bar is 2.4e-9: x_0 is read from the noise prediction with a gain of 1 / sqrt(alpha_bar) = 2e4,
+    so a head that is not near exact there (a small or briefly trained one) sends the draw off to
+    hundreds of standard deviations. "leading" (t = 980, 960, ..., 0 for 50 steps; Stable Diffusion's
+    choice) starts where the gain is 33."""
+    if timestep_spacing not in SPACINGS:
+        raise MMSpecError(f"unknown timestep_spacing {timestep_spacing!r} (known: {', '.join(SPACINGS)})")
     common = dict(num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2",
-                  prediction_type="epsilon", clip_sample=False, timestep_spacing="linspace")
+                  prediction_type="epsilon", clip_sample=False, timestep_spacing=timestep_spacing)
     if kind == "ddpm":
         return DDPMScheduler(variance_type="learned_range", **common)
     if kind == "ddim":
@@ -182,7 +194,7 @@ class DiffLoss(nn.Module):
     """The diffusion head of MAR: training loss and per-token sampling through a diffusers scheduler."""
 
     def __init__(self, target_channels: int, z_channels: int, depth: int, width: int,
-                 num_sampling_steps: int | str = 100, scheduler: str = "ddpm") -> None:
+                 num_sampling_steps: int | str = 100, scheduler: str = "ddpm", timestep_spacing: str = "linspace") -> None:
         super().__init__()
         self.in_channels = target_channels
         self.net = SimpleMLPAdaLN(in_channels=target_channels, model_channels=width, out_channels=2 * target_channels,
@@ -191,7 +203,7 @@ class DiffLoss(nn.Module):
         if not 1 <= self.num_sampling_steps <= 1000:
             raise MMSpecError(f"num_sampling_steps must be in 1..1000, got {num_sampling_steps}")
         self.scheduler_kind = scheduler
-        self.scheduler = cosine_scheduler(scheduler)
+        self.scheduler = cosine_scheduler(scheduler, timestep_spacing=timestep_spacing)
         self.scheduler.set_timesteps(self.num_sampling_steps)
         self.train_scheduler = cosine_scheduler("ddpm")
 

@@ -76,6 +76,7 @@ class MAR(ModelMixin, ConfigMixin):
         num_sampling_steps: int = 100,
         diffusion_batch_mul: int = 4,
         scheduler: str = "ddpm",
+        timestep_spacing: str = "linspace",
     ) -> None:
         super().__init__()
         for name, value, heads in (("encoder", encoder_embed_dim, encoder_num_heads),
@@ -113,7 +114,8 @@ class MAR(ModelMixin, ConfigMixin):
         self.initialize_weights()
 
         self.diffloss = DiffLoss(target_channels=self.token_embed_dim, z_channels=decoder_embed_dim, width=diffloss_w,
-                                 depth=diffloss_d, num_sampling_steps=num_sampling_steps, scheduler=scheduler)
+                                 depth=diffloss_d, num_sampling_steps=num_sampling_steps, scheduler=scheduler,
+                                 timestep_spacing=timestep_spacing)
 
     def initialize_weights(self) -> None:
         for param in (self.class_emb.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed_learned,

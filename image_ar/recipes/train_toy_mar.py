@@ -67,7 +67,7 @@ def build_mar(role: str, args: argparse.Namespace) -> MAR:
                decoder_embed_dim=width, decoder_depth=size["depth"], decoder_num_heads=heads, buffer_size=8,
                diffloss_d=size["head_depth"], diffloss_w=int(size["head_width"] * args.width_mult),
                num_sampling_steps=args.sampling_steps, diffusion_batch_mul=args.diffusion_batch_mul,
-               attn_dropout=args.dropout, proj_dropout=args.dropout)
+               attn_dropout=args.dropout, proj_dropout=args.dropout, timestep_spacing="leading")
 
 
 def train_vae(args: argparse.Namespace, out: Path) -> dict:

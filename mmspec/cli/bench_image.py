@@ -21,7 +21,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = benches.add_parser("image", parents=[flags.threads, flags.json],
                                 help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus, "
-                        "or a saved VAR or MAR pipeline (default: the toy shapes-image-ar)")
+                        "or a saved VAR or MAR pipeline such as shapes-var or shapes-mar (default: the toy shapes-image-ar)")
     add_size_flag(parser, 16, "images per method (conditions cycle through the classes or --prompts)", "--n")
     parser.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
                         help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")

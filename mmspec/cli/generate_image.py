@@ -19,7 +19,7 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
     parser.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
                         "free text for a text-to-image model (Janus)")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style, Janus or a saved "
-                        "VAR pipeline such as shapes-var, or a saved MAR pipeline (default: the toy shapes-image-ar)")
+                        "VAR pipeline such as shapes-var, or a saved MAR pipeline such as shapes-mar (default: the toy shapes-image-ar)")
     parser.add_argument("--method", choices=common.LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
                         metavar="METHOD", help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), "
                         "gsd / lantern = relaxed; VAR models: ar = the large VAR alone, code = CoDe (large drafts the "

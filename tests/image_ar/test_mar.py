@@ -201,3 +201,18 @@ def test_official_builds_have_the_papers_parameter_counts(name, millions):
         model = MAR(**OFFICIAL_BUILDS[name])
     assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - millions) < 1.5
     assert model.state_dict()["class_emb.weight"].shape == (1000, OFFICIAL_BUILDS[name]["encoder_embed_dim"])
+
+
+def test_the_head_can_skip_the_degenerate_first_timestep():
+    """"leading" spacing starts at t = 980 (gain 33 from noise prediction to x_0) instead of the official 999 (2e4)."""
+    from mmspec.image_ar.diffloss import cosine_scheduler
+
+    official, leading = cosine_scheduler("ddpm"), cosine_scheduler("ddpm", timestep_spacing="leading")
+    official.set_timesteps(50), leading.set_timesteps(50)
+    assert int(official.timesteps[0]) == 999 and int(leading.timesteps[0]) == 980 and int(leading.timesteps[-1]) == 0
+    gain = lambda t: float(1 / official.alphas_cumprod[t].sqrt())  # noqa: E731
+    assert gain(999) > 1e4 and gain(980) < 40
+    model = tiny_mar(0, timestep_spacing="leading")
+    assert int(model.diffloss.scheduler.timesteps[0]) == 900 and int(tiny_mar(0).diffloss.scheduler.timesteps[0]) == 999
+    with pytest.raises(MMSpecError, match="unknown timestep_spacing 'trailing'"):
+        cosine_scheduler("ddpm", timestep_spacing="trailing")

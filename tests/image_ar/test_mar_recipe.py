@@ -82,6 +82,17 @@ def test_the_card_stage_judges_every_part_and_sets_the_best_cfg(tmp_path):
     best = max((a, float(c)) for c, a in accuracy.items())[1]
     assert card["pipeline_defaults"]["cfg"] == best == json.loads((out / "model_index.json").read_text())["card"]["cfg"]
     assert list(parts["draft"]["quality"]) == ["images_per_cfg", "method", "num_iter", f"cfg_{best:g}"]
-    assert card["total_size_bytes"] > parts["model"]["file_size_bytes"] > 0
+    assert card["total_size_bytes"] > parts["model"]["file_size_bytes"] > 0 and card["train_wall_time_s"] > 0
+    assert {"name", "params", "trained_on", "quality", "rebuild_command", "role"} <= set(card)
     with pytest.raises(SystemExit):
         train_toy_mar.main(["--stage", "card", "--out", str(tmp_path / "empty"), *SMOKE])
+
+
+def test_the_card_headline_is_what_zoo_list_shows():
+    from mmspec.image_ar.recipes.shapes_mar_card import headline_quality, part_walls
+
+    parts = {"vae": {"quality": {"heldout_psnr_db": 26.0, "judge_accuracy_reconstructions": 0.8, "heldout_images": 480}},
+             "model": {"quality": {"images_per_cfg": 96, "cfg_3": {"class_accuracy": 0.5, "sampling_seconds": 9}}}}
+    assert headline_quality(parts) == {"vae_heldout_psnr_db": 26.0, "vae_judge_accuracy_reconstructions": 0.8,
+                                       "model_class_accuracy_cfg_3": 0.5}
+    assert part_walls({"train_wall_time_s": 5, "earlier_training": {"train_wall_time_s": 7}}) == [5, 7]
