@@ -1,6 +1,7 @@
 """Train the zoo's toy MAR pair ``shapes-mar`` (the draft and target of continuous speculative decoding).
 
-    python -m mmspec.image_ar.recipes.train_toy_mar --stage all --vae-minutes 9 --max-minutes 70 --draft-minutes 20
+    python -m mmspec.image_ar.recipes.train_toy_mar --stage all --vae-minutes 17 --max-minutes 65 --draft-minutes 20 \\
+        --lr 5e-4 --warmup 100                                                   # shapes_mar_card.REBUILD_COMMAND
     python -m mmspec.image_ar.recipes.train_toy_mar --stage all --steps 3 --batch-size 4 --train-n 16 --out /tmp/x  # smoke
     cp -r shapes-mar/model first && python -m mmspec.image_ar.recipes.train_toy_mar --stage target \\
         --init-from first --max-minutes 60 && python -m mmspec.image_ar.recipes.train_toy_mar --stage card  # continue
