@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import torch
 from diffusers import AutoencoderKL
 
+from mmspec.devices import synchronize
 from mmspec.errors import MMSpecError
 from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline, resolve_dtype
 
@@ -192,6 +193,7 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
         with self.progress_bar(total=settings["num_iter"], desc=f"image ({method})", unit="step",
                                enabled=progress_bar) as bar:
             on_step = lambda left: bar.update(1)  # noqa: E731
+            synchronize(self.device)  # on a GPU the timing covers the queued work
             start = time.perf_counter()
             if method == "cspd":
                 out = cspd_generate(self.draft, self.model, len(labels), labels=label_tensor,
@@ -202,6 +204,7 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
             else:
                 tokens, stats = target_generate(self.model, len(labels), labels=label_tensor, on_step=on_step, **common)
             stats.method = method
+            synchronize(self.device)
             stats.total_time = time.perf_counter() - start
         latents = self.model.unpatchify(tokens) / self.vae.config.scaling_factor  # stats time token generation only
         pixels = self.vae.decode(latents.to(self.vae.device, self.vae.dtype)).sample

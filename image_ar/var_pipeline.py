@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
+from mmspec.devices import synchronize
 from mmspec.errors import MMSpecError
 from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline, resolve_dtype
 from mmspec.stats import SpecStats
@@ -185,6 +186,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         stats = SpecStats(method=method)
         with self.progress_bar(total=self.num_scales, desc=f"image ({method})", unit="scale", enabled=progress_bar) as bar:
             on_scale = lambda si, name: bar.update(1)  # noqa: E731
+            synchronize(self.device)  # on a GPU the timing covers the queued work
             start = time.perf_counter()
             if method == "code":
                 out = code_generate(self.model, self.refiner, self.vq, labels, n, sampling, generator, decode=False,
@@ -197,6 +199,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
                                       on_scale=on_scale)
                 token_maps, f_hat = state.token_maps, state.f_hat
                 stats.target_forwards = state.forwards["model"]
+            synchronize(self.device)
             stats.total_time = time.perf_counter() - start
         stats.new_tokens = sum(int(t.numel()) for t in token_maps)
         pixels = self.vq.fhat_to_img(f_hat.to(self.vq.device, self.vq.dtype))  # stats time token generation only

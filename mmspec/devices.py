@@ -68,6 +68,28 @@ def as_device(value: str | int | torch.device, what: str = "device") -> torch.de
         raise MMSpecError(f"{what}: {value!r} is not a device (e.g. cpu, cuda, cuda:1, mps, 0)") from error
 
 
+def usable_device(value: str | int | torch.device, what: str = "--device") -> torch.device:
+    """`as_device`, and present on this machine: "cuda" without a CUDA GPU (or "cuda:3" on a machine with two)
+    is one clear error here rather than a traceback at the first tensor moved."""
+    device = as_device(int(value) if isinstance(value, str) and value.isdigit() else value, what)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise MMSpecError(f"{what} {value}: this machine has no CUDA GPU that torch can use")
+        if device.index is not None and device.index >= count:
+            raise MMSpecError(f"{what} {value}: this machine has {count} CUDA GPU(s), numbered 0 to {count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise MMSpecError(f"{what} {value}: MPS is not available on this machine")
+    return device
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work, so a wall-clock timing covers it (a no-op on the CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def load_options(device: str | torch.device | None = None, device_map: str | Mapping[str, Any] | None = None,
                  max_memory: Mapping[Any, Any] | None = None,
                  offload_folder: str | os.PathLike | None = None) -> dict[str, Any]:

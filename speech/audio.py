@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 
 from ..errors import MMSpecError
@@ -123,6 +122,7 @@ def _reason(error: BaseException) -> str:
 
 
 def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
+    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
     try:
         container = av.open(str(path))
     except Exception as err:  # av.error.InvalidDataError, FileNotFoundError, ...: all "cannot read"
@@ -175,6 +175,7 @@ class _SampleBuffer:
 
 def _expected_samples(container: Any, stream: Any, sampling_rate: int) -> int:
     """Samples at `sampling_rate` the container says it holds (plus 1 %), or 0 when it does not say."""
+    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
     seconds = None
     if stream.duration is not None and stream.time_base is not None:
         seconds = float(stream.duration * stream.time_base)
@@ -242,6 +243,7 @@ def _finite(audio: np.ndarray, what: str) -> np.ndarray:
 
 
 def _resample_array(audio: np.ndarray, source_rate: int, rate: int) -> np.ndarray:
+    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
     if source_rate <= 0:
         raise MMSpecError(f"source_sampling_rate must be > 0, got {source_rate}")
     if source_rate == rate:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mmspec.cli import main
 from mmspec.zoo import entries
@@ -89,6 +90,7 @@ GENERATE_IMAGE = [
     (["generate-image", "red circle", "--temperature", NAN], "argument --temperature: expected a finite number"),
     (["generate-image", "red circle", "--seed", BIG_SEED], "argument --seed"),
     (["generate-image", "red circle", "--threads", "-1"], "argument --threads"),
+    (["generate-image", "red circle", "--device", "gpu7"], "argument --device: 'gpu7' is not a device"),
     (["generate-image", "red circle", "--top-k", "0"], "argument --top-k"),
     (["generate-image", "red circle", "--lantern-delta", NAN], "argument --lantern-delta: expected a finite number"),
 ]
@@ -113,6 +115,8 @@ BENCH = [
     (["bench", "vision", "--std", "1"], "K,GAMMA pairs of positive integers, got '1'"),
     (["bench", "vision", "--repeats", "0"], "argument --repeats"),
     (["bench", "vision", "--threads", "-1"], "argument --threads"),
+    (["bench", "vision", "--device", "gpu7"], "argument --device: 'gpu7' is not a device"),
+    (["bench", "image", "--device", "cuda:x"], "argument --device: 'cuda:x' is not a device"),
     (["bench", "overhead", "--hidden", "7"], "argument --hidden"),
     (["bench", "overhead", "--hidden", "0"], "argument --hidden"),
     (["bench", "overhead", "--hidden", "12"], "a multiple of 8"),
@@ -174,6 +178,13 @@ ZOO_ROWS = [pytest.param(argv, expected, id=f"zoo:{' '.join(argv)[:60]}", marks=
             for argv, expected in CAPTION_WITH_ZOO + GENERATE_IMAGE_WITH_ZOO]
 
 
+NO_GPU = [  # a device this machine lacks
+    (["bench", "image", "--device", "cuda"], "--device cuda: this machine has no CUDA GPU that torch can use"),
+    (["bench", "vision", "--device", "0"], "--device 0: this machine has no CUDA GPU that torch can use"),
+    (["generate-image", "red circle", "--device", "cuda:1"], "--device cuda:1: this machine has no CUDA GPU"),
+]
+
+
 @pytest.fixture
 def fields(tmp_path: Path) -> dict[str, str]:
     video = tmp_path / "clip.mp4"
@@ -212,6 +223,13 @@ def check(code: int, err: str, expected: str, fields: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("argv, expected", ROWS)
 def test_bad_input_is_one_line_and_exit_2(argv, expected, fields, capsys):
+    code, err = run_in_process(argv, fields, capsys)
+    check(code, err, expected, fields)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA GPU")
+@pytest.mark.parametrize("argv, expected", NO_GPU)
+def test_a_device_the_machine_lacks_is_one_line_and_exit_2(argv, expected, fields, capsys):
     code, err = run_in_process(argv, fields, capsys)
     check(code, err, expected, fields)
 

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 from ..cached_model import cache_argument
 from ..bench.harness import BenchReport, ForwardCounter, MethodFn, run_benchmark
 from ..decoding import SpeculativeDecoder
+from ..devices import synchronize
 from ..drafters import NoDrafter
 from ..errors import MMSpecError
 from ..policies import FixedDraftLength
@@ -122,12 +123,6 @@ def visual_attention_share(model: PreTrainedModel, item: CaptionInput, repeats: 
     return {"step_ms_full_cache": full * 1e3, "step_ms_text_cache": text_only * 1e3,
             "visual_attention_share": max(0.0, (full - text_only) / full), "prompt_tokens": length,
             "visual_tokens": length - text.numel()}
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so a wall-clock timing covers it (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bytes_per_committed_token(stats: SpecStats, target_read: int, drafter_read: int = 0) -> float:

@@ -17,7 +17,6 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-import av
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -166,6 +165,7 @@ def _uniform_indices(total: int, count: int) -> list[int]:
 
 
 def _open_video(path: Path) -> tuple[Any, Any]:
+    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
     container = av.open(str(path))
     if not container.streams.video:
         container.close()
@@ -190,6 +190,7 @@ def _frame_times(path: Path) -> list[float | None]:
 def _decode_indices(path: Path, wanted: list[int], times: list[float | None]) -> list[np.ndarray]:
     """The frames at `wanted` (presentation order, repeats allowed): seek to each one's key frame and decode
     forward when timestamps allow, else one pass over the stream; only the wanted frames become RGB."""
+    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
     if all(t is not None for t in times):
         try:
             found = _decode_by_seeking(path, sorted(set(wanted)), times)

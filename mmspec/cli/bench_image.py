@@ -12,13 +12,15 @@ from .common import (
     SharedFlags,
     add_size_flag,
     announce_zoo_default,
+    check_device,
     emit,
+    on_device,
     set_threads,
 )
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
-    parser = benches.add_parser("image", parents=[flags.threads, flags.json],
+    parser = benches.add_parser("image", parents=[flags.threads, flags.device, flags.json],
                                 help="image-AR methods side by side: AR, drafter SD, SJD, GSD, LANTERN")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style or Janus, "
                         "or a saved VAR or MAR pipeline such as shapes-var or shapes-mar (default: the toy shapes-image-ar)")
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sampling import SamplingConfig
 
     set_threads(args)
+    check_device(args)
     lantern = None
     if args.lantern is not None:
         try:
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     family = image_family(name)
     if family is not None:  # flags of another family fail before any weights load
         refuse_family_flags(args, family, name)
-    pipe = SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter)
+    pipe = on_device(SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter), args)
     if family is None:  # known only now that the model is loaded
         refuse_family_flags(args, getattr(pipe, "family", None) or "llamagen", name)
     if getattr(pipe, "family", None) == "var":

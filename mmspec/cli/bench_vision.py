@@ -7,12 +7,12 @@ import json
 
 from ..errors import MMSpecError
 from . import checks
-from .common import SharedFlags, add_size_flag, emit, set_threads
+from .common import SharedFlags, add_size_flag, check_device, emit, on_device, set_threads
 from .tree_flag import add_tree_flag
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
-    parser = benches.add_parser("vision", parents=[flags.seed, flags.repeats, flags.threads, flags.json],
+    parser = benches.add_parser("vision", parents=[flags.seed, flags.repeats, flags.threads, flags.device, flags.json],
                                 help="caption methods side by side on held-out shapes videos")
     parser.add_argument("--model", default="shapes-video-captioner")
     parser.add_argument("--drafter", default=None, help="text-only drafter (default: the model's zoo pair)")
@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from ..world import examples, render_video
 
     set_threads(args)
-    pipe = CaptionPipeline.from_pretrained(args.model, drafter=args.drafter)
+    check_device(args)
+    pipe = on_device(CaptionPipeline.from_pretrained(args.model, drafter=args.drafter), args)
     feature = dict(pipe.feature_drafters)  # the model's own msd / flash drafters, when it has them
     for spec in args.extra_drafter:
         label, kind, path = parse_drafter_spec(spec)

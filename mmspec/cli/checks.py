@@ -169,6 +169,18 @@ def pair_of_ints(name: str, first: str, second: str) -> Callable[[str], tuple[in
     return parse
 
 
+def device_name(text: str) -> str:
+    """A torch device name or accelerator index (cpu, cuda, cuda:1, mps, 0); whether this machine has it is
+    checked when the verb runs (`mmspec.devices.usable_device`)."""
+    import torch
+
+    try:
+        torch.device(int(text) if text.isdigit() else text)
+    except (RuntimeError, TypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (e.g. cpu, cuda, cuda:1, mps, 0)") from None
+    return text
+
+
 def batch_sizes(text: str) -> tuple[int, ...]:
     """'1,4,8' -> (1, 4, 8): distinct positive integers, in the order given."""
     try:

@@ -38,6 +38,10 @@ class SharedFlags:
             "--threads", type=checks.threads, default=None, help="torch CPU threads (default: torch's choice)"))
         self.repeats = self._parser(lambda p: p.add_argument("--repeats", type=checks.positive_int, default=3,
                                                              help="interleaved repetitions; medians are reported"))
+        self.device = self._parser(lambda p: p.add_argument(
+            "--device", type=checks.device_name, default=None, metavar="DEVICE",
+            help="run the models on this device, e.g. cuda, cuda:1 (default: cpu); the generator stays on the CPU, "
+                 "so a seed gives the same draws everywhere"))
 
     @staticmethod
     def _parser(add: Callable[[argparse.ArgumentParser], Any]) -> argparse.ArgumentParser:
@@ -107,6 +111,23 @@ def set_threads(args: argparse.Namespace) -> None:
 
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """`--device` present on this machine: checked before any weights load."""
+    if getattr(args, "device", None) is not None:
+        from ..devices import usable_device
+
+        usable_device(args.device)
+
+
+def on_device(pipe: Any, args: argparse.Namespace) -> Any:
+    """The loaded pipeline moved to `--device` (as diffusers' `pipe.to("cuda")`), when one is given."""
+    if getattr(args, "device", None) is None:
+        return pipe
+    from ..devices import usable_device
+
+    return pipe.to(usable_device(args.device))
 
 
 def emit(report: Any, args: argparse.Namespace) -> None:

@@ -13,7 +13,7 @@ from .atomic import atomic_write
 
 
 def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) -> None:
-    parser = commands.add_parser("generate-image", parents=[flags.seed, flags.threads, flags.json],
+    parser = commands.add_parser("generate-image", parents=[flags.seed, flags.threads, flags.device, flags.json],
                                  help="generate an image of a class (or from text, with Janus) with an AR image model, "
                                       "speculatively")
     parser.add_argument("prompt", help="class name from the model's classes.json (e.g. \"red circle\") or a class id; "
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
 
     common.set_threads(args)
+    common.check_device(args)
 
     if args.model is None:
         common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     family = image_family(model_name)
     if family is not None:  # flags of another family fail before any weights load
         options = family_options(args, family, model_name)
-    pipe = SpeculativeImagePipeline.from_pretrained(model_name, drafter=args.drafter)
+    pipe = common.on_device(SpeculativeImagePipeline.from_pretrained(model_name, drafter=args.drafter), args)
     if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
         condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
         stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"

@@ -24,7 +24,7 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
                        help="memory each device may hold, e.g. cpu=200MB or 0=10GiB,cpu=30GiB (implies --device-map auto)")
     group.add_argument("--offload-folder", type=checks.output_folder, default=None, metavar="DIR",
                        help="where layers offloaded to the disk are kept")
-    group.add_argument("--drafter-device", type=device, default=None, metavar="DEVICE",
+    group.add_argument("--drafter-device", type=checks.device_name, default=None, metavar="DEVICE",
                        help="device of the drafter (default: the model's first device)")
 
 
@@ -67,16 +67,6 @@ def max_memory(text: str) -> dict[Any, str]:
     from ..devices import check_max_memory
 
     return _checked(check_max_memory, sizes)
-
-
-def device(text: str) -> str:
-    from ..devices import as_device
-
-    try:
-        as_device(text)
-    except MMSpecError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device (e.g. cpu, cuda, cuda:1, mps, 0)") from None
-    return text
 
 
 def _checked(check: Callable[[Any], Any], value: Any) -> Any:
