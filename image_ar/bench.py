@@ -206,7 +206,8 @@ def bench_image(
                                repeats=repeats, warmup=warmup, progress=progress,
                                settings={"images": len(items), "seed": seed, "guidance_scale": scale,
                                          "temperature": sampling.temperature if sampling.do_sample else 0.0,
-                                         "repeats": repeats, "threads": torch.get_num_threads()})
+                                         "repeats": repeats, "threads": torch.get_num_threads(),
+                                         "device": str(pipe.device)})
         images = {name: to_pil(pipe.vq.decode(torch.stack([by_index[i] for i, _ in items]))) for name, by_index in grids.items()}
         reference_images = []
         if judge_dir is not None and judge_dir.is_dir():

@@ -226,7 +226,7 @@ def bench_vision(
         with torch.inference_mode():
             report = run_benchmark(title, methods, inputs, reference="plain-greedy", repeats=repeats, progress=progress,
                                    settings={"videos": len(inputs), "max_new_tokens": max_new_tokens, "repeats": repeats,
-                                             "threads": torch.get_num_threads()})
+                                             "threads": torch.get_num_threads(), "device": str(model.device)})
     finally:
         for each in counters:
             each.close()
