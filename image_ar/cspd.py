@@ -100,6 +100,11 @@ def _check_pair(draft: ContinuousTokenModel, target: ContinuousTokenModel, num_d
                           f"target {target.seq_len} x {target.token_embed_dim}")
     if not (draft.supports_density and target.supports_density):
         raise MMSpecError("continuous speculative decoding needs DDPM heads on both models (DDIM tokens have no density)")
+    steps = [getattr(m, "denoising_timesteps", None) for m in (draft, target)]  # optional in the protocol
+    if None not in steps and steps[0] != steps[1]:
+        raise MMSpecError(f"draft and target must denoise on the same timesteps to align their trajectories: draft "
+                          f"{_timesteps(steps[0])}, target {_timesteps(steps[1])} (set the same num_sampling_steps and "
+                          f"timestep_spacing)")
     if num_draft < 1:
         raise MMSpecError(f"num_draft must be >= 1, got {num_draft}")
     if not 0 <= prefill_ratio < 1:
@@ -108,6 +113,10 @@ def _check_pair(draft: ContinuousTokenModel, target: ContinuousTokenModel, num_d
         raise MMSpecError(f"inner_temperature must be > 0, got {inner_temperature}")
     if max_tries < 1:
         raise MMSpecError(f"max_tries must be >= 1, got {max_tries}")
+
+
+def _timesteps(steps: tuple[int, ...]) -> str:
+    return f"{len(steps)} steps from t = {steps[0]}" if steps else "no steps"
 
 
 def _bank_shapes(banks: tuple[torch.Tensor, torch.Tensor | None]) -> tuple:

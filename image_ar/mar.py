@@ -223,6 +223,12 @@ class MAR(ModelMixin, ConfigMixin):
         """Whether the head's draws come with CSpD densities (DDPM; DDIM is deterministic)."""
         return self.config.scheduler == "ddpm"
 
+    @property
+    def denoising_timesteps(self) -> tuple[int, ...]:
+        """The head's sampling timesteps (its step count and spacing): CSpD's shared noise aligns two
+        heads' trajectories only when these are equal."""
+        return tuple(self.diffloss.scheduler.timesteps.tolist())
+
     def sample_orders(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """A random generation order per image [B, L] (drawn on the generator's device, returned on the model's)."""
         keys = rand((batch_size, self.seq_len), generator, self.device)

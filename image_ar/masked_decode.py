@@ -53,6 +53,7 @@ class ContinuousTokenModel(Protocol):
     token_embed_dim: int
     device: torch.device
     supports_density: bool
+    # Optional: `denoising_timesteps` (tuple of ints), compared between draft and target by cspd when both have it.
 
     def check_generation(self, num_iter: int, cfg: float, cfg_schedule: str, temperature: float) -> None: ...
     def class_embedding(self, labels: Any, batch_size: int, cfg: float) -> torch.Tensor: ...

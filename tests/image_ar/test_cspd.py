@@ -151,9 +151,10 @@ def test_bad_settings_give_one_clear_error(mar_pair, kwargs, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(num_sampling_steps=5), "must share the diffusion noise"),
+    (dict(num_sampling_steps=5), "must denoise on the same timesteps to align .*: draft 5 steps"),
     (dict(vae_embed_dim=8), "draft and target must make the same tokens"),
     (dict(scheduler="ddim"), "needs DDPM heads on both models"),
+    (dict(timestep_spacing="leading"), "draft 10 steps from t = 900, target 10 steps from t = 999"),
 ])
 def test_incompatible_pairs_give_one_clear_error(mar_pair, overrides, message):
     _, target = mar_pair
