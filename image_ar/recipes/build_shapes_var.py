@@ -59,25 +59,8 @@ def assemble(out: Path, card_extra: dict | None = None) -> Path:
     card = {"default_method": "code", "draft_scales": len(shapes_var.PATCH_NUMS) - 1, "cfg": 1.5, "judge": "shapes-image-ar",
             **(card_extra or {})}
     VARPipeline(model, vq, refiner, class_names=data.label_names(), model_name=shapes_var.NAME, card=card).save_pretrained(out)
-    shapes_var.update_card(out, "pipeline", {"pipeline_defaults": card, **summary(out)})
+    shapes_var.update_card(out, "pipeline", {"pipeline_defaults": card, **shapes_var.summary(out)})
     return out
-
-
-def summary(out: Path) -> dict:
-    """The card's top-level facts (what `mmspec zoo list` shows), gathered from its components' sections."""
-    parts = json.loads((out / "zoo_card.json").read_text()).get("components", {})
-    quality = {}
-    if "judge_accuracy_reconstructions" in parts.get("vq", {}).get("quality", {}):
-        quality["vq_reconstruction_class_accuracy"] = parts["vq"]["quality"]["judge_accuracy_reconstructions"]
-    for role in ("model", "refiner"):
-        for cfg, result in parts.get(role, {}).get("quality", {}).get("samples", {}).items():
-            if isinstance(result, dict):
-                quality[f"{role}_class_accuracy_{cfg}"] = result["class_accuracy"]
-    walls = [p.get("train_wall_time_s") or 0 for p in parts.values()]
-    return {"params": sum(p.get("params", 0) for p in parts.values()),
-            "role": "target (large VAR) + refiner (small VAR) + VQ-VAE",
-            "trained_on": "; ".join(f"{name}: {p.get('trained_on', '?')}" for name, p in parts.items()),
-            "quality": quality, "train_wall_time_s": round(sum(walls), 1)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ colour, 64 x 64 renders of the shapes world); the quality judge is that model's 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,22 @@ def update_card(out: Path, section: str, info: dict[str, Any]) -> dict[str, Any]
     """Fill `components[section]` (or the top level for "pipeline") of OUT/zoo_card.json and write classes.json."""
     card = data.fill_card(out, section, info, top_level="pipeline", new_card=base_card)
     return data.write_card(out, card, [c.get("train_wall_time_s") for c in card.get("components", {}).values()])
+
+
+def summary(out: Path) -> dict:
+    """The card's top-level facts (what `mmspec zoo list` shows), gathered from its components' sections."""
+    parts = json.loads((out / "zoo_card.json").read_text()).get("components", {})
+    quality = {}
+    if "judge_accuracy_reconstructions" in parts.get("vq", {}).get("quality", {}):
+        quality["vq_reconstruction_class_accuracy"] = parts["vq"]["quality"]["judge_accuracy_reconstructions"]
+    for role in ("model", "refiner"):
+        for cfg, result in parts.get(role, {}).get("quality", {}).get("samples", {}).items():
+            if isinstance(result, dict):
+                quality[f"{role}_class_accuracy_{cfg}"] = result["class_accuracy"]
+    walls = [p.get("train_wall_time_s") or 0 for p in parts.values()]
+    tuned = sorted(name for name in parts if name.startswith("refiner-"))  # CoDe's fine-tuned refiners
+    return {"params": sum(p.get("params", 0) for p in parts.values()),
+            "role": "target (large VAR) + refiner (small VAR) + VQ-VAE"
+                    + (f" + fine-tuned refiners ({', '.join(tuned)})" if tuned else ""),
+            "trained_on": "; ".join(f"{name}: {p.get('trained_on', '?')}" for name, p in parts.items()),
+            "quality": quality, "train_wall_time_s": round(sum(walls), 1)}

@@ -164,6 +164,7 @@ def train(args: argparse.Namespace) -> dict:
                             + (f" --init-from {args.init_from}" if args.init_from else "")),
     }
     shapes_var.update_card(out, section, info)
+    shapes_var.update_card(out, "pipeline", shapes_var.summary(out))  # totals now count this refiner too
     print(f"saved {folder} after {wall:.0f}s of training", flush=True)
     return info
 
