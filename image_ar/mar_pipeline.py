@@ -90,6 +90,9 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
         if draft is not None and (draft.seq_len, draft.token_embed_dim) != (model.seq_len, model.token_embed_dim):
             raise MMSpecError(f"the draft makes {draft.seq_len} x {draft.token_embed_dim} tokens, the model "
                               f"{model.seq_len} x {model.token_embed_dim}")
+        if draft is not None and draft.denoising_timesteps != model.denoising_timesteps:
+            raise MMSpecError("the draft's diffusion head denoises on other timesteps than the model's (set the same "
+                              "num_sampling_steps and timestep_spacing): cspd's shared noise could not align them")
         check_class_count(model.config.class_num, class_names, "draft", None if draft is None else draft.config.class_num)
         super().__init__()
         self._register_parts(class_names, card, model_name or type(model).__name__, model=model.eval(), vae=vae.eval(),

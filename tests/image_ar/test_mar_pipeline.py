@@ -92,6 +92,9 @@ def test_mismatched_parts_are_refused(pipe):
         MARPipeline(tiny_mar(0, vae_embed_dim=8), pipe.vae)
     with pytest.raises(MMSpecError, match="the draft makes"):
         MARPipeline(pipe.model, pipe.vae, tiny_mar(1, img_size=32, vae_stride=4))
+    with pytest.raises(MMSpecError, match="denoises on other timesteps"):
+        MARPipeline(pipe.model, pipe.vae, tiny_mar(1, encoder_embed_dim=16, decoder_embed_dim=16,
+                                                   timestep_spacing="leading"))
 
 
 # ---- the CLI: generate-image and bench image on a saved MAR pipeline ------------------------------
