@@ -306,6 +306,31 @@ def test_ctrl_c_while_importing_is_one_line():
 
 
 
+def test_ctrl_c_turned_into_an_import_error_is_still_an_interrupt(monkeypatch, capsys):
+    """transformers' lazy importer re-raises a KeyboardInterrupt that lands mid-import as ModuleNotFoundError;
+    after a Ctrl-C that is the user's interrupt (one line, 130). Control: the same error without a Ctrl-C is a bug
+    and keeps its traceback."""
+    import mmspec.cli as cli
+
+    def import_interrupted(args, argv):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt as interrupt:
+            raise ModuleNotFoundError("Could not import module 'PreTrainedModel'") from interrupt
+
+    monkeypatch.setattr(cli, "run_verb", import_interrupted)
+    assert main(["zoo", "list"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["mmspec: interrupted"]
+
+    def import_broken(args, argv):
+        raise ModuleNotFoundError("Could not import module 'PreTrainedModel'")
+
+    monkeypatch.setattr(cli, "run_verb", import_broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["zoo", "list"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
 def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
     import huggingface_hub
 

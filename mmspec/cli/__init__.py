@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import MMSpecError
 from . import (
@@ -60,7 +64,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def noted_interrupts() -> Iterator[list[int]]:
+    """Ctrl-C raises KeyboardInterrupt as usual and is also noted: a lazy importer (transformers') can turn an
+    interrupt that lands mid-import into an ImportError, which is still the user's Ctrl-C, not a bug."""
+    noted: list[int] = []
+    # Off the main thread no handler can be set; an ignored SIGINT (a background job of a script) stays ignored.
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield noted
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with noted_interrupts() as interrupts:
+        try:
+            return _main(argv)
+        except Exception:
+            if not interrupts:
+                raise
+            print("mmspec: interrupted", file=sys.stderr)
+            return 130
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # Parsing may import a pipeline module (choices of --method): Ctrl-C there is still a clean exit.
         try:
