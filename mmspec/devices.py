@@ -63,7 +63,7 @@ def place_drafter(drafter: torch.nn.Module, device: str | torch.device | None,
 def as_device(value: str | int | torch.device, what: str = "device") -> torch.device:
     """A torch.device from "cpu", "cuda:1", 0 (an accelerator index), ...; one clear error otherwise."""
     try:
-        return torch.device(value)
+        return torch.device(int(value) if isinstance(value, str) and value.isdigit() else value)
     except (RuntimeError, TypeError) as error:
         raise MMSpecError(f"{what}: {value!r} is not a device (e.g. cpu, cuda, cuda:1, mps, 0)") from error
 
@@ -71,7 +71,7 @@ def as_device(value: str | int | torch.device, what: str = "device") -> torch.de
 def usable_device(value: str | int | torch.device, what: str = "--device") -> torch.device:
     """`as_device`, and present on this machine: "cuda" without a CUDA GPU (or "cuda:3" on a machine with two)
     is one clear error here rather than a traceback at the first tensor moved."""
-    device = as_device(int(value) if isinstance(value, str) and value.isdigit() else value, what)
+    device = as_device(value, what)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, WhisperForConditionalGeneration
 
 from mmspec import MMSpecError, speculative_generate
-from mmspec.devices import input_device, load_options, place_drafter
+from mmspec.devices import as_device, input_device, load_options, place_drafter
 from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal, tiny_llama
 from mmspec.trees import TreeConfig
 
@@ -300,6 +300,16 @@ def test_load_options():
     assert load_options(max_memory={"cpu": "200MB"}) == {"device_map": "auto", "max_memory": {"cpu": "200MB"}}
     assert load_options(device_map={"model": "cpu", "lm_head": "disk", "x": 0}, offload_folder="off") == {
         "device_map": {"model": "cpu", "lm_head": "disk", "x": 0}, "offload_folder": "off"}
+
+
+def test_an_accelerator_index_may_be_given_as_text():
+    # --device / --drafter-device arrive as text: "0" means what 0 means to torch, not an unknown device
+    assert as_device("0") == as_device(0) == torch.device(0)
+    assert as_device("cpu") == torch.device("cpu") and as_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(MMSpecError, match="is not a device"):
+        as_device("-1")
+    with pytest.raises(MMSpecError, match="is not a device"):
+        as_device("gpu")
 
 
 @pytest.mark.parametrize("options, message", [

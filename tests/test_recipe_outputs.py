@@ -76,9 +76,12 @@ def test_tokenizer_goes_to_out_or_into_both_zoo_folders(tmp_path, monkeypatch):
 def test_captioner_drafter_defaults_are_the_shipped_build():
     import json
 
+    from mmspec.world import caption_token_cap
+
     card = json.loads((captioner_data.zoo_folder() / "zoo_card.json").read_text())
     shipped = card["drafters"]["rebuild_command"].split()
     args = train_captioner_drafters.build_parser().parse_args([])
+    args.max_new_tokens = caption_token_cap(card)  # the default follows the card
     for flag, value in zip(shipped, shipped[1:]):
         if flag.startswith("--") and not value.startswith("--") and flag != "--kinds":
             assert str(getattr(args, flag[2:].replace("-", "_"))) == value, flag

@@ -210,3 +210,15 @@ def test_long_video_mode(corpus):
     # the same clip: the long video's first and last frames are the short one's
     assert np.array_equal(video[0], short[0]) and np.array_equal(video[-1], short[-1])
     assert len({video[i].tobytes() for i in range(LONG_FRAMES)}) > 8
+
+
+def test_captioner_examples_follow_the_card():
+    from mmspec.world import DetailedScene, Scene, caption_token_cap, captioner_examples, detailed_examples, examples
+
+    detailed = {"scenes": "detailed", "max_shapes": 2}
+    got = captioner_examples(detailed, 3, seed=4, split="train")
+    assert got == detailed_examples(3, 4, "train", max_shapes=2)
+    assert all(isinstance(s, DetailedScene) and len(s.shapes) <= 2 for s, _ in got)
+    one_shape = captioner_examples({}, 3, seed=4)  # no "scenes": the one-shape grammar, held-out by default
+    assert one_shape == examples(3, 4, "heldout") and all(isinstance(s, Scene) for s, _ in one_shape)
+    assert caption_token_cap(detailed) > 150 >= 48 == caption_token_cap({})

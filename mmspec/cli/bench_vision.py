@@ -17,7 +17,8 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--model", default="shapes-video-captioner")
     parser.add_argument("--drafter", default=None, help="text-only drafter (default: the model's zoo pair)")
     add_size_flag(parser, 10, "held-out videos to caption", "--num-videos")
-    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=48)
+    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=None,
+                        help="new-token cap per caption (default: 48, or 160 for a detailed captioner)")
     parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
     parser.add_argument("--std", nargs="+", type=checks.pair_of_ints("--std", "K", "GAMMA"),
                         default=[(32, 5), (32, 9), (72, 5)], metavar="K,GAMMA",
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..vision.bench import CaptionInput, bench_vision, bench_vision_batches
     from ..vision.feature_methods import load_checked, parse_drafter_spec
     from ..vision.pipeline import CaptionPipeline
-    from ..world import examples, render_video
+    from ..world import caption_token_cap, captioner_examples, render_video
 
     set_threads(args)
     check_device(args)
@@ -48,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
             raise MMSpecError(f"--extra-drafter label {label!r} is used twice (msd / flash name the model's own drafters)")
         feature[label] = load_checked(kind, path, pipe.model)
     frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
-    # held-out videos like the ones the captioner was trained on (its card says how many shapes a scene has)
-    max_shapes = pipe.card.get("max_shapes", 3)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = caption_token_cap(pipe.card)
+    # held-out videos like the ones the captioner was trained on (its card says which scenes, how many shapes)
     videos = [render_video(scene, num_frames=frames, size=size)
-              for scene, _caption in examples(args.num_samples, seed=args.seed, split="heldout", max_shapes=max_shapes)]
+              for scene, _caption in captioner_examples(pipe.card, args.num_samples, seed=args.seed, split="heldout")]
     if args.batch_size:
         if args.tree is not None or args.extra_drafter:
             raise MMSpecError("--batch-size compares the methods that decode batches; --tree and --extra-drafter "

@@ -51,6 +51,22 @@ def detailed_examples(n: int, seed: int = 0, split: str = "train",
     return [sample_detailed_example(example_seed(split, seed, i), max_shapes) for i in range(n)]
 
 
+def captioner_examples(card: dict, n: int, seed: int = 0, split: str = "heldout") -> list:
+    """``n`` (scene, caption) pairs like the ones a captioner was trained on, as its zoo card says:
+    detailed scenes when it has ``"scenes": "detailed"``, else one-shape-grammar scenes; up to its
+    ``"max_shapes"`` shapes."""
+    if card.get("scenes") == "detailed":
+        return detailed_examples(n, seed, split, card.get("max_shapes", MAX_SHAPES))
+    return examples(n, seed, split, card.get("max_shapes", 3))
+
+
+def caption_token_cap(card: dict) -> int:
+    """A generous cap on a caption's new tokens for that captioner (detailed captions run to 150 tokens)."""
+    from .detailed_captions import MAX_TOKENS
+
+    return MAX_TOKENS + 10 if card.get("scenes") == "detailed" else 48
+
+
 def caption_corpus(n: int, seed: int = 0, split: str = "train") -> list[str]:
     """``n`` captions of ``split`` ("train" or "heldout", disjoint seed streams)."""
     return [c for _, c in examples(n, seed, split)]

@@ -6,8 +6,9 @@
 
 What it does, in order:
 
-1. renders `--videos` shapes-world *train* videos (`mmspec.world.examples(N, seed, "train")`, the
-   stream the captioner itself was trained on), and turns each into model inputs with the
+1. renders `--videos` shapes-world *train* videos (`mmspec.world.captioner_examples(card, N, seed,
+   "train")`: the stream the captioner itself was trained on, detailed scenes when its card says
+   `"scenes": "detailed"`), and turns each into model inputs with the
    captioner's own processor and prompt (`CaptionPipeline.prepare_inputs`, so the drafters see
    exactly the prompts `mmspec caption` feeds);
 2. self-distillation (`vision.distill_data.generate_distill_data`): the captioner's greedy traces
@@ -60,6 +61,8 @@ import torch
 from mmspec.errors import MMSpecError
 from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder
 
+from mmspec.world import caption_token_cap
+
 from . import captioner_data as cd
 
 DEFAULT_OUT_ROOT = Path.home() / ".cache" / "mmspec" / "captioner-drafters"
@@ -102,11 +105,10 @@ class VideoInputs:
     """The captioner's inputs for train videos 0..n-1, rendered one at a time (a sized iterable)."""
 
     def __init__(self, pipe: Any, n: int, seed: int, start: int = 0) -> None:
-        from mmspec.world import examples
+        from mmspec.world import captioner_examples
 
-        max_shapes = pipe.card.get("max_shapes", 3)  # videos like the captioner's own training videos
-        self.pipe = pipe
-        self.scenes = [scene for scene, _ in examples(start + n, seed=seed, split="train", max_shapes=max_shapes)[start:]]
+        self.pipe = pipe  # videos like the captioner's own training videos (detailed ones for a detailed captioner)
+        self.scenes = [scene for scene, _ in captioner_examples(pipe.card, start + n, seed=seed, split="train")[start:]]
 
     def __len__(self) -> int:
         return len(self.scenes)
@@ -269,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
     plan = recipes(args)
     began = time.perf_counter()
     pipe = load_captioner(folder)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = caption_token_cap(pipe.card)
     print(f"captioner {folder} ({sum(p.numel() for p in pipe.model.parameters()) / 1e6:.1f}M params); "
           f"drafters: {', '.join(plan)}", flush=True)
     est = estimate(pipe, args, plan)
@@ -289,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
     data = {"videos": args.videos, "split": "train", "seed": args.seed, "traces": meta["num_traces"],
             "modalities": meta["modalities"], "max_new_tokens": args.max_new_tokens,
             "distill_wall_time_s": round(data_wall, 1),
-            "source": f"mmspec.world.examples({args.videos}, seed={args.seed}, split='train', "
-                      f"max_shapes={pipe.card.get('max_shapes', 3)}), rendered like the "
+            "source": f"mmspec.world.captioner_examples(card, {args.videos}, seed={args.seed}, split='train') "
+                      f"({pipe.card.get('scenes', 'one-shape')} scenes), rendered like the "
                       "captioner's training videos, inputs from its processor and prompt"}
 
     if any(label in KINDS for label in plan):
@@ -333,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--noise-std", type=float, default=0.2, help="uniform noise on input features (EAGLE: 0.2)")
     parser.add_argument("--text-fraction", type=float, default=0.5, help="MSD: share of steps in the text-only stage")
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="caption length cap of the traces")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="caption length cap of the traces (default: 48, or 160 for a detailed captioner)")
     parser.add_argument("--flash-queries", type=int, default=32, help="FLASH: compressed visual tokens per video")
     parser.add_argument("--flash-semi-ar", type=int, default=3, help="FLASH: draft tokens per drafter forward")
     parser.add_argument("--out-root", default=str(DEFAULT_OUT_ROOT), help="data, checkpoints and ablation drafters go here")
@@ -351,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     for name in ("videos", "steps", "batch_size", "max_new_tokens", "flash_queries", "flash_semi_ar", "threads"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise MMSpecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr <= 0:
         raise MMSpecError(f"--lr must be > 0, got {args.lr}")

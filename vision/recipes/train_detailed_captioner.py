@@ -35,7 +35,7 @@ Cost (measured: ``--time-steps 5 --threads 1``, batch 8, 8 frames, on the 2-core
 machine shared with other jobs): stage T 1.9 s per step, stage B 7.0 s per step (the 28M LM
 over ~430-token sequences dominates). Estimated wall time of the defaults at one thread:
 300 x 1.9 s + 3000 x 7.0 s = about 21,600 s, i.e. about 6 hours, plus about a minute of
-evaluation (8 held-out videos took 1.9 s untrained). Not run yet: no detailed captioner ships.
+evaluation (8 held-out videos took 1.9 s untrained).
 The long-video mode costs 18.2 s per captioning step at batch 2 (``--frames 64 --batch-size 2
 --time-steps 3 --threads 1``; stage T 0.5 s), so it suits a short fine-tune of an 8-frame model.
 
@@ -303,6 +303,8 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
         "params": info["n_params"],
         "file_size_bytes": size,
         "dtype": "float16",
+        "scenes": "detailed",
+        "max_shapes": 4,
         "frames_trained_on": args.frames,
         "visual_tokens_per_video": cd.TOKENS_PER_FRAME * args.frames,
         "frame_size": cd.FRAME_SIZE,
