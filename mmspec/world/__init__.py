@@ -9,7 +9,8 @@ embedded toy model zoo and the benchmarks with data generated on the fly.
 """
 
 from .captions import caption, describe, group_shapes
-from .datasets import (caption_corpus, caption_prefix, caption_token_cap, captioner_examples, detailed_examples, example_seed, examples, heldout_prompts,
+from .datasets import (caption_corpus, caption_prefix, caption_token_cap, captioner_examples, detailed_examples,
+                       example_seed, examples, heldout_prompts,
                        sample_detailed_example, sample_example, write_prompts_file)
 from .detailed_captions import detailed_caption, estimate_tokens
 from .detailed_facts import all_correct, check_caption, parse_facts, scene_facts, score_facts
@@ -23,7 +24,8 @@ __all__ = [
     "Scene", "Shape", "all_correct", "check_caption", "detailed_caption", "detailed_examples", "estimate_tokens",
     "event_slots", "interactions", "parse_facts", "sample_detailed_example", "sample_detailed_scene", "scene_facts",
     "score_facts",
-    "caption", "caption_corpus", "caption_prefix", "caption_token_cap", "captioner_examples", "describe", "example_seed", "examples",
+    "caption", "caption_corpus", "caption_prefix", "caption_token_cap", "captioner_examples", "describe",
+    "example_seed", "examples",
     "group_shapes", "heldout_prompts", "region", "render_image", "render_video",
     "sample_example", "sample_scene", "shape_state", "write_prompts_file", "write_video",
 ]

@@ -69,6 +69,7 @@ from mmspec.world import (event_slots, example_seed, interactions, parse_facts, 
                           scene_facts, score_facts)
 from mmspec.world.detailed_facts import ATTRIBUTES
 from mmspec.world.detailed_captions import MAX_TOKENS
+from mmspec.world.detailed_scenes import MAX_SHAPES
 from mmspec.zoo import MODELS_DIR
 
 from . import captioner_data as cd
@@ -304,7 +305,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
         "file_size_bytes": size,
         "dtype": "float16",
         "scenes": "detailed",
-        "max_shapes": 4,
+        "max_shapes": MAX_SHAPES,
         "frames_trained_on": args.frames,
         "visual_tokens_per_video": cd.TOKENS_PER_FRAME * args.frames,
         "frame_size": cd.FRAME_SIZE,
