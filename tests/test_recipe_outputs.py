@@ -86,3 +86,26 @@ def test_captioner_drafter_defaults_are_the_shipped_build():
         if flag.startswith("--") and not value.startswith("--") and flag != "--kinds":
             assert str(getattr(args, flag[2:].replace("-", "_"))) == value, flag
     assert card["drafters"]["data"]["videos"] == args.videos == 1200 and args.steps == 3000
+
+
+def test_caption_lm_detailed_scenes_train_a_text_drafter_only(tmp_path, monkeypatch, capsys):
+    for argv in (["--which", "target"], ["--which", "drafter", "--distil"]):
+        with pytest.raises(SystemExit) as exit_info:
+            train_caption_lm.main(argv + ["--scenes", "detailed", "--out", str(tmp_path / "x")])
+        assert exit_info.value.code == 2
+        assert "--scenes detailed trains a text drafter" in capsys.readouterr().err
+
+
+def test_caption_lm_detailed_drafter_learns_the_detailed_grammar(tmp_path, monkeypatch):
+    import json
+
+    captions = train_caption_lm.corpus("detailed", 3, 0, "heldout")
+    assert all(len(c.split()) > 25 for c in captions)  # detailed captions, not one-shape ones (~10 words)
+    assert train_caption_lm.corpus("one-shape", 3, 0, "heldout") != captions
+    monkeypatch.setitem(train_caption_lm.DETAILED, "data_size", 8)
+    monkeypatch.setattr(train_caption_lm, "HELDOUT_N", 4)
+    train_caption_lm.main(["--which", "drafter", "--scenes", "detailed", "--steps", "2", "--out", str(tmp_path / "d")])
+    card = json.loads((tmp_path / "d" / "zoo_card.json").read_text())
+    assert card["scenes"] == "detailed" and card["data_size"] == 8 and card["steps"] == 2
+    assert "detailed_examples(n=8" in card["trained_on"] and "detailed_examples(n=4" in card["quality"]["measured_on"]
+    assert card["rebuild_command"].endswith("--which drafter --scenes detailed")

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from ..devices import input_device
@@ -83,8 +84,9 @@ def check_compatible(drafter: FeatureDrafterModel, target: PreTrainedModel, wher
                           f"{target_vocab}: train a drafter for this target ({BUILD_COMMAND})")
 
 
-def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, target: PreTrainedModel) -> FeatureDrafterModel:
-    """A drafter of `kind` (loaded from a folder, or given) that is checked against `target`."""
+def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, target: PreTrainedModel,
+                 dtype: torch.dtype | None = None) -> FeatureDrafterModel:
+    """A drafter of `kind` (loaded from a folder, or given) that is checked against `target`, in `dtype` (default the target's)."""
     if isinstance(folder_or_model, FeatureDrafterModel):
         drafter, where = folder_or_model, ""
         if drafter.kind != kind:
@@ -93,7 +95,7 @@ def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, t
         drafter, where = load_feature_drafter(kind, folder_or_model), str(folder_or_model)
     check_compatible(drafter, target, where)
     # The target's input device: `target.device` reads "meta" when accelerate offloaded its first parameter.
-    return drafter.to(device=input_device(target), dtype=target.dtype).eval()
+    return drafter.to(device=input_device(target), dtype=dtype or target.dtype).eval()
 
 
 def runtime_drafter(drafter: FeatureDrafterModel) -> Drafter:

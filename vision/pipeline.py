@@ -103,6 +103,9 @@ class CaptionPipeline(SpeculativePipeline):
         feature_drafters: trained feature drafters by method, e.g. {"msd": MSDDrafterModel, "flash": "folder"};
             each is checked against the model (hidden size, vocabulary).
         model_folder: the model's local folder, named in the error when a method's drafter is missing.
+        drafter_dtype: the dtype the drafters (text and feature) run in; default the model's. A drafter
+            only proposes, so its precision moves acceptance, never the output: on a CPU with bfloat16
+            matrix units (AVX512-BF16, AMX) `torch.bfloat16` makes drafting about twice as fast.
 
     Components (saved by `save_pretrained`): `model`, `processor`, `drafter`; settings in
     `model_index.json`: `card`, `std_kv_budget`, `num_draft_tokens`.
@@ -125,9 +128,13 @@ class CaptionPipeline(SpeculativePipeline):
         feature_drafters: dict[str, Union[FeatureDrafterModel, str, os.PathLike]] | None = None,  # noqa: UP007
         model_folder: str | os.PathLike | None = None,
         drafter_device: str | torch.device | None = None,
+        drafter_dtype: torch.dtype | str | None = None,
     ) -> None:
         super().__init__()
         self.check_draft_tokens(num_draft_tokens)
+        drafter_dtype = resolve_dtype(drafter_dtype) if drafter_dtype is not None else None
+        if drafter is not None and drafter_dtype is not None:
+            drafter = drafter.to(dtype=drafter_dtype)
         # The text drafter reads the committed tokens, which live on the model's input device; on a device of
         # its own (`drafter_device`) accelerate's hook carries them there and its logits back.
         self.register_modules(model=model.eval(), processor=processor,
@@ -139,7 +146,7 @@ class CaptionPipeline(SpeculativePipeline):
         self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
         self.target = VisionTarget(model)
         self.feature_drafters: dict[str, FeatureDrafterModel] = {
-            kind: load_checked(kind, drafter_or_folder, model) for kind, drafter_or_folder in (feature_drafters or {}).items()
+            kind: load_checked(kind, drafter_or_folder, model, dtype=drafter_dtype) for kind, drafter_or_folder in (feature_drafters or {}).items()
         }
         self.model_folder = model_folder
 

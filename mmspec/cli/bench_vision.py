@@ -8,6 +8,7 @@ import json
 from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, add_size_flag, check_device, emit, on_device, set_threads
+from .placement import add_drafter_dtype_flag
 from .tree_flag import add_tree_flag
 
 
@@ -24,6 +25,10 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         default=[(32, 5), (32, 9), (72, 5)], metavar="K,GAMMA",
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
     add_tree_flag(parser)
+    add_drafter_dtype_flag(parser)
+    parser.add_argument("--frames", type=checks.positive_int, default=None,
+                        help="frames per held-out video (default: the captioner's own, from its card); 36 visual tokens "
+                             "per frame, so this sets the visual KV length Sparse-to-Dense works against")
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="caption the videos in left-padded batches of each size (e.g. 1,4,8): plain batched generate "
                              "vs mmspec's methods that decode batches, tokens/s per batch size")
@@ -41,14 +46,14 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(args)
     check_device(args)
-    pipe = on_device(CaptionPipeline.from_pretrained(args.model, drafter=args.drafter), args)
+    pipe = on_device(CaptionPipeline.from_pretrained(args.model, drafter=args.drafter, drafter_dtype=args.drafter_dtype), args)
     feature = dict(pipe.feature_drafters)  # the model's own msd / flash drafters, when it has them
     for spec in args.extra_drafter:
         label, kind, path = parse_drafter_spec(spec)
         if label in feature:
             raise MMSpecError(f"--extra-drafter label {label!r} is used twice (msd / flash name the model's own drafters)")
-        feature[label] = load_checked(kind, path, pipe.model)
-    frames, size = pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
+        feature[label] = load_checked(kind, path, pipe.model, dtype=pipe_drafter_dtype(pipe, args))
+    frames, size = args.frames or pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
     if args.max_new_tokens is None:
         args.max_new_tokens = caption_token_cap(pipe.card)
     # held-out videos like the ones the captioner was trained on (its card says which scenes, how many shapes)
@@ -92,4 +97,10 @@ def run(args: argparse.Namespace) -> int:
     for note in extras.get("notes", []):
         print(f"note: {note}")
     return 0
+
+
+def pipe_drafter_dtype(pipe, args: argparse.Namespace):
+    import torch
+
+    return getattr(torch, args.drafter_dtype) if args.drafter_dtype else pipe.model.dtype
 

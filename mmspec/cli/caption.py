@@ -18,7 +18,7 @@ from .common import (
     set_threads,
     stats_json,
 )
-from .placement import add_placement_flags, placement_options
+from .placement import add_drafter_dtype_flag, add_placement_flags, placement_options
 from .tree_flag import add_tree_flag
 
 TREE_METHODS = ("msd", "text")  # fastest first (BENCHMARKS.md)
@@ -39,13 +39,16 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--num-draft-tokens", type=checks.positive_int, default=None,
                         help="tokens drafted per round (default: the model card's best for the method, else 5; StD 9)")
     add_tree_flag(parser)
-    parser.add_argument("--frames", type=checks.positive_int, default=8, help="frames sampled uniformly from the video")
+    parser.add_argument("--frames", type=checks.positive_int, default=None,
+                        help="frames sampled uniformly from the video (default: as many as the model was trained on, "
+                             "from its card, else 8)")
     parser.add_argument("--fps", type=checks.positive_float, default=None, help="sample frames at this rate instead (capped by --frames)")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=64)
     parser.add_argument("--temperature", type=checks.non_negative_float, default=None,
                         help="sample at this temperature (default and 0: greedy)")
     folder_runs.add_flags(parser)
+    add_drafter_dtype_flag(parser)
     add_placement_flags(parser)
     parser.set_defaults(func=run)
 
@@ -71,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
     feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
-                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens, **placement)
+                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens,
+                                           drafter_dtype=args.drafter_dtype, **placement)
+    if args.frames is None:
+        args.frames = int(pipe.card.get("frames", 8))
     if args.method is None and args.tree is not None:
         args.method = tree_method(pipe.available_methods)
         print(f"mmspec: method {args.method!r} (--tree: the fastest method available that drafts trees)", file=sys.stderr)

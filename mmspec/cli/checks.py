@@ -190,3 +190,16 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     if len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"batch sizes repeat in {text!r}")
     return sizes
+
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def dtype_name(text: str) -> str:
+    """One of float32, bfloat16, float16 (also spelt fp32, bf16, fp16)."""
+    short = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    name = short.get(text.lower(), text.lower().removeprefix("torch."))
+    if name not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DTYPE_NAMES)} (or fp32, bf16, fp16), got {text!r}")
+    return name
+

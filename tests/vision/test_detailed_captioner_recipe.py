@@ -22,7 +22,7 @@ def test_three_step_run_writes_a_captioner(tmp_path, capsys):
     assert "B step 2 caption_loss" in log and "seconds per step on" in log
     card = json.loads((out / "zoo_card.json").read_text())
     assert card["architecture"] == "LlavaNextVideoForConditionalGeneration"
-    assert card["frames_trained_on"] == 8 and card["visual_tokens_per_video"] == 288
+    assert card["frames"] == 8 and card["visual_tokens_per_video"] == 288
     assert set(card["quality"]["attribute_accuracy"]) >= {"background", "size", "motion", "order"}
     assert "wrong_video_control_accuracy" in card["quality"]
     from transformers import AutoProcessor, LlavaNextVideoForConditionalGeneration

@@ -201,6 +201,29 @@ def test_pipeline_in_float64(method, float64_pipe, frames):
     assert out.sequences.tolist() == want.tolist()
 
 
+@pytest.fixture(scope="module")
+def bfloat16_drafters_pipe(tiny_captioner_folder, drafters):
+    own = {kind: copy.deepcopy(drafters[kind]) for kind in ("msd", "flash")}  # the fixture's drafters stay float32
+    return CaptionPipeline.from_pretrained(tiny_captioner_folder, drafter="shapes-caption-drafter", drafter_dtype="bfloat16",
+                                           feature_drafters=own)
+
+
+@pytest.mark.parametrize("method", ["text", "msd", "flash"])
+def test_drafters_in_bfloat16_keep_a_float32_targets_output(method, bfloat16_drafters_pipe, frames):
+    """`drafter_dtype` changes what the drafters compute in, never the caption: greedy still equals `generate`."""
+    pipe = bfloat16_drafters_pipe
+    assert pipe.model.dtype == torch.float32
+    drafter_net = pipe.drafter if method == "text" else pipe.feature_drafters[method]
+    assert next(drafter_net.parameters()).dtype == torch.bfloat16
+    inputs = pipe.prepare_inputs(video=frames)
+    want = pipe.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    out = pipe(video=frames, max_new_tokens=MAX_NEW, method=method, progress_bar=False)
+    assert out.sequences.tolist() == want.tolist()
+    sampled = pipe(video=frames, max_new_tokens=MAX_NEW, method=method, do_sample=True, progress_bar=False,
+                   generator=torch.Generator().manual_seed(0))
+    assert sampled.sequences.shape[1] > inputs["input_ids"].shape[1]
+
+
 @pytest.mark.parametrize("kind", ["msd", "flash"])
 def test_distillation_and_training_for_a_bfloat16_target(kind, vlm_cases, tmp_path):
     """Traces of a bfloat16 target from CPU float32 examples; a float32 drafter trains against its bfloat16 head."""
@@ -214,3 +237,12 @@ def test_distillation_and_training_for_a_bfloat16_target(kind, vlm_cases, tmp_pa
     net = train_drafter(model, kind, tmp_path / "data", tmp_path / "out", steps=3, batch_size=2, checkpoint_every=0,
                         progress=False)
     assert net.dtype == torch.float32
+
+
+def test_drafter_dtype_of_a_saved_pipeline(bfloat16_drafters_pipe, tmp_path):
+    """A saved pipeline loads with its drafters in the dtype asked for, the model in its own."""
+    bfloat16_drafters_pipe.save_pretrained(tmp_path / "saved")
+    for asked, want in ((None, torch.float32), ("bfloat16", torch.bfloat16)):
+        pipe = CaptionPipeline.from_pretrained(tmp_path / "saved", drafter_dtype=asked)
+        assert pipe.model.dtype == torch.float32
+        assert {next(net.parameters()).dtype for net in (pipe.drafter, *pipe.feature_drafters.values())} == {want}

@@ -4,13 +4,16 @@ target and a ~2M-parameter Llama drafter sharing one tokenizer.
     python -m mmspec.vision.recipes.train_caption_lm --which tokenizer
     python -m mmspec.vision.recipes.train_caption_lm --which target
     python -m mmspec.vision.recipes.train_caption_lm --which drafter [--distil]
+    python -m mmspec.vision.recipes.train_caption_lm --which drafter --scenes detailed   # for the detailed captioner
     python -m mmspec.vision.recipes.train_caption_lm --which target --time-steps 5   # measure only
 
 Each writes to ``--out`` (default ``./shapes-caption-lm`` or ``./shapes-caption-drafter``);
 ``--into-zoo`` replaces the shipped model (the tokenizer goes into both zoo folders).
 
 Sequences are ``<bos> caption <eos>`` over captions generated on the fly by
-:mod:`mmspec.world`. Weights are saved in fp16 safetensors beside a ``zoo_card.json``.
+:mod:`mmspec.world`: one-shape-grammar captions (``caption_corpus``), or with ``--scenes detailed``
+the detailed captions of 1-4-shape scenes (``detailed_examples``, 60-150 tokens) that the detailed
+captioner writes, so a text drafter for that captioner knows its grammar. Weights are saved in fp16 safetensors beside a ``zoo_card.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything, warmup_cosine
-from mmspec.world import caption_corpus
+from mmspec.world import caption_corpus, detailed_examples
 from mmspec.zoo import MODELS_DIR
 
 from .tokenizer import build_tokenizer
@@ -41,6 +44,23 @@ from .tokenizer import build_tokenizer
 TARGET_DIR = MODELS_DIR / "shapes-caption-lm"
 DRAFTER_DIR = MODELS_DIR / "shapes-caption-drafter"
 HELDOUT_N = 2000  # held-out captions for the quality numbers in the card
+SCENES = ("one-shape", "detailed")
+# Detailed captions are ~6x longer: fewer distinct captions and steps cover the grammar in similar time.
+DETAILED = {"data_size": 20_000, "steps": 2000}
+
+
+def corpus(scenes: str, n: int, seed: int, split: str) -> list[str]:
+    """``n`` captions of ``split`` in the grammar of ``scenes``."""
+    if scenes == "detailed":
+        return [caption for _, caption in detailed_examples(n, seed, split)]
+    return caption_corpus(n, seed, split)
+
+
+def corpus_call(scenes: str, n: int, seed: int, split: str) -> str:
+    """How `corpus` made its captions, as the card states it."""
+    if scenes == "detailed":
+        return f"mmspec.world.detailed_examples(n={n}, seed={seed}, split='{split}')"
+    return f"mmspec.world.caption_corpus(n={n}, seed={seed}, split='{split}')"
 
 
 @dataclass(frozen=True)
@@ -145,10 +165,12 @@ def distil_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask
 
 
 def train(which: str, seed: int, steps: int | None, time_steps: int | None, distil: bool,
-          threads: int = 2, out: Path | None = None) -> None:
+          threads: int = 2, out: Path | None = None, scenes: str = "one-shape") -> None:
     torch.set_num_threads(threads)
     seed_everything(seed)
     recipe = RECIPES[which]
+    if scenes == "detailed":
+        recipe = Recipe(**{**recipe.__dict__, **DETAILED})
     if steps is not None:
         recipe = Recipe(**{**recipe.__dict__, "steps": steps})
     tok = build_tokenizer(seed)
@@ -161,8 +183,8 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
         teacher = LlamaForCausalLM.from_pretrained(TARGET_DIR, dtype=torch.float32).eval()
 
     t0 = time.time()
-    train_seqs = encode(tok, caption_corpus(recipe.data_size, seed, "train"))
-    held_seqs = encode(tok, caption_corpus(HELDOUT_N, seed, "heldout"))
+    train_seqs = encode(tok, corpus(scenes, recipe.data_size, seed, "train"))
+    held_seqs = encode(tok, corpus(scenes, HELDOUT_N, seed, "heldout"))
     print(f"data ready in {time.time() - t0:.1f}s", flush=True)
 
     opt = adamw(model, recipe.lr, betas=(0.9, 0.95), weight_decay=0.05)
@@ -201,11 +223,12 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
     model.float()
     quality = evaluate(model, tok, held_seqs)
     print(json.dumps(quality), flush=True)
-    save(model, tok, recipe, seed, n_params, wall, quality, distil, threads, out or recipe.folder)
+    save(model, tok, recipe, seed, n_params, wall, quality, distil, threads, out or recipe.folder, scenes)
 
 
 def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, seed: int,
-         n_params: int, wall: float, quality: dict, distil: bool, threads: int, folder: Path) -> None:
+         n_params: int, wall: float, quality: dict, distil: bool, threads: int, folder: Path,
+         scenes: str = "one-shape") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     model.half().save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
@@ -219,9 +242,9 @@ def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, 
         "params": n_params,
         "file_size_bytes": (folder / "model.safetensors").stat().st_size,
         "dtype": "float16",
-        "trained_on": (f"{recipe.data_size} captions of the shapes world "
-                       f"(mmspec.world.caption_corpus(n={recipe.data_size}, seed={seed}, split='train'))"
+        "trained_on": (f"{recipe.data_size} captions of the shapes world ({corpus_call(scenes, recipe.data_size, seed, 'train')})"
                        + ("; loss = 0.5 cross-entropy + 0.5 KL to the target's logits" if distil else "")),
+        **({"scenes": "detailed"} if scenes == "detailed" else {}),
         "seed": seed,
         "data_size": recipe.data_size,
         "steps": recipe.steps,
@@ -232,9 +255,9 @@ def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, recipe: Recipe, 
         "optimiser": f"AdamW lr {recipe.lr}, warm-up {recipe.warmup}, cosine to 10%",
         "train_wall_time_s": round(wall, 1),
         "train_machine": f"2 CPU cores (shared with other jobs), torch.set_num_threads({threads})",
-        "quality": {**quality, "measured_on": f"mmspec.world.caption_corpus(n={HELDOUT_N}, seed={seed}, split='heldout')"},
+        "quality": {**quality, "measured_on": corpus_call(scenes, HELDOUT_N, seed, "heldout")},
         "rebuild_command": f"python -m mmspec.vision.recipes.train_caption_lm --which {recipe.role}"
-                           + (" --distil" if distil else ""),
+                           + (" --distil" if distil else "") + (" --scenes detailed" if scenes == "detailed" else ""),
     }
     (folder / "zoo_card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"saved {folder}", flush=True)
@@ -251,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch threads; 1 is faster for the drafter on a busy machine")
     parser.add_argument("--distil", action="store_true",
                         help="drafter only: add a KL term to the saved target's logits")
+    parser.add_argument("--scenes", choices=SCENES, default="one-shape",
+                        help="caption grammar: one-shape (the shipped caption LMs) or detailed (a text drafter for the "
+                             "detailed captioner; drafter only)")
     add_output_arguments(parser, "shapes-caption-lm or shapes-caption-drafter (by --which)")
     args = parser.parse_args(argv)
     zoo_folder = RECIPES["drafter"].folder if args.which == "drafter" else RECIPES["target"].folder
@@ -264,7 +290,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.distil and args.which != "drafter":
         parser.error("--distil only applies to --which drafter")
-    train(args.which, args.seed, args.steps, args.time_steps, args.distil, args.threads, out)
+    if args.scenes == "detailed" and (args.which != "drafter" or args.distil):
+        parser.error("--scenes detailed trains a text drafter (--which drafter) on the captions alone; the caption LM "
+                     "that --distil reads knows only one-shape captions")
+    train(args.which, args.seed, args.steps, args.time_steps, args.distil, args.threads, out, scenes=args.scenes)
 
 
 if __name__ == "__main__":

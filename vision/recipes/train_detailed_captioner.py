@@ -306,7 +306,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
         "dtype": "float16",
         "scenes": "detailed",
         "max_shapes": MAX_SHAPES,
-        "frames_trained_on": args.frames,
+        "frames": args.frames,  # the frame count it was trained on (the key the shipped captioner card uses)
         "visual_tokens_per_video": cd.TOKENS_PER_FRAME * args.frames,
         "frame_size": cd.FRAME_SIZE,
         "prompt": f"<video>{cd.PROMPT}",

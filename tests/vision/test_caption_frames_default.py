@@ -1,0 +1,36 @@
+"""`mmspec caption` samples as many frames as the captioner was trained on, unless told otherwise."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from mmspec.cli import main
+from mmspec.vision import pipeline as vision_pipeline
+
+
+class FakePipe:
+    available_methods = ["ar"]
+    default_method = "ar"
+
+    def __init__(self, card):
+        self.card = card
+        self.frames = []
+
+    def __call__(self, **kwargs):
+        self.frames.append(kwargs["num_frames"])
+        return SimpleNamespace(text="a caption", notes=[], stats=SimpleNamespace(summary=lambda: "stats"))
+
+
+@pytest.mark.parametrize("card, argv, want", [
+    ({"frames": 64}, [], 64),
+    ({"frames": 64}, ["--frames", "12"], 12),
+    ({}, [], 8),
+])
+def test_caption_frames_default_from_the_card(card, argv, want, tmp_path, monkeypatch, capsys):
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"not read: the pipeline is a stand-in")
+    pipe = FakePipe(card)
+    monkeypatch.setattr(vision_pipeline.CaptionPipeline, "from_pretrained", classmethod(lambda cls, *a, **k: pipe))
+    assert main(["caption", str(video), "--model", "any", *argv]) == 0
+    assert pipe.frames == [want]
+    assert capsys.readouterr().out.strip() == "a caption"
