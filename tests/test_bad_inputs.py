@@ -322,7 +322,12 @@ def test_ctrl_c_turned_into_an_import_error_is_still_an_interrupt(monkeypatch, c
             raise ModuleNotFoundError("Could not import module 'PreTrainedModel'") from interrupt
 
     monkeypatch.setattr(cli, "run_verb", import_interrupted)
-    assert main(["zoo", "list"]) == 130
+    # A job started in the background (`cmd &`) inherits SIGINT ignored: raise_signal would then do nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["zoo", "list"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert capsys.readouterr().err.strip().splitlines() == ["mmspec: interrupted"]
 
     def import_broken(args, argv):

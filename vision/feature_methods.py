@@ -30,6 +30,7 @@ from .feature_drafter import FeatureDrafterModel
 # kind -> (name in messages, config model_type), in the order methods are listed.
 FEATURE_KINDS: dict[str, tuple[str, str]] = {"msd": ("MSD", "mmspec_msd"), "flash": ("FLASH", "mmspec_flash")}
 BUILD_COMMAND = "python -m mmspec.vision.recipes.train_captioner_drafters"
+DRAFTER_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_kind(kind: str) -> str:
@@ -111,13 +112,20 @@ def runtime_drafter(drafter: FeatureDrafterModel) -> Drafter:
     raise MMSpecError(f"no runtime for feature drafters of kind {drafter.kind!r}")
 
 
-def parse_drafter_spec(spec: str) -> tuple[str, str, str]:
-    """`LABEL=KIND:PATH` (the bench's --extra-drafter) -> (label, kind, path)."""
+def parse_drafter_spec(spec: str) -> tuple[str, str, str, torch.dtype | None]:
+    """`LABEL=KIND:PATH[@DTYPE]` (the bench's --extra-drafter) -> (label, kind, path, dtype or None).
+
+    DTYPE (float32, bfloat16, float16) runs that drafter in that precision, so one bench compares a
+    drafter's precisions side by side (`flash-bf16=flash:model/flash@bfloat16`)."""
     label, sep, rest = spec.partition("=")
     kind, sep2, path = rest.partition(":")
     if not (sep and sep2 and label.strip() and path.strip()):
-        raise MMSpecError(f"--extra-drafter takes LABEL=KIND:PATH (KIND msd or flash), got {spec!r}")
-    return label.strip(), check_kind(kind.strip()), path.strip()
+        raise MMSpecError(f"--extra-drafter takes LABEL=KIND:PATH[@DTYPE] (KIND msd or flash), got {spec!r}")
+    dtype = None
+    stem, at, suffix = path.rpartition("@")
+    if at and suffix.strip() in DRAFTER_DTYPES:
+        path, dtype = stem, getattr(torch, suffix.strip())
+    return label.strip(), check_kind(kind.strip()), path.strip(), dtype
 
 
 def describe(drafter: FeatureDrafterModel) -> dict[str, Any]:

@@ -32,9 +32,10 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="caption the videos in left-padded batches of each size (e.g. 1,4,8): plain batched generate "
                              "vs mmspec's methods that decode batches, tokens/s per batch size")
-    parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH",
-                        help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation; "
-                             "repeatable (the model folder's msd/ and flash/ drafters get rows by default)")
+    parser.add_argument("--extra-drafter", action="append", default=[], metavar="LABEL=KIND:PATH[@DTYPE]",
+                        help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation, "
+                             "run in DTYPE if given (float32, bfloat16, float16); repeatable (the model folder's msd/ and "
+                             "flash/ drafters get rows by default)")
     parser.set_defaults(func=run)
 
 
@@ -49,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     pipe = on_device(CaptionPipeline.from_pretrained(args.model, drafter=args.drafter, drafter_dtype=args.drafter_dtype), args)
     feature = dict(pipe.feature_drafters)  # the model's own msd / flash drafters, when it has them
     for spec in args.extra_drafter:
-        label, kind, path = parse_drafter_spec(spec)
+        label, kind, path, dtype = parse_drafter_spec(spec)
         if label in feature:
             raise MMSpecError(f"--extra-drafter label {label!r} is used twice (msd / flash name the model's own drafters)")
-        feature[label] = load_checked(kind, path, pipe.model, dtype=pipe_drafter_dtype(pipe, args))
+        feature[label] = load_checked(kind, path, pipe.model, dtype=dtype or pipe_drafter_dtype(pipe, args))
     frames, size = args.frames or pipe.card.get("frames", 8), pipe.card.get("frame_size", 96)
     if args.max_new_tokens is None:
         args.max_new_tokens = caption_token_cap(pipe.card)

@@ -100,7 +100,9 @@ def test_incompatible_or_foreign_drafters(tiny_captioner_folder, drafters):
 
 
 def test_drafter_spec_parsing():
-    assert parse_drafter_spec("nc=flash:/a/b:c") == ("nc", "flash", "/a/b:c")
+    assert parse_drafter_spec("nc=flash:/a/b:c") == ("nc", "flash", "/a/b:c", None)
+    assert parse_drafter_spec("half=msd:/a/b@bfloat16") == ("half", "msd", "/a/b", torch.bfloat16)
+    assert parse_drafter_spec("odd=msd:/a/me@home") == ("odd", "msd", "/a/me@home", None)  # not a dtype: part of the path
     for bad in ("flash:/x", "x=/path", "x=medusa:/p", "=msd:/p"):
         with pytest.raises(MMSpecError):
             parse_drafter_spec(bad)

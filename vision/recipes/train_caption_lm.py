@@ -201,13 +201,13 @@ def train(which: str, seed: int, steps: int | None, time_steps: int | None, dist
         ids, mask, labels = collate(batch, tok.pad_token_id)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        loss = out.loss
+        result = model(input_ids=ids, attention_mask=mask, labels=labels)
+        loss = result.loss
         if teacher is not None:
             with torch.inference_mode():
                 t_logits = teacher(input_ids=ids, attention_mask=mask).logits
             # Half hard labels, half the target's full distribution.
-            loss = 0.5 * loss + 0.5 * distil_loss(out.logits, t_logits.clone(), mask.float())
+            loss = 0.5 * loss + 0.5 * distil_loss(result.logits, t_logits.clone(), mask.float())
         optimizer_step(opt, loss, model.parameters())
         if step % 50 == 0 or step == total - 1:
             bar.set_postfix(loss=f"{loss.item():.4f}")
