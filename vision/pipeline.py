@@ -105,7 +105,7 @@ class CaptionPipeline(SpeculativePipeline):
         model_folder: the model's local folder, named in the error when a method's drafter is missing.
         drafter_dtype: the dtype the drafters (text and feature) run in; default the model's. A drafter
             only proposes, so its precision moves acceptance, never the output: on a CPU with bfloat16
-            matrix units (AVX512-BF16, AMX) `torch.bfloat16` makes drafting about twice as fast.
+            matrix units (AVX512-BF16, AMX) `torch.bfloat16` makes drafting faster (BENCHMARKS.md).
 
     Components (saved by `save_pretrained`): `model`, `processor`, `drafter`; settings in
     `model_index.json`: `card`, `std_kv_budget`, `num_draft_tokens`.

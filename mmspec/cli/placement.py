@@ -31,7 +31,7 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
 def add_drafter_dtype_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter-dtype", type=checks.dtype_name, default=None, metavar="DTYPE",
                         help="precision the drafters run in: float32, bfloat16 or float16 (default: the model's). "
-                             "Lossless either way; bfloat16 drafts about twice as fast on a CPU with AVX512-BF16 / AMX")
+                             "Lossless either way; bfloat16 drafts faster on a CPU with AVX512-BF16 / AMX (BENCHMARKS.md)")
 
 
 def placement_options(args: argparse.Namespace) -> dict[str, Any]:
