@@ -13,7 +13,8 @@ Each writes to ``--out`` (default ``./shapes-caption-lm`` or ``./shapes-caption-
 Sequences are ``<bos> caption <eos>`` over captions generated on the fly by
 :mod:`mmspec.world`: one-shape-grammar captions (``caption_corpus``), or with ``--scenes detailed``
 the detailed captions of 1-4-shape scenes (``detailed_examples``, 60-150 tokens) that the detailed
-captioner writes, so a text drafter for that captioner knows its grammar. Weights are saved in fp16 safetensors beside a ``zoo_card.json``.
+captioner writes, so a text drafter for that captioner knows its grammar. Weights are saved in fp16
+safetensors beside a ``zoo_card.json``.
 """
 
 from __future__ import annotations
