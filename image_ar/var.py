@@ -28,7 +28,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, probabilities, randint, sample
+from mmspec.sampling import SamplingConfig, probabilities, randint, sample_rows
 
 from .var_vq import VQVAE
 
@@ -296,7 +296,8 @@ class VAR(ModelMixin, ConfigMixin):
         B, l, V = logits.shape
         config = sampling.at(si)
         flat = logits.reshape(B * l, V)
-        idx = sample(probabilities(flat, config), generator) if config.do_sample else flat.argmax(dim=-1)
+        # a scale's tokens are thousands of rows at once: inverse-CDF draws (torch.multinomial is slow there on a CPU)
+        idx = sample_rows(probabilities(flat, config), generator) if config.do_sample else flat.argmax(dim=-1)
         idx = idx.view(B, l)
         state.token_maps.append(idx)
         state.f_hat = state.f_hat + vq.quantize.codes_to_fhat_step(si, idx).float()

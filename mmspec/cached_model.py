@@ -7,6 +7,7 @@ nothing in transformers is patched.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,14 @@ def model_vocab_size(model: PreTrainedModel) -> int:
 
 def cache_argument(model: torch.nn.Module) -> str:
     """The name `model.forward` takes its KV cache by: transformers renamed `past_key_values` to `cache` (5.24)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    forward = model.forward
+    return _cache_argument_of(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=256)
+def _cache_argument_of(forward: Any) -> str:
+    # Read once per forward function: drafters ask on every call, and inspect.signature is slow.
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def output_cache(out: Any) -> Any:

@@ -91,6 +91,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(probs.to(where), 1, generator=generator).squeeze(-1).to(probs.device)
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of probs [N, V] -> LongTensor [N], for many rows at once (a whole image's tokens).
+
+    Inverse-CDF sampling: one uniform per row, located in the row's cumulative sum. Exactly the categorical
+    law of each row, like `sample`, but a different use of the generator, and on a CPU several times
+    faster than `torch.multinomial` when N is in the thousands. Zero-probability entries are never drawn.
+    """
+    cdf = probs.float().cumsum(dim=-1)
+    total = cdf[:, -1:].contiguous()
+    u = rand((probs.shape[0], 1), generator, probs.device) * total
+    idx = torch.searchsorted(cdf, u, right=True)
+    # u * total may round up to total itself: take the last entry with mass then.
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(idx, last).squeeze(-1)
+
+
 def seeded_generator(device: torch.device | str, seed: int | None = None) -> torch.Generator:
     """A generator on `device`; without a seed, seeded from torch's global RNG so `torch.manual_seed` repeats runs."""
     if seed is None:
