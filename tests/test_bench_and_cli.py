@@ -37,6 +37,28 @@ def test_identity_check_catches_a_wrong_method():
     assert "NO (2)" in report.to_table()
 
 
+def test_methods_are_interleaved_input_by_input_in_a_rotating_order():
+    """A busy spell of the machine must fall on every method alike: each input goes through every method before
+    the next input, and no method always runs first."""
+    calls = []
+
+    def method(name):
+        def run(item):
+            calls.append((name, item))
+            return [item], SpecStats(new_tokens=1, target_forwards=1)
+        return run
+
+    names = ["a", "b", "c"]
+    report = run_benchmark("t", {n: method(n) for n in names}, [0, 1, 2, 3], reference="a", repeats=2, warmup=0,
+                           progress=False)
+    assert len(calls) == 2 * 3 * 4
+    blocks = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    for block, item in zip(blocks, [0, 1, 2, 3] * 2):
+        assert sorted(block) == [(n, item) for n in names]  # one input at a time, every method on it
+    assert {block[0][0] for block in blocks} == set(names)  # the first place rotates
+    assert all(r.identical and len(r.wall_times) == 2 for r in report.results)
+
+
 def test_inert_pair_agrees_on_every_token(target):
     inert_target, drafter = inert_layer_pair(target, drafter_layers=1)
     ids = torch.tensor([[1, 4, 9, 16]])

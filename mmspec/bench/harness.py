@@ -1,8 +1,10 @@
 """Side-by-side benchmark harness: every method, same process, same inputs.
 
-Methods are run after a warm-up, in interleaved repetitions (method A, B, C, then again), so
-slow drift of the machine hits all of them alike; wall times are medians over repetitions, shown with
-their min and max, and the table warns when they spread too widely to trust (a busy machine).
+Methods are run after a warm-up, interleaved input by input: each input goes through every method
+before the next input, in an order that rotates, and the whole pass is repeated. A busy spell of the
+machine (a neighbour, a slow minute) then falls on all methods alike instead of on whichever one was
+running. Wall times are medians over repetitions of the total over all inputs, shown with their min and
+max, and the table warns when they spread too widely to trust (a busy machine).
 Every output is compared with the reference method's (plain greedy decoding).
 """
 
@@ -146,7 +148,7 @@ def run_benchmark(
     settings: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> BenchReport:
-    """Run every method over every input, `repeats` interleaved times, after `warmup` passes."""
+    """Run every method over every input, `repeats` times, interleaved input by input, after `warmup` passes."""
     if reference not in methods:
         raise ValueError(f"reference method {reference!r} is not among {list(methods)}")
     warm_inputs = list(inputs[: max(1, min(len(inputs), 2))])
@@ -158,24 +160,27 @@ def run_benchmark(
     results = {name: MethodResult(name=name, stats=SpecStats(method=name)) for name in methods}
     outputs: dict[str, list[list[int]]] = {}
     bar = tqdm(total=repeats * len(methods) * len(inputs), desc=title, disable=not progress, leave=False)
+    names = list(methods)
     for rep in range(repeats):
-        for name, fn in methods.items():
-            total = 0.0
-            stats = SpecStats(method=name)
-            produced = []
-            for item in inputs:
+        totals = dict.fromkeys(names, 0.0)
+        stats = {name: SpecStats(method=name) for name in names}
+        produced: dict[str, list[list[int]]] = {name: [] for name in names}
+        for index, item in enumerate(inputs):
+            shift = (rep * len(inputs) + index) % len(names)  # no method always runs first (or after the same one)
+            for name in names[shift:] + names[:shift]:
                 start = time.perf_counter()
-                tokens, call_stats = fn(item)
-                total += time.perf_counter() - start
-                stats = stats + call_stats
-                produced.append(tokens)
+                tokens, call_stats = methods[name](item)
+                totals[name] += time.perf_counter() - start
+                stats[name] = stats[name] + call_stats
+                produced[name].append(tokens)
                 bar.update(1)
-            results[name].wall_times.append(total)
-            results[name].prefill_times.append(stats.prefill_time)
+        for name in names:
+            results[name].wall_times.append(totals[name])
+            results[name].prefill_times.append(stats[name].prefill_time)
             if rep == 0:
-                results[name].stats = stats
+                results[name].stats = stats[name]
                 results[name].stats.method = name
-                outputs[name] = produced
+                outputs[name] = produced[name]
     bar.close()
 
     for name, result in results.items():
