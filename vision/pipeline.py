@@ -255,15 +255,15 @@ class CaptionPipeline(SpeculativePipeline):
         video: VideoSource | None = None,
         image: ImageSource | None = None,
         prompt: str | None = None,
-        num_frames: int = 8,
+        num_frames: int | None = None,
         fps: float | None = None,
     ) -> dict[str, Any]:
         """Model inputs (input_ids, pixel tensors, ...) for one video or one image and a prompt, on the model's device.
 
         `video`: a file path, frames as an array / tensor [T, H, W, 3] uint8 (or [T, 3, H, W]), or a list
         of frames (PIL images or HxWx3 arrays). `image`: a file path, a PIL image, or an HxWx3 uint8
-        array / tensor. Frames given in memory are used as they are (`num_frames` and `fps` pick frames
-        from a file).
+        array / tensor. Frames given in memory are used as they are (`num_frames`, default
+        `default_num_frames`, and `fps` pick frames from a file).
         """
         if (video is None) == (image is None):
             raise MMSpecError("pass exactly one of video=... or image=...")
@@ -275,11 +275,13 @@ class CaptionPipeline(SpeculativePipeline):
         kind: str,
         sources: list[Any],
         prompts: list[str | None],
-        num_frames: int = 8,
+        num_frames: int | None = None,
         fps: float | None = None,
     ) -> dict[str, Any]:
         """Model inputs for several videos (`kind` "video") or images ("image"), one prompt each: input_ids
-        padded on the left with their `attention_mask` (one row: unpadded), pixels for every item."""
+        padded on the left with their `attention_mask` (one row: unpadded), pixels for every item
+        (`num_frames` from a video file: `default_num_frames` unless given)."""
+        num_frames = self.default_num_frames if num_frames is None else num_frames
         media = [self._load_media(kind, source, num_frames, fps) for source in sources]
         texts = [self._prompt_text(kind, prompt) for prompt in prompts]
         try:
@@ -313,6 +315,18 @@ class CaptionPipeline(SpeculativePipeline):
         config = self.model.config
         text_config = getattr(config, "text_config", None) or config
         return getattr(text_config, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+
+    @property
+    def default_max_new_tokens(self) -> int:
+        """The caption length cap when none is given: the model's generation config's `max_new_tokens` (what its
+        own `generate` would use), else 64."""
+        configured = getattr(getattr(self.model, "generation_config", None), "max_new_tokens", None)
+        return int(configured) if configured else 64
+
+    @property
+    def default_num_frames(self) -> int:
+        """Frames taken from a video file when none is said: as many as the model card says it was trained on, else 8."""
+        return int(self.card.get("frames", 8))
 
     def check_length(self, input_ids: torch.Tensor, max_new_tokens: int, method: str) -> tuple[int, list[str]]:
         """Refuse an input longer than the context (naming the prompt and visual token counts); cut a
@@ -364,9 +378,9 @@ class CaptionPipeline(SpeculativePipeline):
         image: ImageSource | list[ImageSource] | None = None,
         prompt: str | list[str | None] | None = None,
         *,
-        max_new_tokens: int = 64,
+        max_new_tokens: int | None = None,
         method: str | None = None,
-        num_frames: int = 8,
+        num_frames: int | None = None,
         fps: float | None = None,
         do_sample: bool = False,
         temperature: float = 1.0,
@@ -389,9 +403,11 @@ class CaptionPipeline(SpeculativePipeline):
                 A list gives a list of `CaptionOutput`, one per item, in order, each with its own stats.
             prompt: the question or instruction (default: the model card's, else "Describe this video.");
                 for a list, one prompt for all items or a list of one per item.
-            max_new_tokens: the longest caption, in tokens.
+            max_new_tokens: the longest caption, in tokens (default: the model's generation config's
+                `max_new_tokens`, as `generate` reads it, else 64).
             method: one of `available_methods` (default: `default_method`).
-            num_frames, fps: how frames are picked from a video file.
+            num_frames, fps: how frames are picked from a video file (`num_frames` default: the frame count
+                the model card says the model was trained on, else 8).
             do_sample, temperature, top_k, top_p: sampling (lossless speculative sampling); greedy by default.
             generator: the source of all randomness: a `torch.Generator` on any device (or a list of one).
                 A list of inputs draws from this one generator: items one after another, and the rows
@@ -412,6 +428,8 @@ class CaptionPipeline(SpeculativePipeline):
         """
         batch_size = check_batch_size(batch_size)
         method = self.check_method(method)
+        max_new_tokens = self.default_max_new_tokens if max_new_tokens is None else max_new_tokens
+        num_frames = self.default_num_frames if num_frames is None else num_frames
         listed = self._listed_inputs(video, image)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         policy = policy or FixedDraftLength(self.draft_length(method))

@@ -44,7 +44,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "from its card, else 8)")
     parser.add_argument("--fps", type=checks.positive_float, default=None, help="sample frames at this rate instead (capped by --frames)")
     parser.add_argument("--prompt", default=None)
-    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=64)
+    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=None,
+                        help="longest caption, in tokens (default: the model's generation config, else 64)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=None,
                         help="sample at this temperature (default and 0: greedy)")
     folder_runs.add_flags(parser)
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                                            feature_drafters=feature, num_draft_tokens=args.num_draft_tokens,
                                            drafter_dtype=args.drafter_dtype, **placement)
     if args.frames is None:
-        args.frames = int(pipe.card.get("frames", 8))
+        args.frames = pipe.default_num_frames
     if args.method is None and args.tree is not None:
         args.method = tree_method(pipe.available_methods)
         print(f"mmspec: method {args.method!r} (--tree: the fastest method available that drafts trees)", file=sys.stderr)

@@ -12,6 +12,9 @@ class FakePipe:
     available_methods = ["ar"]
     default_method = "ar"
 
+    # the real rule (the card's frame count, else 8), read from the fake's card
+    default_num_frames = property(vision_pipeline.CaptionPipeline.default_num_frames.fget)
+
     def __init__(self, card):
         self.card = card
         self.frames = []

@@ -66,6 +66,25 @@ def test_every_method_gives_the_models_own_greedy_caption(pipe, frames, method):
     assert out.method == method and out.stats.new_tokens == expected.shape[1] - inputs["input_ids"].shape[1]
 
 
+def test_the_models_generation_config_sets_the_default_length(pipe, frames):
+    """Without max_new_tokens a caption is as long as the model's own `generate` makes it (its generation
+    config's max_new_tokens); 64 when the config sets none; an explicit value wins."""
+    inputs = pipe.prepare_inputs(video=frames)
+    config = pipe.model.generation_config
+    saved = config.max_new_tokens
+    try:
+        config.max_new_tokens = 6
+        expected = pipe.model.generate(**inputs, do_sample=False)  # generate reads its config
+        out = pipe(video=frames, method="text", progress_bar=False)
+        assert out.sequences[0].tolist() == expected[0].tolist()
+        assert out.stats.new_tokens == expected.shape[1] - inputs["input_ids"].shape[1] == 6
+        assert pipe(video=frames, method="ar", max_new_tokens=3, progress_bar=False).stats.new_tokens == 3
+        config.max_new_tokens = None
+        assert pipe.default_max_new_tokens == 64
+    finally:
+        config.max_new_tokens = saved
+
+
 def test_default_method_and_text_drafter_vocab(pipe):
     assert pipe.default_method == "text"  # a drafter is loaded and no measurement says otherwise
     assert pipe.make_drafter("text").vocab_size == pipe.model.get_output_embeddings().weight.shape[0]
