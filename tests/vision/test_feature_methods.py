@@ -73,7 +73,13 @@ def test_feature_methods_give_the_ar_caption(pipe, frames, method):
 
 def test_zoo_subfolders_are_found_and_listed(pipe):
     assert pipe.available_methods == ["ar", "std", "msd", "flash"]  # no text drafter in this folder
-    assert pipe.default_method == "std"  # the card (none here) decides, not the presence of drafters
+    # no measured fastest method on the card: the trained drafters come first (FLASH, then MSD), not Sparse-to-Dense
+    assert pipe.default_method == "flash"
+    pipe.card["fastest_lossless_method"] = "msd"  # a card that names one decides
+    try:
+        assert pipe.default_method == "msd"
+    finally:
+        del pipe.card["fastest_lossless_method"]
 
 
 def test_explicit_drafter_and_missing_one(tiny_captioner_folder, drafters):
