@@ -296,6 +296,7 @@ def base_card() -> dict[str, Any]:
         "architecture": "LlamaGenForClassConditional",
         "pipeline": "mmspec.image_ar.SpeculativeImagePipeline",
         "default_method": "gsd",
+        "role": "target (LlamaGen) + drafter + VQ + judge",
         "image_size": IMAGE_SIZE,
         "grid": GRID,
         "num_classes": NUM_CLASSES,
