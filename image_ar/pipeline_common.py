@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -208,7 +209,9 @@ class ClassConditionalMixin:
         return chosen if chosen in available else (preferred if preferred in available else "ar")
 
     def class_id(self, name: str) -> int:
-        """A class name -> its id (case and spacing are ignored)."""
+        """A prompt -> its class id: a class name (case and spacing ignored), else free text holding the words of
+        exactly one class name in any order ("a big red ball" -> "red circle"), after the model card's
+        `class_synonyms` ({"ball": "circle", ...}) are applied to the prompt's words."""
         if self.class_names is None:
             raise MMSpecError(f"{self.model_name!r} has no {self.class_names_source}, so prompts cannot be read; "
                               "pass class_labels")
@@ -216,7 +219,15 @@ class ClassConditionalMixin:
         for i, known in enumerate(self.class_names):
             if " ".join(known.lower().split()) == wanted:
                 return i
+        synonyms = self.card.get("class_synonyms", {})
+        words = {synonyms.get(w, w) for w in re.findall(r"[a-z0-9]+", wanted)}
+        matches = [i for i, known in enumerate(self.class_names) if set(re.findall(r"[a-z0-9]+", known.lower())) <= words]
+        if len(matches) == 1:
+            return matches[0]
         shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
+        if matches:
+            raise MMSpecError(f"{name!r} names {len(matches)} classes ({', '.join(repr(self.class_names[i]) for i in matches[:4])}"
+                              f"{', ...' if len(matches) > 4 else ''}): name one")
         raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
 
     def check_num_images(self, num_images: int) -> None:

@@ -64,6 +64,8 @@ NUM_CLASSES = len(_KIND_LIST) * len(_COLOUR_LIST)
 KIND_SYNONYMS: dict[str, str] = {
     word: kind for kind, options in KIND_WORDS.items() for (forms, _) in options for word in forms
 }
+# The words a pipeline maps before matching a prompt to a class name (a model card's `class_synonyms`).
+CLASS_SYNONYMS: dict[str, str] = {word: kind for word, kind in KIND_SYNONYMS.items() if word != kind}
 
 
 # ---------------------------------------------------------------------------------------- classes
@@ -301,7 +303,9 @@ def base_card() -> dict[str, Any]:
         "grid": GRID,
         "num_classes": NUM_CLASSES,
         "classes": label_names(),
-        "class_text": "mmspec.image_ar.recipes.image_ar_data.class_from_text ('red circle', 'a big red ball', ...)",
+        "class_text": "a class name, or free text holding one colour and one shape word ('a big red ball'); "
+                      "class_synonyms maps the other shape words to the class names",
+        "class_synonyms": CLASS_SYNONYMS,
         "layout": {
             ".": "the AR target: config.json + model.safetensors (fp16; load with dtype=torch.float32)",
             "vq": "mmspec.image_ar.VQModel (LlamaGen VQ layout), downsample 4: 64x64 image <-> 16x16 codes",

@@ -222,7 +222,7 @@ def judge_and_assemble(out: Path, args: argparse.Namespace) -> dict:
     components = {name: card.part_facts(out / name) for name in parts}
     components["vae"]["quality"] = card.vae_quality(parts["vae"], 480, args.seed)
     defaults = {"default_method": "cspd", "num_iter": 64, "num_draft": 8, "prefill_ratio": 0.15, "cfg": 1.0,
-                "judge": card.JUDGE}
+                "judge": card.JUDGE, "class_synonyms": data.CLASS_SYNONYMS}
     if args.sample_n > 0:
         pipe = MARPipeline(**parts, class_names=data.label_names(), model_name=NAME, card=defaults)
         components["model"]["quality"] = card.sample_quality(pipe, args.sample_n, args.eval_cfgs, args.seed)

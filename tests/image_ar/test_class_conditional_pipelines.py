@@ -131,3 +131,18 @@ def test_to_moves_every_component_and_it_still_generates(family):
     assert len(pipe(class_labels=1, method=FAMILIES[family].method, seed=0, progress_bar=False).images) == 1
     pipe.to("cpu", torch.float32)
     assert pipe.device == torch.device("cpu") and {getattr(pipe, name).dtype for name in names} == {torch.float32}
+
+
+def test_a_prompt_in_free_text_finds_its_one_class():
+    """A prompt is a class name, or text holding one class name's words (after the card's class_synonyms)."""
+    pipe = var_pipeline()  # its own copy: the card is edited below
+    assert pipe.class_names[pipe.class_id("  A big RED circle, please ")] == "red circle"
+    with pytest.raises(MMSpecError, match="unknown class 'a red ball'"):
+        pipe.class_id("a red ball")  # no synonyms on this card: "ball" means nothing
+    pipe.card["class_synonyms"] = {"ball": "circle", "boxes": "square"}
+    assert pipe.class_names[pipe.class_id("a red ball")] == "red circle"
+    assert pipe.class_names[pipe.class_id("two blue boxes")] == "blue square"
+    with pytest.raises(MMSpecError, match=r"'red ball and blue box' names 2 classes .*: name one"):
+        pipe.class_id("red ball and blue box")  # "box" unmapped here: red circle, blue circle
+    with pytest.raises(MMSpecError, match="unknown class 'pink circle'"):
+        pipe.class_id("pink circle")
