@@ -242,6 +242,13 @@ class Checkpoints:
             old.unlink()
         return path
 
+    def clear(self) -> None:
+        """Delete every checkpoint (and the folder, when that leaves it empty)."""
+        for path in self.folder.glob("step-*.pt") if self.folder.is_dir() else []:
+            path.unlink()
+        if self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()
+
     def load(self, path: Path | None = None) -> dict[str, Any] | None:
         """The state in `path` (default the latest checkpoint); None when there is none."""
         path = self.latest() if path is None else path

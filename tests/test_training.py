@@ -92,6 +92,8 @@ def test_checkpoints_keep_the_newest_and_refuse_foreign_ones(tmp_path):
     (tmp_path / "ckpt" / "step-00000040.pt").write_bytes(b"truncated")
     with pytest.raises(MMSpecError, match="cannot read checkpoint"):
         checkpoints.load()
+    checkpoints.clear()
+    assert not (tmp_path / "ckpt").exists() and checkpoints.load() is None
 
 
 def test_output_folder_never_the_package_unless_told(tmp_path, monkeypatch):

@@ -76,3 +76,37 @@ def test_worker_processes_prepare_the_same_batches_in_order(tmp_path):
     scene, caption = sample_detailed_example(recipe.example_seed("train", 0, 7))
     ids = batches[1][1][0]
     assert tok.decode(ids[ids != tok.pad_token_id][len(cd.prompt_ids(tok)):], skip_special_tokens=True).strip() == caption
+
+
+@pytest.mark.parametrize("steps, resumed_at, runs", [(2, "stage B, step 0", "B step 1"), (1, "stage T, step 1", "B step 0")])
+def test_a_killed_run_resumes_to_the_same_captioner(tmp_path, capsys, monkeypatch, steps, resumed_at, runs):
+    """Checkpoints every step; a run stopped after training keeps its two newest, and loses the newest of
+    them as a run killed one step earlier would; ``--resume`` goes on from there to the same weights."""
+    from safetensors.torch import load_file
+
+    common = ["--text-steps", "2", "--steps", str(steps), "--batch-size", "2", "--eval-n", "1",
+              "--max-new-tokens", "4", "--threads", "1", "--checkpoint-every", "1"]
+    whole = tmp_path / "whole"
+    recipe.main([*common, "--out", str(whole), "--checkpoint-dir", str(tmp_path / "ck-whole")])
+    assert not (tmp_path / "ck-whole").exists()  # a finished run clears its checkpoints
+
+    ck, real_evaluate = tmp_path / "ck", recipe.evaluate
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "evaluate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main([*common, "--out", str(tmp_path / "part"), "--checkpoint-dir", str(ck)])
+    kept = sorted(ck.glob("step-*.pt"))  # numbered T 0, 1 then B 0, ...
+    assert [p.name for p in kept] == [f"step-{n:08d}.pt" for n in (steps, steps + 1)]
+    kept[-1].unlink()
+    monkeypatch.setattr(recipe, "evaluate", real_evaluate)
+    capsys.readouterr()
+    recipe.main([*common, "--out", str(tmp_path / "part"), "--checkpoint-dir", str(ck), "--resume"])
+    log = capsys.readouterr().out
+    assert f"({resumed_at})" in log and "T step" not in log and f"{runs} caption_loss" in log
+    mine, theirs = load_file(tmp_path / "part" / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    card = json.loads((tmp_path / "part" / "zoo_card.json").read_text())
+    assert "--resume" not in card["rebuild_command"] and "checkpoint" not in card["rebuild_command"]

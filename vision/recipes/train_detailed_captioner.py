@@ -27,6 +27,12 @@ B. captioning: caption cross-entropy through the whole model (vision tower, proj
    over the pooled vision tokens (colours, kinds, motions, directions, sizes, background, count,
    interaction kinds, number of turns).
 
+Checkpoints: every ``--checkpoint-every`` steps (default 500) the weights, optimiser and step go to
+``--checkpoint-dir`` (default ``~/.cache/mmspec/detailed-captioner-checkpoints/<output name>``, the newest
+two kept); a run that was stopped continues with the same command plus ``--resume`` and ends on the same
+weights. A finished run deletes them. Continuing from another detailed captioner (``--init-from``) records
+its training in the card's ``earlier_training``.
+
 Evaluation: greedy captions of ``--eval-n`` held-out videos, parsed by the fact checker
 (:func:`mmspec.world.check_caption`) into per-attribute accuracy, next to a wrong-video
 control (each caption generated from another held-out video: what the text alone gets right).
@@ -63,8 +69,8 @@ from transformers import AutoTokenizer, LlavaNextVideoForConditionalGeneration
 
 from mmspec.devices import synchronize, usable_device
 from mmspec.errors import MMSpecError
-from mmspec.training import (add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything,
-                             warmup_cosine)
+from mmspec.training import (Checkpoints, add_output_arguments, adamw, optimizer_step, parse_output_folder,
+                             seed_everything, warmup_cosine)
 from mmspec.world import (event_slots, example_seed, interactions, parse_facts, render_video, sample_detailed_example,
                           scene_facts, score_facts)
 from mmspec.world.detailed_facts import ATTRIBUTES
@@ -77,6 +83,8 @@ from .train_video_captioner import (LM_DIR, VideoHead, build_model, caption_batc
                                     write_card_and_samples)
 
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
+CHECKPOINT_ROOT = Path.home() / ".cache" / "mmspec" / "detailed-captioner-checkpoints"
+CHECKPOINT_FORMAT = "mmspec-detailed-captioner-v1"
 RELATIONS = ("behind", "in front of", "meets")
 AUX_OUT = cd.AUX_DIM + len(RELATIONS) + 4  # + interaction kinds present + number of turns (0..3)
 
@@ -223,12 +231,34 @@ def train(args) -> None:
     lm_params = list(model.model.language_model.parameters())
     vision_params = list(model.model.vision_tower.parameters()) + list(head.parameters())
     proj_params = list(model.model.multi_modal_projector.parameters())
+    # resumable: a checkpoint holds stage, step, weights and optimiser; its number counts T then B steps
+    checkpoints = Checkpoints(args.checkpoint_dir, CHECKPOINT_FORMAT, "captioner")
+    resumed = checkpoints.load() if args.resume and not args.time_steps else None
+    text_steps = args.time_steps if args.time_steps and args.text_steps else args.text_steps
+    done_t, done_b, text_s = 0, 0, 0.0
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        head.load_state_dict(resumed["head"])
+        start -= float(resumed["elapsed"])  # the wall time of the run so far counts
+        in_b = resumed["stage"] == "B"
+        done_t, done_b = (text_steps, resumed["step"] + 1) if in_b else (resumed["step"] + 1, 0)
+        text_s = float(resumed.get("text_s", 0.0))
+        print(f"resumed from {checkpoints.latest()} (stage {resumed['stage']}, step {resumed['step']})", flush=True)
+
+    def checkpoint(stage: str, step: int, steps: int, opt) -> None:
+        if args.time_steps or not args.checkpoint_every or (step + 1) % args.checkpoint_every:
+            return
+        checkpoints.save(step + (text_steps if stage == "B" else 0), dict(
+            stage=stage, step=step, model=model.state_dict(), head=head.state_dict(), opt=opt.state_dict(),
+            elapsed=time.time() - start, text_s=text_s))
 
     # ---- stage T: the LM alone on detailed captions
-    text_steps = args.time_steps if args.time_steps and args.text_steps else args.text_steps
     opt = adamw(lm_params, args.text_lr, weight_decay=0.0)
+    if resumed is not None and resumed["stage"] == "T":
+        opt.load_state_dict(resumed["opt"])
+    stream.next = done_t * args.batch_size
     t_t = time.time()
-    for step in range(text_steps):
+    for step in range(done_t, text_steps):
         for g in opt.param_groups:
             g["lr"] = args.text_lr * warmup_cosine(step, text_steps, min(20, text_steps // 10), floor=0.1)
         ids, mask, labels = (t.to(args.device) for t in text_batch(tok, [c for _, c in stream.take(args.batch_size)]))
@@ -237,23 +267,28 @@ def train(args) -> None:
         optimizer_step(opt, loss, lm_params)
         if step % 25 == 0 or step == text_steps - 1:
             print(f"T step {step} loss {loss.item():.4f} elapsed {time.time() - start:.0f}s", flush=True)
+        text_s = (time.time() - t_t) / (step + 1 - done_t)
+        checkpoint("T", step, text_steps, opt)
     synchronize(args.device)
-    text_s = (time.time() - t_t) / max(1, text_steps)
     del opt
 
     # ---- stage B: captioning through the whole model
     prefix = cd.prompt_ids(tok, num_frames=args.frames)
     groups = [(vision_params, args.vision_lr), (proj_params, args.proj_lr), (lm_params, args.lm_lr)]
     opt = adamw([{"params": p, "lr": 0.0} for p, _ in groups], 0.0, weight_decay=0.0)
+    if resumed is not None and resumed["stage"] == "B":
+        opt.load_state_dict(resumed["opt"])
     steps = args.time_steps or args.steps
-    batches = CaptioningBatches(tok, prefix, args.seed, stream.next, args.batch_size, steps, args.frames)
+    # batch b holds the same examples whether or not the run was resumed before it
+    batches = CaptioningBatches(tok, prefix, args.seed, stream.next + done_b * args.batch_size, args.batch_size,
+                                steps - done_b, args.frames)
     stream.next += steps * args.batch_size
     loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=args.workers,
                                          pin_memory=args.device.type == "cuda",
                                          prefetch_factor=4 if args.workers else None)
     times = []
     t0 = time.time()
-    for step, batch in enumerate(loader):
+    for step, batch in enumerate(loader, start=done_b):
         pv, ids, mask, labels, target = (t.to(**on) for t in batch)
         captured = {}
         hook = model.model.vision_resampler.register_forward_hook(lambda m, i, o: captured.setdefault("pooled", o))
@@ -275,6 +310,7 @@ def train(args) -> None:
             print(f"B step {step} caption_loss {cap.item():.4f} aux_loss {aux.item():.4f} "
                   f"elapsed {time.time() - start:.0f}s", flush=True)
         times.append(time.time() - t0)
+        checkpoint("B", step, steps, opt)
         t0 = time.time()
     synchronize(args.device)
     if times:
@@ -296,6 +332,7 @@ def train(args) -> None:
     print(json.dumps(quality, indent=1), flush=True)
     save(model, tok, Path(args.out), args, dict(n_params=n_params, train_wall=train_wall, text_s=text_s,
                                                step_s=step_s, data_size=stream.next), quality, samples)
+    checkpoints.clear()  # the run is complete and saved; its resumable states (~12 bytes a parameter) go
 
 
 def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: list[dict]) -> None:
@@ -312,6 +349,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
         "prompt": f"<video>{cd.PROMPT}",
         "vocab_size": len(tok),
         "started_from": f"the zoo's {OUT_DIR.name}" if args.init_from == str(OUT_DIR) else args.init_from,
+        "earlier_training": earlier_training(args.init_from),
         "trained_on": (f"detailed shapes-world examples rendered on the fly (mmspec.world.sample_detailed_example("
                        f"example_seed('train', {args.seed}, i)), render_video(scene, {args.frames}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage T: {args.text_steps} LM-only steps; stage B: {args.steps} "
@@ -333,6 +371,19 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
     write_card_and_samples(folder, card, samples, size)
 
 
+def earlier_training(init_from: str) -> list[dict]:
+    """What made the starting captioner, when it is itself a detailed captioner (a continued run keeps its
+    lineage: every stage's data, steps, wall time and machine)."""
+    card_path = Path(init_from) / "zoo_card.json"
+    if init_from.lower() == "none" or not card_path.is_file():
+        return []
+    card = json.loads(card_path.read_text())
+    if card.get("scenes") != "detailed":
+        return []
+    keep = ("trained_on", "seed", "optimiser", "train_wall_time_s", "train_machine", "precision", "rebuild_command")
+    return [*card.get("earlier_training", []), {k: card[k] for k in keep if k in card}]
+
+
 def machine(args) -> str:
     if args.device.type == "cuda":
         return f"{torch.cuda.get_device_name(args.device)}, {args.workers} data workers"
@@ -343,7 +394,8 @@ def rebuild_command(args) -> str:
     defaults = vars(build_parser().parse_args([]))
     parts = ["python -m mmspec.vision.recipes.train_detailed_captioner"]
     for name, value in vars(args).items():
-        if name in ("out", "into_zoo", "lm_dir", "time_steps", "workers") or str(value) == str(defaults.get(name)):
+        if name in ("out", "into_zoo", "lm_dir", "time_steps", "workers", "checkpoint_every", "checkpoint_dir",
+                    "resume") or str(value) == str(defaults.get(name)):
             continue
         if value is True:
             parts.append(f"--{name.replace('_', '-')}")
@@ -376,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--aux-weight", type=float, default=0.3)
     parser.add_argument("--eval-n", type=int, default=100)
     parser.add_argument("--max-new-tokens", type=int, default=MAX_TOKENS + 10)
+    parser.add_argument("--checkpoint-every", type=int, default=500,
+                        help="steps between resumable checkpoints (0: none); the newest two are kept")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help=f"where checkpoints go (default {CHECKPOINT_ROOT}/<output folder name>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest checkpoint in --checkpoint-dir (same settings)")
     parser.add_argument("--time-steps", type=int, default=0,
                         help="only time this many steps of each stage; save nothing")
     return parser
@@ -396,7 +454,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--init-from {args.init_from!r} is not a saved captioner folder (no config.json); "
                      "pass --init-from none to start from the caption LM")
     args.out = str(parse_output_folder(parser, args, OUT_DIR))
-    train(args)
+    if args.checkpoint_every < 0:
+        parser.error("--checkpoint-every must be >= 0")
+    args.checkpoint_dir = args.checkpoint_dir or str(CHECKPOINT_ROOT / Path(args.out).name)
+    try:
+        train(args)
+    except MMSpecError as err:  # an unreadable or foreign checkpoint
+        parser.exit(1, f"error: {err}\n")
 
 
 if __name__ == "__main__":
