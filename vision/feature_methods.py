@@ -6,6 +6,7 @@ For a zoo model it sits in a subfolder named after its kind, next to the target'
     shapes-video-captioner/            the target
     shapes-video-captioner/msd/        its MSD drafter   (vision.msd)
     shapes-video-captioner/flash/      its FLASH drafter (vision.flash)
+    shapes-video-captioner/text/       its text-only drafter (a causal LM on its vocabulary), when it has one
 
 The pipeline and `mmspec bench vision` load them from there by default; any other folder can
 be passed explicitly. A drafter borrows the target's embedding table and LM head, so it only

@@ -53,6 +53,7 @@ from .target import VisionTarget
 from .text_drafter import TextOnlyDrafter
 
 DEFAULT_CAPTIONER = "shapes-video-captioner"
+TEXT_DRAFTER_FOLDER = "text"  # a model folder's own text-only drafter, beside its msd/ and flash/ ones
 METHODS = ("ar", "text", "std", *FEATURE_KINDS)  # ..., "msd", "flash"
 # Draft length per method when neither the caller nor the model card sets one: StD's paper
 # default gamma = 9; 5 for the trained drafters (the card's measured best replaces it).
@@ -170,8 +171,8 @@ class CaptionPipeline(SpeculativePipeline):
     ) -> "CaptionPipeline":
         """Load a model (zoo name, local folder, saved pipeline or Hub id available offline) and, optionally, a drafter.
 
-        With no `drafter`, a zoo model gets the text drafter it was paired with (a saved pipeline: the
-        one it was saved with). `feature_drafters` maps a method ("msd", "flash") to a drafter folder
+        With no `drafter`, a model folder's `text/` subfolder is its text drafter; failing that, a zoo model
+        gets the text drafter its card pairs it with (a saved pipeline: the one it was saved with). `feature_drafters` maps a method ("msd", "flash") to a drafter folder
         (or model); a method not given is loaded from the folder's `<method>/` subfolder when there is
         one. `dtype` (or `torch_dtype`, the same) defaults to float32. Other keyword arguments go to
         the constructor (`num_draft_tokens`, `std_kv_budget`, ...).
@@ -205,11 +206,12 @@ class CaptionPipeline(SpeculativePipeline):
             processor = AutoProcessor.from_pretrained(path)
         except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
             raise MMSpecError(f"could not load the processor of {name!r}: {str(error).splitlines()[0]}") from None
-        if drafter is None and card.get("pairs_with"):
-            drafter = card["pairs_with"]
+        folder = path if Path(path).is_dir() else None
+        if drafter is None:  # the folder's own text drafter (`text/`), else the one its card pairs it with
+            own = Path(folder) / TEXT_DRAFTER_FOLDER if folder is not None else None
+            drafter = own if own is not None and (own / "config.json").is_file() else card.get("pairs_with")
         if drafter is not None:
             drafter = cls._load_text_drafter(drafter, dtype)
-        folder = path if Path(path).is_dir() else None
         return cls(model, processor, drafter=drafter, model_name=name, card=card,
                    feature_drafters=feature_drafter_folders(folder, feature_drafters), model_folder=folder,
                    drafter_device=drafter_device, **kwargs)

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, CLIPVisionConfig, LlamaConfig, LlavaNext
 from mmspec.cli import main
 from mmspec.vision import write_video
 from mmspec.vision.pipeline import CaptionPipeline
-from mmspec.zoo import resolve
+from mmspec.zoo import load_causal_lm, resolve
 from mmspec.vision.recipes import captioner_data as cd
 
 
@@ -121,6 +121,23 @@ def test_a_local_folders_card_is_read(tiny_captioner_folder, tmp_path):
     local = CaptionPipeline.from_pretrained(folder)  # no drafter given: the card's pair is loaded
     assert local.drafter_model is not None and "text" in local.available_methods
     assert local._prompt_text("video", None) == "<video>describe the video."
+
+
+def test_a_folders_own_text_drafter_comes_before_the_cards_pair(tiny_captioner_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "captioner-with-text-drafter"
+    shutil.copytree(tiny_captioner_folder, folder)
+    (folder / "zoo_card.json").write_text(json.dumps({"pairs_with": "shapes-caption-drafter"}))
+    own = load_causal_lm(resolve("shapes-caption-drafter"), "drafter")[0]
+    with torch.no_grad():
+        own.model.embed_tokens.weight.mul_(-1.0)  # a drafter the pair is not
+    own.save_pretrained(folder / "text")
+    pipe = CaptionPipeline.from_pretrained(folder)
+    assert torch.equal(pipe.drafter_model.model.embed_tokens.weight, own.model.embed_tokens.weight)
+    shutil.rmtree(folder / "text")  # control: without it, the card's pair
+    paired = CaptionPipeline.from_pretrained(folder).drafter_model
+    assert torch.equal(paired.model.embed_tokens.weight, -own.model.embed_tokens.weight)
 
 
 def test_bad_calls(pipe, frames, tmp_path):

@@ -32,9 +32,10 @@ Before the real work the script times two traces and a few training steps of eac
 prints the estimated total. Training checkpoints go to `--out-root/<kind>/checkpoints`
 (`--resume` continues from them).
 
-The defaults are the shipped build (the captioner card's `drafters.rebuild_command`): 1200 videos,
-3000 steps of batch 4 per drafter, one torch thread. That build took 37.5 minutes on 2 CPU cores
-(card: distillation 1000 s, MSD 678 s, FLASH 564 s). In a 40-video pilot, 600 FLASH steps instead
+The defaults are the shipped build (the captioner card's `drafters.rebuild_command`): 600 detailed
+videos (captions of up to 160 tokens), 3000 steps of batch 4 per drafter. That build took 47.6 minutes
+with two torch threads on 2 CPU cores (card: distillation 1764 s, MSD 529 s, FLASH 548 s); the earlier
+one-shape captioner's drafters used 1200 videos of ~15-token captions. In a 40-video pilot, 600 FLASH steps instead
 of 150 raised tau from 3.4 to 4.6 (k = 5): steps matter more than data at this size.
 """
 
@@ -331,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--captioner", default=str(cd.zoo_folder()), help="captioner folder (default: the zoo's)")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="drafters to train and ship")
     add_output_arguments(parser, cd.zoo_folder().name, "the captioner with its new drafters")
-    parser.add_argument("--videos", type=int, default=1200, help="train videos to distil (each adds a text-only trace)")
+    parser.add_argument("--videos", type=int, default=600, help="train videos to distil (each adds a text-only trace)")
     parser.add_argument("--steps", type=int, default=3000, help="training steps of each drafter")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
