@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
 
     if args.model is None:
-        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of one moving shape")
+        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of 1-4 moving shapes, detailed captions")
     # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
     feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
     pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,

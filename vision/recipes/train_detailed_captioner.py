@@ -7,7 +7,9 @@ shapes-world scenes: every shape, the background and the order of events.
     python -m mmspec.vision.recipes.train_detailed_captioner --text-steps 1 --steps 3 --eval-n 2 --out /tmp/x  # smoke
 
 It writes to ``--out`` (default ``./shapes-video-captioner``); ``--into-zoo`` replaces the shipped
-one-shape captioner (its ``msd/`` and ``flash/`` drafters then need retraining against it).
+captioner (its ``msd/`` and ``flash/`` drafters then need retraining against it). The shipped captioner
+was made by this recipe in two runs (its card's ``rebuild_steps``), the first started from the earlier
+one-shape captioner (``train_video_captioner``).
 
 Start: ``--init-from`` a saved captioner (default: the shipped one, whose vision tower already
 knows the shapes world's colours, kinds and motions), or ``--init-from none`` to build one from

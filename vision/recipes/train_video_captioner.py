@@ -1,5 +1,6 @@
-"""Train the zoo's toy video captioner ``shapes-video-captioner``: a real
-``LlavaNextVideoForConditionalGeneration`` built from the zoo caption LM.
+"""Train a one-shape video captioner: a real ``LlavaNextVideoForConditionalGeneration`` built from the
+zoo caption LM. It made the earlier zoo ``shapes-video-captioner``, the starting point of the detailed
+captioner that ships now (``train_detailed_captioner``).
 
     python -m mmspec.vision.recipes.train_video_captioner                  # full run, auto-sized
     python -m mmspec.vision.recipes.train_video_captioner --time-steps 3   # time steps only
