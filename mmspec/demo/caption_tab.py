@@ -25,7 +25,7 @@ def build() -> None:
             video = gr.Video(label="video", sources=["upload"], include_audio=True, elem_id="caption-video")
             add_samples(video, "shapes.mp4", "sample")
             model, method = model_and_method("caption", caption_pipeline)
-            max_new_tokens = gr.Slider(4, 96, value=48, step=1, label="max new tokens", elem_id="caption-max-tokens")
+            max_new_tokens = gr.Slider(4, 192, value=160, step=1, label="max new tokens", elem_id="caption-max-tokens")
             temperature = gr.Slider(0, 1.5, value=0, step=0.1, label="temperature (0: greedy)",
                                     elem_id="caption-temperature")
             seed = gr.Number(0, precision=0, label="seed (sampling)", elem_id="caption-seed")
