@@ -89,6 +89,24 @@ def test_cli_zoo_list_json(capsys):
         assert {"name", "params", "file_size_bytes", "trained_on", "quality", "rebuild_command"} <= set(entry)
 
 
+def test_cli_zoo_list_shows_every_run_of_a_model_built_in_several(capsys, monkeypatch, tmp_path):
+    from mmspec import zoo
+
+    card = {"architecture": "Llama", "role": "target", "params": 1e6, "trained_on": "last run", "quality": {},
+            "train_wall_time_s": 60.0, "rebuild_command": "python -m last",
+            "earlier_training": [{"train_wall_time_s": 120.0}, {"train_wall_time_s": 180.0}],
+            "rebuild_steps": ["python -m first", "python -m second", "python -m last"]}
+    single = {**card, "earlier_training": [], "rebuild_steps": None}
+    monkeypatch.setattr(zoo, "entries", lambda: [zoo.ZooEntry("built-in-three", tmp_path, card),
+                                                 zoo.ZooEntry("built-in-one", tmp_path, single)])
+    assert main(["zoo", "list"]) == 0
+    out = capsys.readouterr().out
+    three, one = out.split("built-in-one")
+    assert "training runs: 3 in all, 6.0 min together" in three
+    assert three.index("python -m first") < three.index("python -m second") < three.index("python -m last")
+    assert "training runs" not in one and "rebuild: python -m last" in one
+
+
 def test_bench_table_shows_the_spread_and_warns_when_it_is_wide():
     from mmspec.bench.harness import BenchReport, MethodResult
     from mmspec.stats import SpecStats

@@ -33,6 +33,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"    source: {e['source']}")
         took = f" in {e['train_wall_time_s'] / 60:.1f} min" if "train_wall_time_s" in e else ""
         print(f"    trained on: {e.get('trained_on', '?')}{took}")
+        earlier = e.get("earlier_training", [])
+        if earlier:  # a continued run: its own line above is only the last stretch
+            runs = [*earlier, e]
+            minutes = sum(r.get("train_wall_time_s", 0.0) for r in runs) / 60
+            print(f"    training runs: {len(runs)} in all, {minutes:.1f} min together (the card's earlier_training)")
         print(f"    quality: {quality}")
-        print(f"    rebuild: {e.get('rebuild_command', '?')}")
+        steps = e.get("rebuild_steps")
+        if steps:  # built in several runs: every command, in order
+            print("    rebuild, in order:")
+            for step in steps:
+                print(f"      {step}")
+        else:
+            print(f"    rebuild: {e.get('rebuild_command', '?')}")
     return 0
