@@ -216,8 +216,7 @@ def bench_vision(
                                                         max_new_tokens, "text-only", tree=tree)
         for label, net in (feature_drafters or {}).items():
             if not runtime_drafter(net).drafts_trees:
-                notes.append(f"{label}: no tree row ({net.kind} drafts chains only: its semi-autoregressive head predicts "
-                             "several tokens from one position, none conditioned on another draft to branch on)")
+                notes.append(f"{label}: no tree row ({net.kind} drafts chains only)")
                 continue
             tree_feature_rows[f"{label} {shape}"] = net
             methods[f"{label} {shape}"] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,8 @@ from mmspec.devices import input_device
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
 from mmspec.ragged import RaggedBatch
+from mmspec.sampling import SamplingConfig, probabilities
+from mmspec.trees import DraftTree, TreeConfig, grow_tree, level_attention_mask, node_path
 
 from .rope_positions import positions_at, target_prompt_positions
 
@@ -243,6 +245,41 @@ class TargetFeatureDrafter(Drafter):
         hook = getattr(self.lm_head, "_hf_hook", None)
         self.model.to(getattr(hook, "execution_device", None) or self.lm_head.weight.device)
         self.target = target
+
+    def _grow_tree(self, root: torch.Tensor, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                   run_level: Callable[[torch.LongTensor, torch.Tensor, torch.Tensor, torch.LongTensor], torch.Tensor],
+                   ) -> DraftTree:
+        """EAGLE-2's dynamic tree below the newest committed token of `sequence`, whose predicted feature is `root` [H].
+
+        Each level's expanded nodes go through the drafter in one forward on top of the cache:
+        `run_level(tokens [1, L], parent features [1, L, H], tree mask, positions)` returns their predicted
+        features [L, H]. A node at depth d holds the token of sequence position base + d and is fed in the slot
+        of position base + d - 1 (a slot consumes the next token and the feature of its own position).
+        """
+        base = sequence.shape[1] - 1
+        past = self.cache.get_seq_length()
+        fed: list[int] = []
+        predicted: dict[int, torch.Tensor] = {-1: root}
+
+        def logprobs(hidden: torch.Tensor) -> torch.Tensor:
+            logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+            return probabilities(logits, sampling).log() if sampling.do_sample else logits.log_softmax(-1)
+
+        def expand(level: list[int], tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+            parent_list = parents.tolist()
+            depths = [len(node_path(node, parent_list)) for node in level]
+            features = torch.stack([predicted[parent_list[node]] for node in level])[None]
+            mask = level_attention_mask(parent_list, fed, level, past, features.dtype, features.device)
+            positions = self.position_ids(torch.tensor(depths, device=features.device)[None] + base - 1)
+            self.forwards += 1
+            out = run_level(tokens[level][None], features, mask, positions)
+            fed.extend(level)
+            for row, node in enumerate(level):
+                predicted[node] = out[row]
+            return logprobs(out)
+
+        tree, _ = grow_tree(logprobs(root[None])[0], config, expand, self._stop_ids)
+        return tree
 
     # --- batches (`mmspec.ragged`) ------------------------------------------------------------------
     # After the prompt, the drafter's cache gains one true slot per batch column: slot c consumes the

@@ -13,7 +13,10 @@ documented there; this module runs it inside the shared draft/verify loop:
   forward feeds the n drafts just made, each paired with its predicted feature, and yields n
   more. k drafts cost ceil(k / n) forwards;
 - `observe`: drops the cache entries built on drafts and predicted features, and queues the
-  target's true features of the committed tokens for the next round.
+  target's true features of the committed tokens for the next round;
+- `propose_tree`: an EAGLE-2 tree, one level per forward: each node reads its token and its parent's
+  first predicted feature (the head's later predictions are conditioned on no drafted token, so a tree
+  cannot branch below them), under a tree attention mask.
 
 Verification is the shared chain verifier, so decoding is lossless: greedy output equals the
 target's, and sampled drafts carry their distributions q for speculative sampling.
@@ -32,6 +35,7 @@ from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig
+from mmspec.trees import DraftTree, TreeConfig
 from mmspec.types import Proposal
 
 from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
@@ -97,15 +101,8 @@ class FlashDrafter(TargetFeatureDrafter):
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         n = self.model.config.semi_ar_tokens
-        # First forward: the committed tokens' true features; e_{t+1} is the next committed token.
-        next_tokens = sequence[:, self._fed + 1 :]
-        if next_tokens.shape[1] != self._pending.shape[1]:
-            raise MMSpecError("FLASH drafter is out of step with the committed sequence (was observe() skipped?)")
+        predicted = self._feed_pending(sequence)
         position = self._fed
-        predicted = self._feed(next_tokens, self._pending, position)
-        position += next_tokens.shape[1]
-        self._committed, self._fed = self.cache.get_seq_length(), sequence.shape[1] - 1
-        self._pending = self._pending[:, :0]
         tokens: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         while True:
@@ -123,6 +120,22 @@ class FlashDrafter(TargetFeatureDrafter):
             predicted = self._feed(torch.stack(tokens[-n:], dim=1), predicted, position)
             position += n
 
+    drafts_trees = True
+
+    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> DraftTree:
+        """EAGLE-2's dynamic tree, one level per drafter forward: every node reads its token and its parent's
+        first predicted feature (the semi-autoregressive head's later predictions are not conditioned on a
+        drafted token, so there is nothing to branch on below them)."""
+        root = self._feed_pending(sequence)[0, 0]
+
+        def run_level(tokens: torch.LongTensor, features: torch.Tensor, mask: torch.Tensor,
+                      positions: torch.LongTensor) -> torch.Tensor:
+            hidden = self.model.text_inputs(self.embed_tokens(tokens), features)
+            return self.model(hidden, positions, attention_mask=mask, past_key_values=self.cache)[0]
+
+        return self._grow_tree(root, sequence, config, sampling, run_level)
+
     def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
         """Forget the drafts' cache entries; queue the target's features of the newly committed tokens."""
         excess = self.cache.get_seq_length() - self._committed
@@ -132,6 +145,17 @@ class FlashDrafter(TargetFeatureDrafter):
         missing = sequence.shape[1] - 1 - (self._fed + self._pending.shape[1])
         fresh = target_step.hidden_states[-1][:, :missing]
         self._pending = torch.cat([self._pending, fresh.to(self._pending.dtype)], dim=1)
+
+    def _feed_pending(self, sequence: torch.LongTensor) -> torch.Tensor:
+        """A round's first forward: the committed tokens' true features (slot t reads x_{t+1} and f_t), all cached
+        as committed. Returns the n predicted features [1, n, H] after the newest committed token."""
+        next_tokens = sequence[:, self._fed + 1 :]
+        if next_tokens.shape[1] != self._pending.shape[1]:
+            raise MMSpecError("FLASH drafter is out of step with the committed sequence (was observe() skipped?)")
+        predicted = self._feed(next_tokens, self._pending, self._fed)
+        self._committed, self._fed = self.cache.get_seq_length(), sequence.shape[1] - 1
+        self._pending = self._pending[:, :0]
+        return predicted
 
     def _feed(self, next_tokens: torch.LongTensor, features: torch.Tensor, position: int) -> torch.Tensor:
         """Feed text positions `position`.. with inputs fc([embed(next_tokens); features]).

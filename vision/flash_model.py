@@ -304,14 +304,18 @@ class FlashDrafterModel(FeatureDrafterModel):
         position_ids: torch.LongTensor,
         key_padding: torch.Tensor | None = None,
         past_key_values: Any = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The decoder layer over hidden [B, S, H] at positions [B, S] ([3, B, S] for M-RoPE); causal in sequence order.
 
-        With `past_key_values` (a DynamicCache) the new entries attend to the cached ones too.
+        With `past_key_values` (a DynamicCache) the new entries attend to the cached ones too. An additive
+        `attention_mask` [B, 1, S, past + S] replaces the causal one (a draft tree's: each node sees its ancestors).
         """
         batch, length, _ = hidden.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        mask = causal_bias(length, past, key_padding, hidden.dtype, batch, device=hidden.device)
+        mask = attention_mask
+        if mask is None:
+            mask = causal_bias(length, past, key_padding, hidden.dtype, batch, device=hidden.device)
         out = self.layer(
             hidden,
             attention_mask=mask,

@@ -30,8 +30,8 @@ from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
-from mmspec.sampling import SamplingConfig, probabilities
-from mmspec.trees import DraftTree, TreeConfig, grow_tree, level_attention_mask, node_path
+from mmspec.sampling import SamplingConfig
+from mmspec.trees import DraftTree, TreeConfig
 from mmspec.types import Proposal
 
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
@@ -308,31 +308,14 @@ class MSDDrafter(TargetFeatureDrafter):
         """EAGLE-2's dynamic tree: each level's expanded nodes go through the drafter in one forward, each
         slot reading its token and its parent's predicted feature, with a tree attention mask."""
         root_hidden = self._feed(sequence[:, self._fed + 1 :])
-        base_position = sequence.shape[1] - 1
-        past = self.cache.get_seq_length()
-        fed: list[int] = []
-        predicted: dict[int, torch.Tensor] = {-1: root_hidden[0]}
 
-        def logprobs(hidden: torch.Tensor) -> torch.Tensor:
-            logits = self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
-            return probabilities(logits, sampling).log() if sampling.do_sample else logits.log_softmax(-1)
-
-        def expand(level: list[int], tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-            parent_list = parents.tolist()
-            depths = [len(node_path(node, parent_list)) for node in level]
-            features = torch.stack([predicted[parent_list[node]] for node in level])[None]
-            inputs = self.model.slot_inputs(self.embed_tokens(tokens[level][None]), features)
-            mask = level_attention_mask(parent_list, fed, level, past, inputs.dtype, inputs.device)
-            positions = self.position_ids(torch.tensor(depths, device=inputs.device)[None] + base_position - 1)
-            self.forwards += 1
+        def run_level(tokens: torch.LongTensor, features: torch.Tensor, mask: torch.Tensor,
+                      positions: torch.LongTensor) -> torch.Tensor:
+            inputs = self.model.slot_inputs(self.embed_tokens(tokens), features)
             out = self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
-            fed.extend(level)
-            for row, node in enumerate(level):
-                predicted[node] = out.last_hidden_state[0, row]
-            return logprobs(out.last_hidden_state[0])
+            return out.last_hidden_state[0]
 
-        tree, _ = grow_tree(logprobs(root_hidden)[0], config, expand, self._stop_ids)
-        return tree
+        return self._grow_tree(root_hidden[0], sequence, config, sampling, run_level)
 
     def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
         """Crop the draft slots; queue the target's true features of the newly committed tokens."""

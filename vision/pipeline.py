@@ -424,7 +424,7 @@ class CaptionPipeline(SpeculativePipeline):
             callback_on_round: `fn(round_index, info)` after every target forward; `info` is a
                 `RoundInfo` (the token ids committed that round, drafted, accepted, tokens so far; for a
                 list, `info.chunk` is the item's index). Not with `batch_size` > 1.
-            tree: draft EAGLE-2 trees (`TreeConfig`) instead of chains (methods text and msd); `policy` is then unused.
+            tree: draft EAGLE-2 trees (`TreeConfig`) instead of chains (methods text, msd and flash); `policy` is then unused.
             batch_size: for a list, items decoded together in one left-padded batch. 1 (default): one by one,
                 every method. Larger: the method's target and drafter must decode batches (today `ar` and
                 `text` on LLaVA, LLaVA-NeXT-Video and LLaVA-OneVision targets); greedy captions equal the

@@ -9,6 +9,7 @@ import torch
 from mmspec import FixedDraftLength, speculative_generate
 from mmspec.decoding import SpeculativeDecoder
 from mmspec.sampling import SamplingConfig
+from mmspec.trees import TreeConfig
 from mmspec.errors import MMSpecError
 from mmspec.testing import assert_greedy_equal, tiny_llama
 from mmspec.vision.feature_drafter import DistillBatch
@@ -194,6 +195,42 @@ def test_semi_ar_forwards_per_proposal(cases, n, k):
         proposal = drafter.propose(sequence, k, SamplingConfig(), None, FixedDraftLength(k))
     assert proposal.length == k
     assert drafter.forwards - 1 == math.ceil(k / n)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_a_tree_one_node_wide_drafts_the_chain_of_a_one_token_head(cases, depth):
+    """With one draft per forward (n = 1) a chain feeds each draft with the feature predicted before it, at
+    its own position: so must a tree, node by node, and a tree one node wide then drafts the chain's tokens."""
+    case = cases["llava"]
+    model = drafter_model(case, 1)
+
+    class ReadFeatures(torch.nn.Module):  # the borrowed LM head, noting every predicted feature it reads
+        def __init__(self, head):
+            super().__init__()
+            self.head, self.weight, self.read = head, head.weight, []
+
+        def forward(self, features):
+            self.read.append(features.reshape(-1, features.shape[-1]))
+            return self.head(features)
+
+    def first_round(propose):
+        drafter = FlashDrafter(model)
+        decoder = SpeculativeDecoder(case.model, drafter)
+        drafter.lm_head = ReadFeatures(drafter.lm_head)
+        with torch.no_grad():
+            step = decoder.target.start(case.input_ids, **case.inputs)
+            drafter.on_target_prefill(case.input_ids, step)
+            sequence = torch.cat([case.input_ids, step.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            return propose(drafter, sequence), drafter.forwards, torch.cat(drafter.lm_head.read)
+
+    chain, chain_forwards, chain_features = first_round(
+        lambda d, s: d.propose(s, depth, SamplingConfig(), None, FixedDraftLength(depth)))
+    tree, tree_forwards, tree_features = first_round(
+        lambda d, s: d.propose_tree(s, TreeConfig(num_nodes=depth, top_k=1, depth=depth), SamplingConfig(), None))
+    assert tree.parents.tolist() == list(range(-1, depth - 1))
+    assert torch.equal(tree.tokens, chain.tokens[0])
+    assert torch.allclose(tree_features, chain_features, atol=1e-5)  # same inputs, positions and attention
+    assert tree_forwards == chain_forwards == 1 + depth
 
 
 def test_cache_holds_compressed_visual_tokens(cases):

@@ -1,11 +1,11 @@
 """Draft trees on vision-language targets: the tree forward (4-D mask, tree positions, Qwen2-VL's M-RoPE
-shift) keeps greedy output identical to `generate`, with the text-only drafter, MSD and an oracle tree
-whose true path hides among wrong siblings; FLASH is refused."""
+shift) keeps greedy output identical to `generate`, with the text-only drafter, MSD, FLASH and an oracle tree
+whose true path hides among wrong siblings."""
 
 import pytest
 import torch
 
-from mmspec import MMSpecError, speculative_generate
+from mmspec import speculative_generate
 from mmspec.drafters import Drafter
 from mmspec.testing import assert_greedy_equal
 from mmspec.trees import DraftTree, TreeConfig
@@ -89,12 +89,16 @@ def test_oracle_control_wrong_path_is_caught(vlm_cases):
     assert not torch.equal(out.sequences, reference)
 
 
-def test_flash_refuses_trees(vlm_cases):
-    case = vlm_cases["llava-image"]
+@pytest.mark.parametrize("name", ["llava-image", "qwen2vl-image", "nextvideo-video"])
+@pytest.mark.parametrize("semi_ar_tokens", [1, 3])
+def test_flash_tree_identical(name, semi_ar_tokens, vlm_cases):
+    case = vlm_cases[name]
+    torch.manual_seed(semi_ar_tokens)
     model = FlashDrafterModel.from_target_config(case.model.config.get_text_config(), num_queries=2,
-                                               semi_ar_tokens=2).eval()
-    with pytest.raises(MMSpecError, match="FlashDrafter cannot draft trees"):
-        speculative_generate(case.model, FlashDrafter(model), case.input_ids, max_new_tokens=4, tree=TREE, **case.inputs)
+                                               semi_ar_tokens=semi_ar_tokens).eval()
+    drafter = FlashDrafter(model)
+    out = assert_greedy_equal(case.model, drafter, case.input_ids, max_new_tokens=16, tree=TREE, **case.inputs)
+    assert out.stats.rounds > 0 and out.stats.drafter_forwards > out.stats.rounds  # a forward per level, not one per round
 
 
 def test_caption_cli_tree_picks_msd_and_matches_the_chain_caption(capsys):

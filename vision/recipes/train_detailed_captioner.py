@@ -8,8 +8,8 @@ shapes-world scenes: every shape, the background and the order of events.
 
 It writes to ``--out`` (default ``./shapes-video-captioner``); ``--into-zoo`` replaces the shipped
 captioner (its ``msd/`` and ``flash/`` drafters then need retraining against it). The shipped captioner
-was made by this recipe in two runs (its card's ``rebuild_steps``), the first started from the earlier
-one-shape captioner (``train_video_captioner``).
+was made by this recipe in four runs, each continuing the last on new examples (``--seed``; its card's
+``rebuild_steps``), the first started from the earlier one-shape captioner (``train_video_captioner``).
 
 Start: ``--init-from`` a saved captioner (default: the shipped one, whose vision tower already
 knows the shapes world's colours, kinds and motions), or ``--init-from none`` to build one from
@@ -49,7 +49,8 @@ The long-video mode costs 18.2 s per captioning step at batch 2 (``--frames 64 -
 
 On a GPU: ``--device cuda --bf16 --workers 12 --batch-size 32`` (bf16 autocast over fp32 weights, 12
 processes rendering batches ahead) ran stage B at 0.058 s per step on an NVIDIA H200: 150 text + 6500
-captioning steps in 409 s. ``--workers`` changes nothing but speed (the batches are the same).
+captioning steps in 409 s; the later runs took 0.063-0.084 s per step on the same kind of machine (the
+data workers set the pace). ``--workers`` changes nothing but speed (the batches are the same).
 """
 
 from __future__ import annotations
