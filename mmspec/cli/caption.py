@@ -21,7 +21,7 @@ from .common import (
 from .placement import add_drafter_dtype_flag, add_placement_flags, placement_options
 from .tree_flag import add_tree_flag
 
-TREE_METHODS = ("msd", "text")  # fastest first (BENCHMARKS.md)
+TREE_METHODS = ("flash", "msd", "text")  # fastest trees first (BENCHMARKS.md)
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def tree_method(available: list[str]) -> str:
-    """The method `--tree` picks when none is named: MSD, else the text-only drafter (FLASH drafts chains only)."""
+    """The method `--tree` picks when none is named: FLASH, else MSD, else the text-only drafter."""
     for method in TREE_METHODS:
         if method in available:
             return method

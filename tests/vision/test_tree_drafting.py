@@ -101,8 +101,8 @@ def test_flash_tree_identical(name, semi_ar_tokens, vlm_cases):
     assert out.stats.rounds > 0 and out.stats.drafter_forwards > out.stats.rounds  # a forward per level, not one per round
 
 
-def test_caption_cli_tree_picks_msd_and_matches_the_chain_caption(capsys):
-    """`mmspec caption --tree` without --method picks MSD (the default FLASH drafts chains only); its caption is the chain's."""
+def test_caption_cli_tree_picks_flash_and_matches_the_chain_caption(capsys):
+    """`mmspec caption --tree` without --method picks FLASH (the fastest tree); its caption is the chain's."""
     import json
     from pathlib import Path
 
@@ -110,8 +110,8 @@ def test_caption_cli_tree_picks_msd_and_matches_the_chain_caption(capsys):
 
     video = str(Path(__file__).parents[2] / "demos" / "assets" / "shapes.mp4")
     outputs = {}
-    for extra in (["--tree", "8,2,6"], ["--method", "msd"]):
+    for extra in (["--tree", "8,2,6"], ["--method", "flash"]):
         assert main(["caption", video, "--json", "--threads", "1", *extra]) == 0
         outputs[extra[0]] = json.loads(capsys.readouterr().out)
-    assert outputs["--tree"]["method"] == "msd"
+    assert outputs["--tree"]["method"] == "flash"
     assert outputs["--tree"]["text"] == outputs["--method"]["text"]
