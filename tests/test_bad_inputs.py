@@ -67,7 +67,6 @@ CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail bef
     (["caption", "{video}", "--frames", "16"],
      "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),
     (["caption", "{video}", "--method", "std", "--tree"], "SparseToDenseDrafter cannot draft trees"),
-    (["caption", "{video}", "--method", "flash", "--tree"], "FlashDrafter cannot draft trees"),
     (["caption", "{tmp}", "--out", "{tmp}/c.jsonl", "--tree", "--batch-size", "2"],
      "--tree drafts one sequence at a time; use --batch-size 1"),
 ]

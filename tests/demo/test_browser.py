@@ -28,6 +28,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 ASSETS = Path(__file__).resolve().parents[2] / "demos" / "assets"
 VIDEO, AUDIO = ASSETS / "shapes.mp4", ASSETS / "speech-shapes.flac"
 MAX_NEW_TOKENS = 16
+CAPTION_TAB_TOKENS = 48  # long enough that MSD has drafts rejected on the sample video (the table's control)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RESULT_WAIT_MS = 240_000  # generous: a loaded CI machine may be slow; a passing run takes seconds per tab
@@ -205,11 +206,11 @@ def test_corrupt_upload_gives_one_clear_message_and_the_app_keeps_serving(browse
 
 def test_caption_tab_shows_what_the_pipeline_returns(browser_page, server, captioner, shots):
     page = browser_page
-    fill_caption_form(page, server, VIDEO, "msd", MAX_NEW_TOKENS)
+    fill_caption_form(page, server, VIDEO, "msd", CAPTION_TAB_TOKENS)
     page.locator("#caption-compare input").check()
     page.locator("#caption-run").click()
     shown = value_of(page, "caption-text")
-    expected = captioner(video=str(VIDEO), method="msd", max_new_tokens=MAX_NEW_TOKENS, progress_bar=False)
+    expected = captioner(video=str(VIDEO), method="msd", max_new_tokens=CAPTION_TAB_TOKENS, progress_bar=False)
     assert shown == expected.text
     # Control: the comparison tells captions apart (a shorter caption of the same video differs).
     assert shown != captioner(video=str(VIDEO), method="msd", max_new_tokens=4, progress_bar=False).text
@@ -224,7 +225,7 @@ def test_caption_tab_shows_what_the_pipeline_returns(browser_page, server, capti
     # The table's rejected drafts are those the pipeline's callback reports for the same call.
     tokenizer = captioner.processor.tokenizer
     reported = rejected_drafts_reported(captioner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                        video=str(VIDEO), method="msd", max_new_tokens=MAX_NEW_TOKENS)
+                                        video=str(VIDEO), method="msd", max_new_tokens=CAPTION_TAB_TOKENS)
     assert any(reported)  # control: some draft was rejected
     assert table_column(page, "caption-table", REJECTED_COLUMN, len(reported)) == reported
     shoot(page, shots, "demo-caption.png")
