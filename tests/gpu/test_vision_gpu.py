@@ -1,5 +1,5 @@
 """The vision methods on CUDA: every tiny VLM class with ar / text / std / msd / flash gives the
-model's own greedy `generate` output, seeded sampled runs repeat, a CPU generator drives a CUDA
+model's own greedy `generate` output (text, msd and flash with draft trees too), seeded sampled runs repeat, a CPU generator drives a CUDA
 model (and draws what it draws on the CPU), bfloat16 runs, and the caption pipeline, the
 distillation traces and drafter training take CPU inputs to a CUDA model."""
 
@@ -15,6 +15,7 @@ from mmspec.vision.distill_data import generate_distill_data  # noqa: E402
 from mmspec.vision.drafter_training import train_drafter  # noqa: E402
 from mmspec.vision.feature_methods import runtime_drafter  # noqa: E402
 from mmspec.vision.models import inputs_on_model  # noqa: E402
+from mmspec.trees import TreeConfig  # noqa: E402
 from mmspec.vision.pipeline import CaptionPipeline  # noqa: E402
 
 from ..vision.methods import METHODS, method_drafter  # noqa: E402
@@ -65,6 +66,18 @@ def test_greedy_equals_generate_on_cuda(name, method, cuda_cases, cuda_text_lm):
     assert out.sequences.tolist() == want.tolist()
     if method != "ar":
         assert out.stats.drafter_forwards > 0
+
+
+@pytest.mark.parametrize("method", ["text", "msd", "flash"])
+@pytest.mark.parametrize("name", CASES)
+def test_greedy_trees_equal_generate_on_cuda(name, method, cuda_cases, cuda_text_lm):
+    case = cuda_cases[name]
+    want = case.model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs)
+    out = speculative_generate(case.model, method_drafter(method, case.model, cuda_text_lm), case.input_ids,
+                               max_new_tokens=MAX_NEW, tree=TreeConfig(num_nodes=8, top_k=2, depth=3), **case.inputs)
+    assert out.sequences.device.type == "cuda"
+    assert out.sequences.tolist() == want.tolist()
+    assert out.stats.drafter_forwards > 0
 
 
 @pytest.mark.parametrize("method", ["msd", "flash"])
