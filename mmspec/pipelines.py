@@ -50,6 +50,7 @@ from diffusers.utils import BaseOutput
 from .devices import input_device, is_spread
 from .drafters import Drafter
 from .errors import MMSpecError, first_line
+from .policies import DraftLengthPolicy, FixedDraftLength, make_policy
 from .sampling import seeded_generator
 from .stats import SpecStats
 
@@ -412,6 +413,19 @@ class SpeculativePipeline(DiffusionPipeline):
     def make_drafter(self, method: str) -> Drafter:
         """A fresh drafter for `method` (drafters hold per-call state)."""
         return self.drafter_factories()[self.check_method(method)]()
+
+    def draft_policy(self, method: str) -> DraftLengthPolicy:
+        """How many tokens a round drafts: a fixed `draft_length(method)` when the caller set `num_draft_tokens`
+        or the model card names no policy for the method; else the card's measured best (`draft_policy`, e.g.
+        `{"flash": {"policy": "adaptive", "num_tokens": 12, "threshold": 0.5}}`)."""
+        carded = self._card().get("draft_policy", {}).get(method)
+        if self.num_draft_tokens is not None or carded is None:
+            return FixedDraftLength(self.draft_length(method))
+        options = {k: v for k, v in carded.items() if k != "policy"}
+        try:
+            return make_policy(carded.get("policy", "fixed"), **options)
+        except (TypeError, MMSpecError) as err:
+            raise MMSpecError(f"{self.model_name or 'the model'}'s card has a bad draft_policy for {method}: {err}") from None
 
     def draft_length(self, method: str) -> int:
         """Tokens drafted per round: the pipeline's `num_draft_tokens` if set, else the model card's

@@ -42,6 +42,8 @@ CAPTION = [
     (["caption", "{video}", "--max-new-tokens", "0"], "argument --max-new-tokens"),
     (["caption", "{video}", "--num-draft-tokens", "0"], "argument --num-draft-tokens"),
     (["caption", "{video}", "--tree", "16,4"], "argument --tree: expected NODES,TOP_K,DEPTH (three integers)"),
+    (["bench", "vision", "--confidence-stop", "12"], "argument --confidence-stop: expected K,THRESHOLD"),
+    (["bench", "vision", "--confidence-stop", "12,1.5"], "argument --confidence-stop: expected K,THRESHOLD"),
     (["caption", "{video}", "--tree", "16,0,5"], "argument --tree: tree top_k must be an integer >= 1"),
     (["caption", "{video}", "--model", "no-such-model"], "not in the local Hub cache (HF_HUB_OFFLINE is set"),
     (["caption", "{video}", "--model", "/no/such/folder"], "no folder '/no/such/folder' exists"),

@@ -38,7 +38,7 @@ from ..decoding import SpeculativeDecoder
 from ..devices import synchronize
 from ..drafters import NoDrafter
 from ..errors import MMSpecError
-from ..policies import FixedDraftLength
+from ..policies import ConfidenceStopDraftLength, DraftLengthPolicy, FixedDraftLength
 from ..stats import SpecStats
 from ..trees import TreeConfig
 from .feature_drafter import FeatureDrafterModel
@@ -71,11 +71,13 @@ def plain_greedy(model: PreTrainedModel, max_new_tokens: int, counter: ForwardCo
 
 
 def speculative(model: PreTrainedModel, make_drafter, k: int, max_new_tokens: int, name: str,
-                tree: TreeConfig | None = None) -> MethodFn:
+                tree: TreeConfig | None = None, policy: DraftLengthPolicy | None = None) -> MethodFn:
+    """A row of mmspec's loop: `k` drafts per round, or `policy` when given."""
     target = VisionTarget(model)
 
     def run(item: CaptionInput) -> tuple[list[int], SpecStats]:
-        decoder = SpeculativeDecoder(target, make_drafter(), policy=FixedDraftLength(k), method=name, tree=tree)
+        rounds = policy.fresh() if policy is not None else FixedDraftLength(k)
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=rounds, method=name, tree=tree)
         out = decoder.generate(item.input_ids, max_new_tokens=max_new_tokens, **item.model_inputs)
         return out.sequences[0, item.input_ids.shape[1]:].tolist(), out.stats
 
@@ -174,6 +176,7 @@ def bench_vision(
     progress: bool = True,
     title: str = "bench vision",
     tree: TreeConfig | None = None,
+    confidence_stop: tuple[int, float] | None = None,
 ) -> tuple[BenchReport, dict[str, Any]]:
     """Plain greedy, the text-only drafter (mmspec's loop and transformers' assisted generation),
     Sparse-to-Dense settings and each feature drafter, on `inputs`.
@@ -181,7 +184,9 @@ def bench_vision(
     `feature_drafters` maps a row label ("msd", "flash", or an ablation's name) to a trained MSD /
     FLASH drafter model for `model`; each row drafts `num_draft_tokens` per round. Returns the
     report and the extras described in the module docstring. With `tree`, the text-only drafter and every
-    feature drafter that can draft trees get a second row drafting that tree instead of a chain.
+    feature drafter that can draft trees get a second row drafting that tree instead of a chain. With
+    `confidence_stop` = (K, threshold), they get a row drafting up to K tokens that stops at the first draft
+    whose drafter probability is below the threshold (`ConfidenceStopDraftLength`).
     """
     counter = ForwardCounter(model)
     counters = [counter]
@@ -208,6 +213,17 @@ def bench_vision(
         if name in methods:
             raise MMSpecError(f"two bench rows would be named {name!r}: pick another label")
         methods[name] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens, max_new_tokens, net.kind)
+    if confidence_stop is not None:
+        most, threshold = confidence_stop
+        stop = ConfidenceStopDraftLength(most, threshold)
+        label = f"stop<{threshold:g} k<={most}"
+        if drafter is not None:
+            methods[f"text-only {label}"] = speculative(model, lambda: TextOnlyDrafter(drafter, model), most, max_new_tokens,
+                                                        "text-only", policy=stop)
+        for name, net in (feature_drafters or {}).items():
+            feature_rows[f"{name} {label}"] = net
+            methods[f"{name} {label}"] = speculative(model, lambda net=net: runtime_drafter(net), most, max_new_tokens,
+                                                     net.kind, policy=stop)
     tree_feature_rows = {}
     if tree is not None:
         shape = f"tree {tree.num_nodes},{tree.top_k},{tree.depth}"

@@ -40,7 +40,7 @@ from ..drafters import NoDrafter
 from ..errors import MMSpecError
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, left_padding, per_item
 from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
-from ..policies import DraftLengthPolicy, FixedDraftLength
+from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig
 from ..trees import TreeConfig
 from ..zoo import entries, folder_card, load_causal_lm, resolve
@@ -348,7 +348,7 @@ class CaptionPipeline(SpeculativePipeline):
             notes.append(f"max_new_tokens cut from {max_new_tokens} to {context - length}: {self.model_name} holds "
                          f"{context} positions and the input takes {length} ({visual} visual)")
             max_new_tokens = context - length
-        draft = self.draft_length(method) if method != "ar" else 0
+        draft = self.draft_policy(method).max_tokens() if method != "ar" else 0
         if draft >= max(max_new_tokens, 2):
             notes.append(f"drafts of {draft} tokens are cut to {max(max_new_tokens - 1, 1)} (max_new_tokens - 1) each round")
         return max_new_tokens, notes
@@ -418,7 +418,8 @@ class CaptionPipeline(SpeculativePipeline):
                 of a batch in turn at every draw (so with `do_sample` an item's caption depends on its
                 batch; greedy captions never do).
             seed: instead of `generator`, an int for a CPU generator.
-            policy: a draft-length policy (default: fixed at `draft_length(method)`).
+            policy: a draft-length policy (default: `draft_policy(method)`: the card's measured best, else fixed at
+                `draft_length(method)`).
             progress_bar: show a progress bar, over tokens for one input, over items for a list (see also
                 `set_progress_bar_config`).
             callback_on_round: `fn(round_index, info)` after every target forward; `info` is a
@@ -436,7 +437,7 @@ class CaptionPipeline(SpeculativePipeline):
         num_frames = self.default_num_frames if num_frames is None else num_frames
         listed = self._listed_inputs(video, image)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        policy = policy or FixedDraftLength(self.draft_length(method))
+        policy = policy or self.draft_policy(method)
         if listed is None:
             if isinstance(prompt, (list, tuple)):
                 raise MMSpecError("prompt is a list, but one input was given: pass a list of inputs, or one prompt")

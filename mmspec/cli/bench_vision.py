@@ -25,6 +25,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         default=[(32, 5), (32, 9), (72, 5)], metavar="K,GAMMA",
                         help="Sparse-to-Dense settings: visual KV entries kept, draft length")
     add_tree_flag(parser)
+    parser.add_argument("--confidence-stop", type=confidence_stop, default=None, metavar="K,THRESHOLD",
+                        help="one more row per drafter (text-only, msd, flash): draft up to K tokens a round, stopping at the "
+                             "first draft the drafter gives a probability below THRESHOLD (e.g. 12,0.5)")
     add_drafter_dtype_flag(parser)
     parser.add_argument("--frames", type=checks.positive_int, default=None,
                         help="frames per held-out video (default: the captioner's own, from its card); 36 visual tokens "
@@ -37,6 +40,18 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "run in DTYPE if given (float32, bfloat16, float16); repeatable (the model folder's msd/ and "
                              "flash/ drafters get rows by default)")
     parser.set_defaults(func=run)
+
+
+def confidence_stop(text: str) -> tuple[int, float]:
+    """`K,THRESHOLD` -> (K, THRESHOLD): K >= 1 drafts at most, THRESHOLD a probability in [0, 1]."""
+    parts = text.split(",")
+    try:
+        most, threshold = checks.positive_int(parts[0]), float(parts[1])
+        if len(parts) != 2 or not 0.0 <= threshold <= 1.0:
+            raise ValueError
+    except (ValueError, IndexError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected K,THRESHOLD (an integer >= 1 and a probability), got {text!r}") from None
+    return most, threshold
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     videos = [render_video(scene, num_frames=frames, size=size)
               for scene, _caption in captioner_examples(pipe.card, args.num_samples, seed=args.seed, split="heldout")]
     if args.batch_size:
-        if args.tree is not None or args.extra_drafter:
-            raise MMSpecError("--batch-size compares the methods that decode batches; --tree and --extra-drafter "
-                              "apply without it")
+        if args.tree is not None or args.extra_drafter or args.confidence_stop is not None:
+            raise MMSpecError("--batch-size compares the methods that decode batches; --tree, --confidence-stop and "
+                              "--extra-drafter apply without it")
         report = bench_vision_batches(pipe, videos, args.batch_size, max_new_tokens=args.max_new_tokens,
                                       num_draft_tokens=args.num_draft_tokens, repeats=args.repeats, progress=not args.json,
                                       title=f"bench vision: {args.model} on {len(videos)} held-out videos")
@@ -77,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
                                   max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats, tree=args.tree,
+                                  confidence_stop=args.confidence_stop,
                                   progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
     if args.json:
         print(json.dumps({**report.to_dict(), "extras": extras}, indent=2))

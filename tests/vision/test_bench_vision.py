@@ -61,6 +61,22 @@ def test_bench_vision_feature_drafter_rows(tiny_llava):
     assert "flash k=4" in report.to_table()
 
 
+def test_bench_vision_confidence_stop_rows(tiny_llava):
+    text = tiny_llava.config.get_text_config()
+    torch.manual_seed(0)
+    feature = {"flash": FlashDrafterModel.from_target_config(text, num_queries=4, semi_ar_tokens=2).eval()}
+    report, extras = bench_vision(tiny_llava, inputs(), drafter=None, feature_drafters=feature, max_new_tokens=8,
+                                  num_draft_tokens=4, repeats=1, std_settings=(), progress=False,
+                                  confidence_stop=(6, 1.0))
+    rows = {r.name: r for r in report.results}
+    assert set(rows) == {"plain-greedy", "greedy-loop", "flash k=4", "flash stop<1 k<=6"}
+    assert all(r.identical for r in rows.values())
+    # A threshold of 1 stops every round after its first draft; the fixed row drafts 4.
+    assert rows["flash stop<1 k<=6"].stats.drafted <= rows["flash stop<1 k<=6"].stats.rounds
+    assert rows["flash k=4"].stats.drafted > rows["flash k=4"].stats.rounds
+    assert "flash stop<1 k<=6" in extras["modelled_memory_bound_speed_up"]
+
+
 # --- transformers' assisted generation with the text-only drafter, on LLaVA-NeXT-Video ------------------------------
 # Like the toy captioner: the drafter's vocabulary is the target's minus the <video> / <image> ids appended after it.
 

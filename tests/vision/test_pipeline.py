@@ -110,6 +110,30 @@ def test_draft_length_per_method(pipe):
         CaptionPipeline(pipe.model, pipe.processor, num_draft_tokens=0)
 
 
+def test_draft_policy_from_the_card(pipe, frames):
+    from mmspec import MMSpecError
+    from mmspec.policies import ConfidenceStopDraftLength, FixedDraftLength
+
+    card = {"draft_tokens": {"text": 6}, "draft_policy": {"flash": {"policy": "adaptive", "num_tokens": 12, "threshold": 0.5}}}
+    carded = CaptionPipeline(pipe.model, pipe.processor, card=card)
+    policy = carded.draft_policy("flash")
+    assert isinstance(policy, ConfidenceStopDraftLength) and (policy.num_tokens, policy.threshold) == (12, 0.5)
+    text = carded.draft_policy("text")  # no policy carded for it: fixed at its carded length
+    assert type(text) is FixedDraftLength and text.num_tokens == 6
+    forced = CaptionPipeline(pipe.model, pipe.processor, card=card, num_draft_tokens=3).draft_policy("flash")
+    assert type(forced) is FixedDraftLength and forced.num_tokens == 3  # the caller's k wins over the card
+    bad = CaptionPipeline(pipe.model, pipe.processor, card={"draft_policy": {"text": {"policy": "adaptive", "num_tokens": 4,
+                                                                                        "threshold": 2.0}}})
+    with pytest.raises(MMSpecError, match="bad draft_policy for text"):
+        bad.draft_policy("text")
+    # The default call drafts by the carded policy: a threshold above 1 would stop every round at one draft.
+    stopped = CaptionPipeline(pipe.model, pipe.processor, drafter=pipe.drafter_model,
+                              card={"draft_policy": {"text": {"policy": "adaptive", "num_tokens": 8, "threshold": 1.0}}})
+    out = stopped(video=frames, method="text", max_new_tokens=12, progress_bar=False)
+    assert out.stats.drafted <= out.stats.rounds  # at most one draft a round (the drafter is never certain)
+    assert out.text == pipe(video=frames, method="ar", max_new_tokens=12, progress_bar=False).text
+
+
 def test_a_local_folders_card_is_read(tiny_captioner_folder, tmp_path):
     import json
     import shutil
