@@ -417,7 +417,8 @@ class SpeculativePipeline(DiffusionPipeline):
     def draft_policy(self, method: str) -> DraftLengthPolicy:
         """How many tokens a round drafts: a fixed `draft_length(method)` when the caller set `num_draft_tokens`
         or the model card names no policy for the method; else the card's measured best (`draft_policy`, e.g.
-        `{"flash": {"policy": "adaptive", "num_tokens": 12, "threshold": 0.5}}`)."""
+        `{"flash": {"policy": "adaptive", "num_tokens": 12, "threshold": 0.5}}`). A batch of several sequences
+        cannot stop each row's drafts on its own confidence: it drafts `draft_length(method)` instead."""
         carded = self._card().get("draft_policy", {}).get(method)
         if self.num_draft_tokens is not None or carded is None:
             return FixedDraftLength(self.draft_length(method))

@@ -40,7 +40,7 @@ from ..drafters import NoDrafter
 from ..errors import MMSpecError
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, left_padding, per_item
 from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
-from ..policies import DraftLengthPolicy
+from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
 from ..trees import TreeConfig
 from ..zoo import entries, folder_card, load_causal_lm, resolve
@@ -437,7 +437,7 @@ class CaptionPipeline(SpeculativePipeline):
         num_frames = self.default_num_frames if num_frames is None else num_frames
         listed = self._listed_inputs(video, image)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        policy = policy or self.draft_policy(method)
+        given, policy = policy, policy or self.draft_policy(method)
         if listed is None:
             if isinstance(prompt, (list, tuple)):
                 raise MMSpecError("prompt is a list, but one input was given: pass a list of inputs, or one prompt")
@@ -468,8 +468,11 @@ class CaptionPipeline(SpeculativePipeline):
                     decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method, tree=tree)
                     outputs.append(self._decode_one(prepared, decoder, sampling, generator, reporter))
                 else:
+                    # A batch drafts one length for all its rows: a carded confidence stop gives way to the carded k.
+                    rows = policy if given is not None or not policy.needs_confidence else \
+                        FixedDraftLength(self.draft_length(method))
                     outputs.extend(self._caption_batch(kind, [sources[i] for i in group], [prompts[i] for i in group],
-                                                       method, policy, max_new_tokens, num_frames, fps, sampling, generator))
+                                                       method, rows, max_new_tokens, num_frames, fps, sampling, generator))
                 bar.update(len(group))
         return outputs
 
