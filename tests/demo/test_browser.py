@@ -31,6 +31,7 @@ MAX_NEW_TOKENS = 16
 CAPTION_TAB_TOKENS = 48  # long enough that MSD has drafts rejected on the sample video (the table's control)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHOOSE_TRIES = 24  # a Dropdown's list, opened again until a choice holds (about two minutes at most)
 RESULT_WAIT_MS = 240_000  # generous: a loaded CI machine may be slow; a passing run takes seconds per tab
 
 pytestmark = [
@@ -125,14 +126,27 @@ def open_tab(page, url: str, name: str) -> None:
 
 
 def choose(page, elem_id: str, option: str) -> None:
-    page.locator(f"#{elem_id} input").click()
-    page.get_by_role("option", name=option, exact=True).click()
+    """Pick `option` in a Dropdown. An update landing while the list is open (an upload finishing re-renders the
+    form) can close it under the click, so open it again until the field shows the option."""
+    field = page.locator(f"#{elem_id} input")
+    item = page.get_by_role("option", name=option, exact=True)
+    for _ in range(CHOOSE_TRIES):
+        field.click()
+        try:
+            item.wait_for(state="visible", timeout=5_000)
+            item.click(timeout=5_000)
+        except sync_api.TimeoutError:
+            continue
+        if field.input_value() == option:
+            return
+    pytest.fail(f"could not choose {option!r} in #{elem_id} in {CHOOSE_TRIES} tries")
 
 
 def fill_caption_form(page, url: str, video: Path, method: str, max_new_tokens: int) -> None:
     """Open the Caption tab, upload `video` and set the method and the token limit."""
     open_tab(page, url, "Caption")
     page.locator("#caption-video input[type=file]").set_input_files(str(video))
+    page.locator("#caption-video video").wait_for()  # the upload has landed: the form no longer re-renders under us
     choose(page, "caption-method", method)
     page.locator("#caption-max-tokens input[type=number]").fill(str(max_new_tokens))
     page.locator("#caption-max-tokens input[type=number]").press("Enter")
