@@ -64,7 +64,7 @@ CAPTION = [
 ]
 LONG_PROMPT = "a red circle moves " * 400
 CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail before decoding
-    (["generate", LONG_PROMPT], "tokens, but shapes-caption-lm holds 256 positions: shorten it"),
+    (["generate", LONG_PROMPT], "tokens, but shapes-caption-lm holds 512 positions: shorten it"),
     (["caption", "{video}", "--frames", "10000"], "10000 frames cannot fit: shapes-video-captioner holds 512 positions"),
     (["caption", "{video}", "--frames", "16"],
      "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),
@@ -356,9 +356,12 @@ def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "model_info", stalling_hub)
     monkeypatch.setattr(hub, "HUB_ANSWER_TIMEOUT_S", 0.5)
-    if entries():
-        name = entries()[0].name
-        assert resolve(name) == str(entries()[0].path) and asked == []
+    for entry in entries():
+        if "weights_package" in entry.card:
+            continue  # weights installed by a pip package and read by its own loader, not through resolve
+        resolved = resolve(entry.name)  # a model that is a part of another resolves to that part, offline too
+        assert resolved == str(entry.path) or "derived_from" in entry.card
+    assert asked == []
     try:
         with pytest.raises(MMSpecError, match=r"did not answer within 2 s \(offline\? set HF_HUB_OFFLINE=1"):
             resolve("someone/not-cached-model", "target")

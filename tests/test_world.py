@@ -115,6 +115,17 @@ def test_prompts_are_prefixes_of_heldout_captions(tmp_path):
     assert path.read_text().splitlines() == prompts
 
 
+def test_detailed_prompts_are_prefixes_of_heldout_detailed_captions():
+    from mmspec.world import detailed_examples
+
+    prompts = heldout_prompts(20, seed=0, scenes="detailed")
+    for p, (_, c) in zip(prompts, detailed_examples(20, 0, "heldout")):
+        assert c.startswith(p) and len(p) < len(c)
+    assert prompts != heldout_prompts(20, seed=0)
+    with pytest.raises(ValueError, match="scenes must be one of"):
+        heldout_prompts(2, scenes="three-shape")
+
+
 def test_write_video_round_trips(tmp_path):
     av = pytest.importorskip("av")
     frames = render_video(sample_scene(2), num_frames=10, size=(33, 45))  # odd sides on purpose

@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
               f"{size / 1e6:.1f} MB")
         if e.get("source"):
             print(f"    source: {e['source']}")
+        part = e.get("derived_from")
+        if isinstance(part, dict):  # no weights of its own: they ship inside another zoo model
+            what = f"its {part['folder']}/ folder" if "folder" in part else "its language model"
+            print(f"    weights: {what} of {part.get('model')} (counted there)")
         took = f" in {e['train_wall_time_s'] / 60:.1f} min" if "train_wall_time_s" in e else ""
         print(f"    trained on: {e.get('trained_on', '?')}{took}")
         earlier = e.get("earlier_training", [])

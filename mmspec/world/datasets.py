@@ -80,15 +80,23 @@ def caption_prefix(text: str, rng: random.Random, lo: float = 0.3, hi: float = 0
     return " ".join(words[:k])
 
 
-def heldout_prompts(n: int, seed: int = 0) -> list[str]:
-    """Prefixes (the first 30-50% of the words) of ``n`` held-out captions."""
+PROMPT_SCENES = ("one-shape", "detailed")
+
+
+def heldout_prompts(n: int, seed: int = 0, scenes: str = "one-shape") -> list[str]:
+    """Prefixes (the first 30-50% of the words) of ``n`` held-out captions: one-shape captions
+    (``caption_corpus``) or, with ``scenes="detailed"``, the detailed captions of 1-4-shape scenes."""
+    if scenes not in PROMPT_SCENES:
+        raise ValueError(f"scenes must be one of {PROMPT_SCENES}, got {scenes!r}")
     rng = random.Random(f"prompts:{seed}")
-    return [caption_prefix(c, rng) for c in caption_corpus(n, seed, "heldout")]
+    captions = (caption_corpus(n, seed, "heldout") if scenes == "one-shape"
+                else [c for _, c in detailed_examples(n, seed, "heldout")])
+    return [caption_prefix(c, rng) for c in captions]
 
 
-def write_prompts_file(path: str | Path, n: int = 200, seed: int = 0) -> Path:
-    """Write ``heldout_prompts(n, seed)``, one per line, to ``path``."""
+def write_prompts_file(path: str | Path, n: int = 200, seed: int = 0, scenes: str = "one-shape") -> Path:
+    """Write ``heldout_prompts(n, seed, scenes)``, one per line, to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(heldout_prompts(n, seed)) + "\n", encoding="utf-8")
+    path.write_text("\n".join(heldout_prompts(n, seed, scenes)) + "\n", encoding="utf-8")
     return path

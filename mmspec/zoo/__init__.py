@@ -1,7 +1,8 @@
 """The embedded toy model zoo: small models trained here on the shapes world, shipped in the package.
 
-A zoo name (e.g. "shapes-caption-lm") resolves to a packaged folder that loads through the
-normal `from_pretrained` path of its class. Each folder has a `zoo_card.json` that says what
+A zoo name (e.g. "shapes-video-captioner") resolves to a packaged folder that loads through the
+normal `from_pretrained` path of its class; a model that is a part of another (a card with
+`derived_from`, see `derived`) resolves to that part. Each folder has a `zoo_card.json` that says what
 the model is, what it was trained on, how well it does and how to rebuild it.
 """
 
@@ -71,7 +72,10 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
     from . import hub
 
     text = str(name_or_path)
-    for entry in entries():
+    found = entries()
+    for entry in found:
+        if entry.name == text and "derived_from" in entry.card:
+            return str(derived_path(entry, found))
         if entry.name == text:
             pattern = "*/*.safetensors" if (entry.path / "model_index.json").is_file() else "*.safetensors"
             if not any(entry.path.glob(pattern)):  # a saved pipeline keeps its weights in its components' folders
@@ -83,6 +87,17 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
         return text
     hub.check_hub_id(text, role, f"not a zoo model (known: {known_names()})")
     return text
+
+
+def derived_path(entry: ZooEntry, found: list[ZooEntry]) -> Path:
+    """The folder of a zoo model that is a part of another one (its card's `derived_from`; see `derived`)."""
+    from .derived import derived_folder
+
+    spec = entry.card["derived_from"]
+    parent = next((e for e in found if isinstance(spec, dict) and e.name == spec.get("model")), None)
+    if parent is None:
+        raise MMSpecError(f"zoo model {entry.name!r} is derived from {spec!r}, which is not in the zoo")
+    return derived_folder(entry.name, entry.path, spec, parent.path)
 
 
 def known_names() -> str:

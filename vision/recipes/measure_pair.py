@@ -1,10 +1,16 @@
-"""Measure the trained caption target/drafter pair and record it in their zoo cards.
+"""Measure the zoo's text pair (shapes-caption-lm + shapes-caption-drafter) and record it in their cards.
 
     python -m mmspec.vision.recipes.measure_pair [--prompts 200] [--no-write]
 
+The pair is the detailed captioner's language model and its text drafter, so everything is measured on
+held-out detailed captions:
+
+- quality of each model: held-out loss, perplexity and teacher-forced next-token accuracy on 2000
+  held-out detailed captions (``<bos> caption <eos>``);
+
 - per-token forward latency of each model (1 new token over a KV cache of 20 tokens,
   fp32, inference mode, mean of 100 calls) and the target's 6-token verify forward;
-- greedy agreement: the target greedily continues held-out caption prefixes (up to
+- greedy agreement: the target greedily continues held-out detailed-caption prefixes (up to
   30 new tokens); the drafter, teacher-forced on prompt + that continuation, predicts
   each continuation token; we count argmax matches;
 - the mean accepted length tau that exact-match greedy speculative decoding would
@@ -25,15 +31,22 @@ import time
 import torch
 from transformers import AutoTokenizer, DynamicCache, LlamaForCausalLM
 
-from mmspec.world import heldout_prompts
+from mmspec.world import detailed_examples, heldout_prompts
+from mmspec.zoo import resolve
 
-from .train_caption_lm import DRAFTER_DIR, TARGET_DIR
+from .train_caption_lm import DRAFTER_DIR, HELDOUT_N, TARGET_DIR, corpus_call, encode, evaluate
 
 CACHE_LEN = 20
 
 
 def load(folder) -> LlamaForCausalLM:
     return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def quality(model: LlamaForCausalLM, tok, seed: int) -> dict:
+    """Held-out loss, perplexity and next-token accuracy on ``HELDOUT_N`` detailed captions."""
+    captions = [caption for _, caption in detailed_examples(HELDOUT_N, seed, "heldout")]
+    return {**evaluate(model, tok, encode(tok, captions)), "measured_on": corpus_call("detailed", HELDOUT_N, seed, "heldout")}
 
 
 @torch.inference_mode()
@@ -100,15 +113,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave the cards alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target, drafter = load(TARGET_DIR), load(DRAFTER_DIR)
+    target, drafter = load(resolve(TARGET_DIR.name)), load(resolve(DRAFTER_DIR.name))
     tok = AutoTokenizer.from_pretrained(TARGET_DIR)
+    qualities = {TARGET_DIR: quality(target, tok, args.seed), DRAFTER_DIR: quality(drafter, tok, args.seed)}
     lat = {
         "target_1_token_ms": forward_latency_ms(target, 1),
         "target_6_token_verify_ms": forward_latency_ms(target, 6),
         "drafter_1_token_ms": forward_latency_ms(drafter, 1),
     }
     lat = {k: round(v, 3) for k, v in lat.items()}
-    acc, matches = agreement(target, drafter, tok, heldout_prompts(args.prompts, args.seed))
+    acc, matches = agreement(target, drafter, tok, heldout_prompts(args.prompts, args.seed, scenes="detailed"))
     taus = {f"k{k}": round(replay_tau(matches, k), 3) for k in (1, 3, 5, 8)}
     result = {
         "latency": {**lat, "setup": f"fp32, inference_mode, KV cache of {CACHE_LEN} tokens, "
@@ -116,14 +130,15 @@ def main(argv: list[str] | None = None) -> None:
         "greedy_agreement": round(acc, 4),
         "greedy_tau_replayed": taus,
         "agreement_setup": f"{args.prompts} held-out prompts (heldout_prompts(n={args.prompts}, "
-                           f"seed={args.seed})), target greedy up to 30 new tokens, "
+                           f"seed={args.seed}, scenes='detailed')), target greedy up to 30 new tokens, "
                            "drafter teacher-forced on them",
     }
-    print(json.dumps(result, indent=2))
+    print(json.dumps({"quality": {k.name: v for k, v in qualities.items()}, **result}, indent=2))
     if not args.no_write:
         for folder in (TARGET_DIR, DRAFTER_DIR):
             card_path = folder / "zoo_card.json"
             card = json.loads(card_path.read_text())
+            card["quality"] = qualities[folder]
             card["pair_metrics"] = result
             card_path.write_text(json.dumps(card, indent=2) + "\n")
 

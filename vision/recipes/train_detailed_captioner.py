@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", default=str(OUT_DIR),
                         help="a saved captioner folder to start from, or 'none' for a fresh vision tower")
-    parser.add_argument("--lm-dir", default=str(LM_DIR), help="the caption LM (with --init-from none)")
+    parser.add_argument("--lm-dir", default=str(LM_DIR), help="the caption LM to start from with --init-from none (train_caption_lm --which target)")
     add_output_arguments(parser, OUT_DIR.name, "the captioner")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="where to train: cpu, cuda, cuda:1, ...")

@@ -69,7 +69,9 @@ from mmspec.zoo import MODELS_DIR
 
 from . import captioner_data as cd
 
-LM_DIR = MODELS_DIR / "shapes-caption-lm"
+# The caption LM a captioner starts from: what `train_caption_lm --which target` writes by default. (The zoo's
+# shapes-caption-lm is the shipped captioner's own fine-tuned language model, not this starting point.)
+LM_DIR = Path("shapes-caption-lm")
 DRAFTER_NAME = "shapes-caption-drafter"
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
 MAX_NEW_TOKENS = 40
@@ -680,7 +682,8 @@ def main(argv: list[str] | None = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lm-dir", default=str(LM_DIR))
+    parser.add_argument("--lm-dir", default=str(LM_DIR),
+                        help="the caption LM to start from (python -m mmspec.vision.recipes.train_caption_lm --which target)")
     add_output_arguments(parser, OUT_DIR.name, "the captioner")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-minutes", type=float, default=50.0,
