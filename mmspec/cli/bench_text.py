@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, add_size_flag, emit, set_threads
-from .generate import add_pair_args
+from .generate import DEFAULT_DRAFT_TOKENS, add_pair_args
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..zoo import load_causal_lm
 
     set_threads(args)
+    k = args.num_draft_tokens or DEFAULT_DRAFT_TOKENS
     target, tokenizer = load_causal_lm(args.model, "target")
     drafter, _ = load_causal_lm(args.drafter, "drafter")
     if tokenizer is None:
@@ -52,12 +53,12 @@ def run(args: argparse.Namespace) -> int:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.generation_config.pad_token_id
         report = bench_text_batches(
             target, drafter, [p[0].tolist() for p in prompts], args.batch_size, pad_token_id=pad or 0,
-            max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, repeats=args.repeats,
+            max_new_tokens=args.max_new_tokens, num_draft_tokens=k, repeats=args.repeats,
             title=f"bench text: {args.model} + {args.drafter}", progress=not args.json)
         emit(report, args)
         return 0
     report = bench_text(
-        target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
+        target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=k,
         repeats=args.repeats, title=f"bench text: {args.model} + {args.drafter}", progress=not args.json,
     )
     emit(report, args)

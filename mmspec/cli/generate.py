@@ -11,12 +11,17 @@ from . import checks
 from .common import SharedFlags, set_threads, stats_json
 
 
+DEFAULT_DRAFT_TOKENS = 5
+
+
 def add_pair_args(parser: argparse.ArgumentParser) -> None:
     """Target, drafter and lengths, shared with `bench text`."""
     parser.add_argument("--model", default="shapes-caption-lm", help="zoo name, local folder or Hub id of the target")
     parser.add_argument("--drafter", default="shapes-caption-drafter", help="zoo name, local folder or Hub id of the drafter")
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=48)
-    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
+    parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=None,
+                        help=f"draft tokens per round (default {DEFAULT_DRAFT_TOKENS}; mmspec generate: the target's "
+                             "zoo card policy for this drafter, if it has one)")
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -24,7 +29,9 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                  help="speculative text generation with a target and a drafter; prints stats")
     add_pair_args(parser)
     parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--policy", default="fixed", choices=["fixed", "heuristic", "adaptive"])
+    parser.add_argument("--policy", default=None, choices=["fixed", "heuristic", "adaptive"],
+                        help="draft-length policy (default: the one the target's zoo card measured best with this "
+                             "drafter, else fixed)")
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (lossless)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="with --sample; 0 = greedy")
     parser.add_argument("--top-k", type=checks.positive_int, default=None)
@@ -46,12 +53,27 @@ def fit_context(model, name: str, prompt_tokens: int, max_new_tokens: int) -> in
     return max_new_tokens
 
 
+def draft_policy(args: argparse.Namespace):
+    """`--policy` / `-k` as given; with neither, the target card's `draft_policy` for this drafter (the policy
+    `mmspec bench text` measured best for the pair), else a fixed length."""
+    from ..policies import make_policy
+    from ..zoo import card_of
+
+    carded = card_of(args.model).get("draft_policy", {}).get(args.drafter)
+    if args.policy is None and args.num_draft_tokens is None and carded is not None:
+        options = {k: v for k, v in carded.items() if k != "policy"}
+        try:
+            return make_policy(carded.get("policy", "fixed"), **options)
+        except (TypeError, MMSpecError) as err:
+            raise MMSpecError(f"{args.model}'s card has a bad draft_policy for {args.drafter}: {err}") from None
+    return make_policy(args.policy or "fixed", args.num_draft_tokens or DEFAULT_DRAFT_TOKENS)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..decoding import speculative_generate
     from ..drafters import PromptLookupDrafter
-    from ..policies import make_policy
     from ..zoo import load_causal_lm
 
     set_threads(args)
@@ -66,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     out = speculative_generate(
         target, drafter, input_ids, max_new_tokens=max_new_tokens, do_sample=args.sample and args.temperature > 0,
         temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
-        policy=make_policy(args.policy, args.num_draft_tokens),
+        policy=draft_policy(args),
     )
     text = tokenizer.decode(out.sequences[0], skip_special_tokens=True)
     if args.json:

@@ -56,6 +56,14 @@ def read_card(card_file: Path) -> dict[str, Any]:
     return card
 
 
+def card_of(name_or_path: str | os.PathLike) -> dict[str, Any]:
+    """The zoo card of a zoo name or a model folder, else {} (a Hub id has none)."""
+    for entry in entries():
+        if entry.name == str(name_or_path):
+            return entry.card
+    return folder_card(name_or_path) if Path(name_or_path).expanduser().is_dir() else {}
+
+
 def folder_card(folder: str | os.PathLike) -> dict[str, Any]:
     """The `zoo_card.json` of a model folder (a zoo model, or one rebuilt elsewhere), else {}."""
     card_file = Path(folder) / "zoo_card.json"
