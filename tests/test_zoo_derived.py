@@ -134,3 +134,12 @@ def test_zoo_list_says_where_the_weights_are(capsys):
     shown = capsys.readouterr().out
     assert "weights: its language model of shapes-video-captioner (counted there)" in shown
     assert "weights: its text/ folder of shapes-video-captioner (counted there)" in shown
+
+
+@needs_captioner
+def test_a_cache_that_cannot_be_written_gives_one_clear_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MMSPEC_CACHE", str(blocker))
+    with pytest.raises(MMSpecError, match="cannot write zoo model 'shapes-caption-lm' to .*: set MMSPEC_CACHE"):
+        resolve("shapes-caption-lm")

@@ -68,8 +68,12 @@ def language_model_folder(name: str, folder: Path, parent: Path, vocab_size: int
     target = cache_root() / "zoo" / f"{name}-{digest.hexdigest()[:16]}"
     if (target / WEIGHTS).is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    except OSError as error:
+        raise MMSpecError(f"cannot write zoo model {name!r} to {target.parent} ({error.strerror or error}): set "
+                          "MMSPEC_CACHE to a writable folder") from None
     try:
         write_language_model(weights, folder, scratch, vocab_size)
         try:
@@ -77,6 +81,9 @@ def language_model_folder(name: str, folder: Path, parent: Path, vocab_size: int
         except OSError:
             if not (target / WEIGHTS).is_file():  # not another process that got there first
                 raise
+    except OSError as error:
+        raise MMSpecError(f"cannot write zoo model {name!r} to {target} ({error.strerror or error}): set "
+                          "MMSPEC_CACHE to a folder with room") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
