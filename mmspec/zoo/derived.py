@@ -27,8 +27,9 @@ from typing import Any
 from ..errors import MMSpecError
 
 WEIGHTS = "model.safetensors"
-# Where a vision-language checkpoint keeps its language model: the layout transformers writes today, and the
-# one checkpoints saved before its 4.52 refactor (and ours) use. Each maps a stored prefix to the causal LM's.
+# Where a vision-language checkpoint keeps its language model: under the names transformers' classes hold in
+# memory since its 4.52 refactor (a state dict saved as it is), and under the older names that `save_pretrained`
+# still writes (published checkpoints, ours). Each maps a stored prefix to the causal LM's.
 LANGUAGE_MODEL_PREFIXES = (
     {"model.language_model.": "model.", "lm_head.": "lm_head."},
     {"language_model.model.": "model.", "language_model.lm_head.": "lm_head."},
