@@ -65,6 +65,9 @@ CAPTION = [
 LONG_PROMPT = "a red circle moves " * 400
 CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail before decoding
     (["generate", LONG_PROMPT], "tokens, but shapes-caption-lm holds 512 positions: shorten it"),
+    (["generate", "hi", "--model", "shapes-video-captioner"], "the target 'shapes-video-captioner' is a "
+     "LlavaNextVideoForConditionalGeneration (video-captioning), not a causal language model"),
+    (["generate", "hi", "--drafter", "shapes-var"], "the drafter 'shapes-var' is a VARPipeline"),
     (["caption", "{video}", "--frames", "10000"], "10000 frames cannot fit: shapes-video-captioner holds 512 positions"),
     (["caption", "{video}", "--frames", "16"],
      "the input is 586 tokens (576 visual + 10 prompt), but shapes-video-captioner holds 512 positions"),

@@ -120,6 +120,23 @@ def cannot_load(role: str, name: str, checkpoint: str, reason: str) -> MMSpecErr
                        f"{checkpoint}, and not a Hub id available offline ({reason})")
 
 
+def saved_kind(folder: str | os.PathLike) -> str | None:
+    """What a local model folder holds, by its config (architecture or model type) or pipeline index (class), if
+    it says."""
+    for index, keys in (("config.json", ("architectures", "model_type")), ("model_index.json", ("_class_name",))):
+        try:
+            saved = json.loads((Path(folder) / index).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        for key in keys:
+            value = saved.get(key) if isinstance(saved, dict) else None
+            if isinstance(value, list) and value:
+                value = value[0]
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
 def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
     """Load a causal LM (and its tokenizer) from a zoo name, a local folder or a cached Hub id, in float32."""
     import torch
@@ -129,6 +146,12 @@ def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     except (OSError, ValueError) as error:
+        kind = saved_kind(path) if isinstance(error, ValueError) else None
+        if kind is not None and "CausalLM" not in kind:  # a model of another kind (transformers: no causal-LM class)
+            task = card_of(name_or_path).get("task")
+            raise MMSpecError(f"the {role} {str(name_or_path)!r} is a {kind}{f' ({task})' if task else ''}, not a causal "
+                              f"language model; text needs one (the zoo's text pair: shapes-caption-lm + "
+                              f"shapes-caption-drafter)") from None
         raise cannot_load(role, str(name_or_path), "checkpoint", type(error).__name__) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
