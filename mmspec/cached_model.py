@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +18,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .devices import input_device
 from .errors import MMSpecError
+from .lean_llama import LeanCausalLM, has_hooks
 
 if TYPE_CHECKING:
     from .ragged import RaggedBatch
@@ -63,10 +65,22 @@ def output_cache(out: Any) -> Any:
     return None
 
 
-class CachedModel:
-    """Runs `model` incrementally over a growing token sequence, keeping its KV cache."""
+@dataclass
+class LeanOutput:
+    """What `CachedModel.extend` returns from a lean forward: the logits (the cache was updated in place)."""
 
-    def __init__(self, model: PreTrainedModel, role: str = "model") -> None:
+    logits: torch.Tensor
+
+
+class CachedModel:
+    """Runs `model` incrementally over a growing token sequence, keeping its KV cache.
+
+    With `lean=True` (drafters: many small steps whose outputs the target verifies) a plain Llama takes its
+    incremental steps through `LeanCausalLM`, the same maths without transformers' per-call machinery;
+    prefills, batches and every other model go through the model's own forward.
+    """
+
+    def __init__(self, model: PreTrainedModel, role: str = "model", lean: bool = False) -> None:
         if not isinstance(model, PreTrainedModel):
             raise MMSpecError(f"the {role} must be a transformers PreTrainedModel, got {type(model).__name__}")
         self.model = model.eval()
@@ -80,6 +94,7 @@ class CachedModel:
         self.cache: Any = None
         self._encoder_kwargs: dict[str, Any] = {}
         self.forwards = 0
+        self._lean = LeanCausalLM(model) if lean and LeanCausalLM.supports(model) else None
 
     @property
     def length(self) -> int:
@@ -118,8 +133,17 @@ class CachedModel:
         """Feed `tokens` [B, m] on top of the cache; returns the model output."""
         if self.cache is None:
             raise RuntimeError(f"{self.role}: extend() called before prefill()")
+        if self._lean is not None and self._lean_covers(extra) and not has_hooks(self.model):
+            self.forwards += 1
+            return LeanOutput(logits=self._lean.forward(tokens, self.cache, logits_to_keep, **extra))
         key = "decoder_input_ids" if self.is_encoder_decoder else "input_ids"
         return self._forward(**{key: tokens, self._cache_argument: self.cache}, logits_to_keep=logits_to_keep, **self._encoder_kwargs, **extra)
+
+    @staticmethod
+    def _lean_covers(extra: dict[str, Any]) -> bool:
+        """Whether a lean forward takes these inputs: explicit positions and a 4-D additive mask (a draft tree's)."""
+        mask = extra.get("attention_mask")
+        return set(extra) <= {"attention_mask", "position_ids"} and (mask is None or mask.dim() == 4)
 
     def truncate(self, length: int) -> None:
         """Roll the cache back so it holds the first `length` positions."""

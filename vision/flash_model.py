@@ -51,6 +51,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from ..cached_model import cache_argument
 from ..errors import MMSpecError
+from ..lean_llama import lean_layer_supported, llama_layer_forward
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
                               plain_rope_parameters, target_layer_shape, uniform_noise_like)
 from .rope_positions import mrope_section as target_mrope_section
@@ -316,13 +317,16 @@ class FlashDrafterModel(FeatureDrafterModel):
         mask = attention_mask
         if mask is None:
             mask = causal_bias(length, past, key_padding, hidden.dtype, batch, device=hidden.device)
+        position_embeddings = self.rotary(hidden, position_ids)
+        if lean_layer_supported(self.layer):  # drafting: the layer's maths without transformers' per-call machinery
+            return llama_layer_forward(self.layer, hidden, position_embeddings, mask, past_key_values)
         out = self.layer(
             hidden,
             attention_mask=mask,
             position_ids=position_ids,
             **{cache_argument(self.layer): past_key_values},
             use_cache=past_key_values is not None,
-            position_embeddings=self.rotary(hidden, position_ids),
+            position_embeddings=position_embeddings,
         )
         return out[0] if isinstance(out, tuple) else out
 

@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
+from mmspec.lean_llama import lean_layer_supported, llama_layer_forward
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig
@@ -206,6 +207,9 @@ class MSDDrafterModel(FeatureDrafterModel):
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden = inputs_embeds
         for layer in self.layers:
+            if lean_layer_supported(layer):  # drafting: the layer's maths without transformers' per-call machinery
+                hidden = llama_layer_forward(layer, hidden, position_embeddings, mask, past_key_values)
+                continue
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, **{cache_argument(layer): past_key_values},
                            use_cache=use_cache, position_embeddings=position_embeddings)
         return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)

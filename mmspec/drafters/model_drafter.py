@@ -30,7 +30,7 @@ class ModelDrafter(AutoregressiveDrafter):
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        self.lm = CachedModel(model, role="drafter")
+        self.lm = CachedModel(model, role="drafter", lean=True)
         self.vocab_size = self.lm.vocab_size
         # Drafting past an end token is wasted work: the target stops there too.
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -1,0 +1,144 @@
+"""Llama decoder maths with plain tensor ops, for drafters' many small forwards.
+
+Why: a drafter runs a small model once per draft token. Through transformers' module machinery
+(kwarg plumbing and deprecation wrappers, output capture, mask building, the attention-interface
+dispatch) one forward of a 2-layer, 256-wide Llama costs ~2 ms on a 2-core CPU, several times its
+arithmetic; the one-layer MSD / FLASH drafters lose about half of each forward the same way. This
+module runs the same operations, in the same order, on the modules' own weights:
+
+- `llama_layer_forward(layer, ...)`: one transformers `LlamaDecoderLayer` (RMSNorm, q/k/v, RoPE,
+  SDPA, o_proj, RMSNorm, gated MLP), updating a transformers `DynamicCache` as the layer would;
+- `LeanCausalLM(model)`: a `LlamaForCausalLM` forward (embedding, layers, norm, head) on top of a
+  `DynamicCache`, used by `CachedModel` for a drafter's incremental steps.
+
+Nothing in transformers is modified: the model and its cache stay what they are, so transformers'
+own forward can take over at any time (prefills, batches, anything this does not cover). Used for
+drafts only: the target verifies every draft with its own forward, so even a rounding difference
+here could change a draft, never the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, apply_rotary_pos_emb
+
+# Attention implementations whose maths SDPA reproduces (eager computes the same softmax(QK^T)V).
+SDPA_EQUIVALENT = ("sdpa", "eager", None)
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether forward hooks are registered on `module` itself (a lean forward would not call them)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def plain_modules(module: nn.Module) -> bool:
+    """No hooks anywhere (accelerate's bring offloaded weights; a user's expect to be called) and every linear
+    layer a plain `nn.Linear` (quantised layers keep their weights in another form)."""
+    for part in module.modules():
+        if hasattr(part, "_hf_hook") or has_hooks(part) or (isinstance(part, nn.Linear) and type(part) is not nn.Linear):
+            return False
+    return True
+
+
+def lean_layer_supported(layer: nn.Module) -> bool:
+    """Whether `llama_layer_forward` computes what `layer` does: a transformers `LlamaDecoderLayer` in eval mode,
+    with SDPA or eager attention and plain weights."""
+    if type(layer) is not LlamaDecoderLayer or layer.training:
+        return False
+    implementation = getattr(layer.self_attn.config, "_attn_implementation", None)
+    return implementation in SDPA_EQUIVALENT and plain_modules(layer)
+
+
+def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                        attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
+    """`layer(hidden, ...)` as transformers computes it: hidden [B, L, H] -> [B, L, H].
+
+    position_embeddings: (cos, sin) [B, L, D] from the model's rotary embedding; attention_mask: an
+    additive [B, 1, L, past + L] mask or None (every cached key and the new ones visible, causally for
+    L = 1); cache: a `DynamicCache` updated with this layer's keys and values (None: no cache).
+    """
+    attention = layer.self_attn
+    batch, length, _ = hidden.shape
+    shape = (batch, length, -1, attention.head_dim)
+    residual = hidden
+    x = layer.input_layernorm(hidden)
+    query = F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape).transpose(1, 2)
+    key = F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape).transpose(1, 2)
+    value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    if cache is not None:
+        key, value = cache.update(key, value, attention.layer_idx)
+    if attention_mask is not None:
+        attention_mask = attention_mask[..., : key.shape[-2]]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=attention.scaling,
+                                         is_causal=attention_mask is None and length > 1 and cache is None,
+                                         enable_gqa=key.shape[1] != query.shape[1])
+    out = out.transpose(1, 2).reshape(batch, length, -1)
+    hidden = residual + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
+    mlp = layer.mlp
+    x = layer.post_attention_layernorm(hidden)
+    gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+    up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+    return hidden + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+def causal_mask(query_length: int, past_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """Additive mask [1, 1, q, past + q]: query i sees keys <= past + i. None for one query (it sees everything)."""
+    if query_length == 1:
+        return None
+    keys = past_length + query_length
+    allowed = torch.ones(query_length, keys, dtype=torch.bool, device=device).tril(diagonal=past_length)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+class LeanCausalLM:
+    """Incremental forwards of a transformers `LlamaForCausalLM` over its `DynamicCache`, without the module machinery.
+
+    `supports(model)` says whether a model qualifies: a plain Llama (no sliding window), every layer a
+    `LlamaDecoderLayer` in eval mode, no hooks. `CachedModel` checks again for hooks on the model itself
+    before each step (registered later, they send the step through the model's own forward).
+    """
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model
+        self.decoder = model.model
+        self.layers = list(self.decoder.layers[: model.config.num_hidden_layers])
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        if type(model) is not LlamaForCausalLM or model.training:
+            return False
+        if getattr(model.config, "sliding_window", None) is not None:
+            return False
+        layers = model.model.layers[: model.config.num_hidden_layers]
+        return plain_modules(model) and all(lean_layer_supported(layer) for layer in layers)
+
+    def forward(self, input_ids: torch.LongTensor, cache: Any, logits_to_keep: int = 1,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.LongTensor | None = None) -> torch.Tensor:
+        """Logits [B, logits_to_keep or L, V] of `input_ids` [B, L] fed on top of `cache` (updated in place).
+
+        attention_mask: an additive [B, 1, L, past + L] mask (a draft tree's), else causal; position_ids
+        [B, L]: default past + 0..L-1.
+        """
+        past = cache.get_seq_length()
+        hidden = F.embedding(input_ids, self.decoder.embed_tokens.weight, self.decoder.embed_tokens.padding_idx)
+        length = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=hidden.device)[None]
+        if attention_mask is None:
+            attention_mask = causal_mask(length, past, hidden.dtype, hidden.device)
+        else:
+            attention_mask = attention_mask.to(hidden.dtype)
+        position_embeddings = self.decoder.rotary_emb(hidden, position_ids)
+        for layer in self.layers:
+            hidden = llama_layer_forward(layer, hidden, position_embeddings, attention_mask, cache)
+        hidden = self.decoder.norm(hidden)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        head = self.model.lm_head
+        return F.linear(hidden, head.weight, head.bias)
