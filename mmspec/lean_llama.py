@@ -19,6 +19,7 @@ here could change a draft, never the output.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -44,13 +45,21 @@ def plain_modules(module: nn.Module) -> bool:
     return True
 
 
+# Layers whose structure was checked (weights, hooks, attention implementation), checked once each: a drafter
+# asks before every forward, and walking the modules costs more than a small forward saves.
+_CHECKED_LAYERS: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
 def lean_layer_supported(layer: nn.Module) -> bool:
     """Whether `llama_layer_forward` computes what `layer` does: a transformers `LlamaDecoderLayer` in eval mode,
-    with SDPA or eager attention and plain weights."""
-    if type(layer) is not LlamaDecoderLayer or layer.training:
+    with SDPA or eager attention, plain weights and no hooks."""
+    if type(layer) is not LlamaDecoderLayer or layer.training or has_hooks(layer):
         return False
-    implementation = getattr(layer.self_attn.config, "_attn_implementation", None)
-    return implementation in SDPA_EQUIVALENT and plain_modules(layer)
+    plain = _CHECKED_LAYERS.get(layer)
+    if plain is None:
+        implementation = getattr(layer.self_attn.config, "_attn_implementation", None)
+        plain = _CHECKED_LAYERS[layer] = implementation in SDPA_EQUIVALENT and plain_modules(layer)
+    return plain
 
 
 def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
@@ -58,8 +67,8 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
     """`layer(hidden, ...)` as transformers computes it: hidden [B, L, H] -> [B, L, H].
 
     position_embeddings: (cos, sin) [B, L, D] from the model's rotary embedding; attention_mask: an
-    additive [B, 1, L, past + L] mask or None (every cached key and the new ones visible, causally for
-    L = 1); cache: a `DynamicCache` updated with this layer's keys and values (None: no cache).
+    additive [B, 1, L, past + L] mask, or None: one query sees every key; several queries without a cache
+    see causally (as SDPA's `is_causal`); cache: a `DynamicCache` updated with this layer's keys and values (None: no cache).
     """
     attention = layer.self_attn
     batch, length, _ = hidden.shape
@@ -75,8 +84,9 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
         key, value = cache.update(key, value, attention.layer_idx)
     if attention_mask is not None:
         attention_mask = attention_mask[..., : key.shape[-2]]
+    # As transformers' SDPA path: no mask over several queries means causal (callers with a cache pass a mask).
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=attention.scaling,
-                                         is_causal=attention_mask is None and length > 1 and cache is None,
+                                         is_causal=attention_mask is None and length > 1,
                                          enable_gqa=key.shape[1] != query.shape[1])
     out = out.transpose(1, 2).reshape(batch, length, -1)
     hidden = residual + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
