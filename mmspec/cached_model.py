@@ -18,7 +18,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .devices import input_device
 from .errors import MMSpecError
-from .lean_llama import LeanCausalLM, has_hooks
+from .kernels.lean_llama import LeanCausalLM, has_hooks
 
 if TYPE_CHECKING:
     from .ragged import RaggedBatch

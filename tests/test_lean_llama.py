@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Mistra
 from mmspec import speculative_generate
 from mmspec.cached_model import CachedModel
 from mmspec.drafters import ModelDrafter
-from mmspec.lean_llama import LeanCausalLM, causal_mask, lean_layer_supported, llama_layer_forward
+from mmspec.kernels.lean_llama import LeanCausalLM, causal_mask, lean_layer_supported, llama_layer_forward
 from mmspec.testing import reload_from_disk, tiny_llama
 
 

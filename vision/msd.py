@@ -28,7 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from mmspec.cached_model import cache_argument
 from mmspec.drafters.autoregressive import choose_draft_token
-from mmspec.lean_llama import lean_layer_supported, llama_layer_forward
+from mmspec.kernels.lean_llama import lean_layer_supported, llama_layer_forward
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from mmspec.lean_llama import lean_layer_supported
+from mmspec.kernels.lean_llama import lean_layer_supported
 from mmspec.vision.flash_model import FlashDrafterModel
 from mmspec.vision.msd import MSDDrafterModel
 
