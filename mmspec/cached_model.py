@@ -143,7 +143,8 @@ class CachedModel:
     def _lean_covers(extra: dict[str, Any]) -> bool:
         """Whether a lean forward takes these inputs: explicit positions and a 4-D additive mask (a draft tree's)."""
         mask = extra.get("attention_mask")
-        return set(extra) <= {"attention_mask", "position_ids"} and (mask is None or mask.dim() == 4)
+        return set(extra) <= {"attention_mask", "position_ids"} and (
+            mask is None or (mask.dim() == 4 and mask.is_floating_point()))
 
     def truncate(self, length: int) -> None:
         """Roll the cache back so it holds the first `length` positions."""
