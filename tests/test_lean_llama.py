@@ -138,9 +138,8 @@ def test_a_lean_drafter_changes_nothing_but_its_cost(tree):
     expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
     runs = {}
     for lean in (True, False):
-        drafter = ModelDrafter(small)
-        if not lean:
-            drafter.lm._lean = None
+        drafter = ModelDrafter(small, lean=lean)
+        assert (drafter.lm._lean is not None) is lean
         proposals = []
         out = speculative_generate(target, drafter, prompt, max_new_tokens=20, do_sample=False, num_draft_tokens=4,
                                    tree=TreeConfig(8, 2, 3) if tree else None,

@@ -177,6 +177,7 @@ def bench_vision(
     title: str = "bench vision",
     tree: TreeConfig | None = None,
     confidence_stop: tuple[int, float] | None = None,
+    lean_ablation: bool = False,
 ) -> tuple[BenchReport, dict[str, Any]]:
     """Plain greedy, the text-only drafter (mmspec's loop and transformers' assisted generation),
     Sparse-to-Dense settings and each feature drafter, on `inputs`.
@@ -186,7 +187,9 @@ def bench_vision(
     report and the extras described in the module docstring. With `tree`, the text-only drafter and every
     feature drafter that can draft trees get a second row drafting that tree instead of a chain. With
     `confidence_stop` = (K, threshold), they get a row drafting up to K tokens that stops at the first draft
-    whose drafter probability is below the threshold (`ConfidenceStopDraftLength`).
+    whose drafter probability is below the threshold (`ConfidenceStopDraftLength`). With `lean_ablation`, every
+    text-only and feature-drafter row gets a twin (" hf-fwd") whose drafter steps through transformers' forward
+    instead of `mmspec.kernels.lean_llama`: the same drafts, the cost of the call machinery.
     """
     counter = ForwardCounter(model)
     counters = [counter]
@@ -195,9 +198,24 @@ def bench_vision(
                                     "greedy-loop": speculative(model, NoDrafter, 1, max_new_tokens, "greedy-loop")}
     assistant = None
     hf_name = f"hf-assisted k={num_draft_tokens}"
+    feature_rows: dict[str, FeatureDrafterModel] = {}
+    tree_feature_rows: dict[str, FeatureDrafterModel] = {}
+
+    def add_rows(name: str, make, k: int, kind: str, net: FeatureDrafterModel | None = None, **options: Any) -> None:
+        """A row drafting with make(lean=True), and with lean_ablation its twin drafting with make(lean=False)."""
+        rows = [(name, True)] + ([(f"{name} hf-fwd", False)] if lean_ablation else [])
+        for row, lean in rows:
+            if row in methods:
+                raise MMSpecError(f"two bench rows would be named {row!r}: pick another label")
+            methods[row] = speculative(model, lambda lean=lean: make(lean), k, max_new_tokens, kind, **options)
+            if net is not None:
+                (tree_feature_rows if options.get("tree") is not None else feature_rows)[row] = net
+
+    def text_only(lean: bool) -> TextOnlyDrafter:
+        return TextOnlyDrafter(drafter, model, lean=lean)
+
     if drafter is not None:
-        methods[f"text-only k={num_draft_tokens}"] = speculative(
-            model, lambda: TextOnlyDrafter(drafter, model), num_draft_tokens, max_new_tokens, "text-only")
+        add_rows(f"text-only k={num_draft_tokens}", text_only, num_draft_tokens, "text-only")
         assistant, assistant_counter, reason = _hf_assistant(model, drafter, inputs[0], num_draft_tokens, counter)
         if assistant is None:
             notes.append(f"{hf_name} not run: {reason}")
@@ -208,35 +226,27 @@ def bench_vision(
     for keep, gamma in std_settings:
         methods[f"std K={keep} gamma={gamma}"] = speculative(
             model, lambda keep=keep: SparseToDenseDrafter(model, visual_keep=keep), gamma, max_new_tokens, "std")
-    feature_rows = {f"{label} k={num_draft_tokens}": net for label, net in (feature_drafters or {}).items()}
-    for name, net in feature_rows.items():
-        if name in methods:
-            raise MMSpecError(f"two bench rows would be named {name!r}: pick another label")
-        methods[name] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens, max_new_tokens, net.kind)
+    for label, net in (feature_drafters or {}).items():
+        add_rows(f"{label} k={num_draft_tokens}", lambda lean, net=net: runtime_drafter(net, lean=lean), num_draft_tokens,
+                 net.kind, net)
     if confidence_stop is not None:
         most, threshold = confidence_stop
         stop = ConfidenceStopDraftLength(most, threshold)
         label = f"stop<{threshold:g} k<={most}"
         if drafter is not None:
-            methods[f"text-only {label}"] = speculative(model, lambda: TextOnlyDrafter(drafter, model), most, max_new_tokens,
-                                                        "text-only", policy=stop)
+            add_rows(f"text-only {label}", text_only, most, "text-only", policy=stop)
         for name, net in (feature_drafters or {}).items():
-            feature_rows[f"{name} {label}"] = net
-            methods[f"{name} {label}"] = speculative(model, lambda net=net: runtime_drafter(net), most, max_new_tokens,
-                                                     net.kind, policy=stop)
-    tree_feature_rows = {}
+            add_rows(f"{name} {label}", lambda lean, net=net: runtime_drafter(net, lean=lean), most, net.kind, net, policy=stop)
     if tree is not None:
         shape = f"tree {tree.num_nodes},{tree.top_k},{tree.depth}"
         if drafter is not None:
-            methods[f"text-only {shape}"] = speculative(model, lambda: TextOnlyDrafter(drafter, model), num_draft_tokens,
-                                                        max_new_tokens, "text-only", tree=tree)
+            add_rows(f"text-only {shape}", text_only, num_draft_tokens, "text-only", tree=tree)
         for label, net in (feature_drafters or {}).items():
             if not runtime_drafter(net).drafts_trees:
                 notes.append(f"{label}: no tree row ({net.kind} drafts chains only)")
                 continue
-            tree_feature_rows[f"{label} {shape}"] = net
-            methods[f"{label} {shape}"] = speculative(model, lambda net=net: runtime_drafter(net), num_draft_tokens,
-                                                       max_new_tokens, net.kind, tree=tree)
+            add_rows(f"{label} {shape}", lambda lean, net=net: runtime_drafter(net, lean=lean), num_draft_tokens, net.kind,
+                     net, tree=tree)
     try:
         with torch.inference_mode():
             report = run_benchmark(title, methods, inputs, reference="plain-greedy", repeats=repeats, progress=progress,

@@ -212,8 +212,10 @@ class TargetFeatureDrafter(Drafter):
     model_class: type = FeatureDrafterModel
     method_name = "feature"
 
-    def __init__(self, model: FeatureDrafterModel | str | Path) -> None:
+    def __init__(self, model: FeatureDrafterModel | str | Path, lean: bool = True) -> None:
         self.model = as_drafter_model(model, self.model_class, self.method_name)
+        # The model's decoder layers step through `mmspec.kernels.lean_llama` (False: transformers' forward).
+        self.lean = lean
         self.forwards = 0
         self.target: Any = None
         self.cache: DynamicCache | None = None

@@ -100,16 +100,17 @@ def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, t
     return drafter.to(device=input_device(target), dtype=dtype or target.dtype).eval()
 
 
-def runtime_drafter(drafter: FeatureDrafterModel) -> Drafter:
-    """The draft/verify-loop drafter that runs a trained feature drafter model."""
+def runtime_drafter(drafter: FeatureDrafterModel, lean: bool = True) -> Drafter:
+    """The draft/verify-loop drafter that runs a trained feature drafter model (`lean`: its layers step through
+    `mmspec.kernels.lean_llama`; False: transformers' forward)."""
     if drafter.kind == "msd":
         from .msd import MSDDrafter
 
-        return MSDDrafter(drafter)
+        return MSDDrafter(drafter, lean=lean)
     if drafter.kind == "flash":
         from .flash import FlashDrafter
 
-        return FlashDrafter(drafter)
+        return FlashDrafter(drafter, lean=lean)
     raise MMSpecError(f"no runtime for feature drafters of kind {drafter.kind!r}")
 
 

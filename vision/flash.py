@@ -59,13 +59,14 @@ class FlashDrafter(TargetFeatureDrafter):
 
     Args:
         model: a `FlashDrafterModel` (trained for this target), or the folder it was saved to.
+        lean: step the model's decoder layers through `mmspec.kernels.lean_llama` (False: transformers' forward).
     """
 
     model_class = FlashDrafterModel
     method_name = "FLASH"
 
-    def __init__(self, model: FlashDrafterModel | str | Path) -> None:
-        super().__init__(model)
+    def __init__(self, model: FlashDrafterModel | str | Path, lean: bool = True) -> None:
+        super().__init__(model, lean=lean)
         self._committed = 0  # cache entries built from true target features only
         self._fed = 0  # first text position with no entry in the cache
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
@@ -132,7 +133,7 @@ class FlashDrafter(TargetFeatureDrafter):
         def run_level(tokens: torch.LongTensor, features: torch.Tensor, mask: torch.Tensor,
                       positions: torch.LongTensor) -> torch.Tensor:
             hidden = self.model.text_inputs(self.embed_tokens(tokens), features)
-            return self.model(hidden, positions, attention_mask=mask, past_key_values=self.cache)[0]
+            return self.model(hidden, positions, attention_mask=mask, past_key_values=self.cache, lean=self.lean)[0]
 
         return self._grow_tree(root, sequence, config, sampling, run_level)
 
@@ -168,7 +169,7 @@ class FlashDrafter(TargetFeatureDrafter):
 
     def _run(self, hidden: torch.Tensor, positions: torch.LongTensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:
         self.forwards += 1
-        out = self.model(hidden, positions, key_padding=key_padding, past_key_values=self.cache)
+        out = self.model(hidden, positions, key_padding=key_padding, past_key_values=self.cache, lean=self.lean)
         return self.model.semi_ar(out[:, -1])
 
     # --- batches: each row's prompt assembled on its own, left-padded; then one slot per batch column ----
@@ -196,7 +197,7 @@ class FlashDrafter(TargetFeatureDrafter):
         self._start_batch(mask, batch.width, features[:, -1:])
         if width:
             self.forwards += 1
-            self.model(hidden, positions, key_padding=mask, past_key_values=self.cache)
+            self.model(hidden, positions, key_padding=mask, past_key_values=self.cache, lean=self.lean)
 
     def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
                       generator: torch.Generator | None) -> Proposal:

@@ -306,11 +306,13 @@ class FlashDrafterModel(FeatureDrafterModel):
         key_padding: torch.Tensor | None = None,
         past_key_values: Any = None,
         attention_mask: torch.Tensor | None = None,
+        lean: bool = True,
     ) -> torch.Tensor:
         """The decoder layer over hidden [B, S, H] at positions [B, S] ([3, B, S] for M-RoPE); causal in sequence order.
 
         With `past_key_values` (a DynamicCache) the new entries attend to the cached ones too. An additive
         `attention_mask` [B, 1, S, past + S] replaces the causal one (a draft tree's: each node sees its ancestors).
+        `lean`: in eval mode, run the layer through `mmspec.kernels.lean_llama` (False: transformers' forward).
         """
         batch, length, _ = hidden.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -318,7 +320,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         if mask is None:
             mask = causal_bias(length, past, key_padding, hidden.dtype, batch, device=hidden.device)
         position_embeddings = self.rotary(hidden, position_ids)
-        if lean_layer_supported(self.layer):  # drafting: the layer's maths without transformers' per-call machinery
+        if lean and lean_layer_supported(self.layer):  # drafting: the layer's maths without transformers' per-call machinery
             return llama_layer_forward(self.layer, hidden, position_embeddings, mask, past_key_values)
         out = self.layer(
             hidden,

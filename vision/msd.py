@@ -192,11 +192,13 @@ class MSDDrafterModel(FeatureDrafterModel):
         attention_mask: torch.Tensor | None = None,
         past_key_values: DynamicCache | None = None,
         use_cache: bool = False,
+        lean: bool = True,
     ) -> BaseModelOutputWithPast:
         """Predicted features [B, L, H] for slot inputs [B, L, H] at `position_ids` [B, L] ([3, B, L] for M-RoPE).
 
         attention_mask [B, past + L] marks real slots (1) against right padding (0); None = no padding; a 4-D
-        additive mask [B, 1, L, past + L] (a draft tree's) is used as it is.
+        additive mask [B, 1, L, past + L] (a draft tree's) is used as it is. `lean`: in eval mode, run the layers
+        through `mmspec.kernels.lean_llama` (False: transformers' forward).
         """
         batch, length, _ = inputs_embeds.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -207,7 +209,7 @@ class MSDDrafterModel(FeatureDrafterModel):
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden = inputs_embeds
         for layer in self.layers:
-            if lean_layer_supported(layer):  # drafting: the layer's maths without transformers' per-call machinery
+            if lean and lean_layer_supported(layer):  # drafting: the layer's maths without transformers' per-call machinery
                 hidden = llama_layer_forward(layer, hidden, position_embeddings, mask, past_key_values)
                 continue
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, **{cache_argument(layer): past_key_values},
@@ -253,13 +255,14 @@ class MSDDrafter(TargetFeatureDrafter):
 
     Args:
         model: a trained `MSDDrafterModel`, or the folder it was saved to.
+        lean: step the model's decoder layers through `mmspec.kernels.lean_llama` (False: transformers' forward).
     """
 
     model_class = MSDDrafterModel
     method_name = "MSD"
 
-    def __init__(self, model: MSDDrafterModel | str | Path) -> None:
-        super().__init__(model)
+    def __init__(self, model: MSDDrafterModel | str | Path, lean: bool = True) -> None:
+        super().__init__(model, lean=lean)
         self._fed = 0  # true slots in the cache
         self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
@@ -316,7 +319,7 @@ class MSDDrafter(TargetFeatureDrafter):
         def run_level(tokens: torch.LongTensor, features: torch.Tensor, mask: torch.Tensor,
                       positions: torch.LongTensor) -> torch.Tensor:
             inputs = self.model.slot_inputs(self.embed_tokens(tokens), features)
-            out = self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
+            out = self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True, lean=self.lean)
             return out.last_hidden_state[0]
 
         return self._grow_tree(root_hidden[0], sequence, config, sampling, run_level)
@@ -388,7 +391,8 @@ class MSDDrafter(TargetFeatureDrafter):
     def _slot_forward(self, inputs: torch.Tensor, positions: torch.LongTensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run slots at `positions` on top of the cache (a batch's `mask` hides its pads and holes); last output [B, H]."""
         self.forwards += 1
-        return self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True).last_hidden_state[:, -1]
+        return self.model(inputs, positions, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                          lean=self.lean).last_hidden_state[:, -1]
 
 
 def load_msd_drafter(folder: str | Path, **kwargs: Any) -> MSDDrafterModel:

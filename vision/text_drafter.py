@@ -43,8 +43,8 @@ class TextOnlyDrafter(ModelDrafter):
             vocabulary width) from.
     """
 
-    def __init__(self, model: PreTrainedModel, visual_tokens: Iterable[int] | PreTrainedModel) -> None:
-        super().__init__(model)
+    def __init__(self, model: PreTrainedModel, visual_tokens: Iterable[int] | PreTrainedModel, lean: bool = True) -> None:
+        super().__init__(model, lean=lean)
         if self.lm.is_encoder_decoder:
             raise MMSpecError("TextOnlyDrafter needs a decoder-only language model, got an encoder-decoder")
         ids = visual_token_ids(visual_tokens) if isinstance(visual_tokens, PreTrainedModel) else {int(t) for t in visual_tokens}

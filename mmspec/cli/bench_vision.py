@@ -39,6 +39,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="one more row: a trained feature drafter (KIND msd or flash) saved in PATH, e.g. an ablation, "
                              "run in DTYPE if given (float32, bfloat16, float16); repeatable (the model folder's msd/ and "
                              "flash/ drafters get rows by default)")
+    parser.add_argument("--lean-ablation", action="store_true",
+                        help="a twin row (' hf-fwd') for every text-only, msd and flash row, its drafter stepping through "
+                             "transformers' forward instead of mmspec.kernels.lean_llama: the same drafts, the per-call cost")
     parser.set_defaults(func=run)
 
 
@@ -76,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
     videos = [render_video(scene, num_frames=frames, size=size)
               for scene, _caption in captioner_examples(pipe.card, args.num_samples, seed=args.seed, split="heldout")]
     if args.batch_size:
-        if args.tree is not None or args.extra_drafter or args.confidence_stop is not None:
-            raise MMSpecError("--batch-size compares the methods that decode batches; --tree, --confidence-stop and "
-                              "--extra-drafter apply without it")
+        if args.tree is not None or args.extra_drafter or args.confidence_stop is not None or args.lean_ablation:
+            raise MMSpecError("--batch-size compares the methods that decode batches; --tree, --confidence-stop, "
+                              "--extra-drafter and --lean-ablation apply without it")
         report = bench_vision_batches(pipe, videos, args.batch_size, max_new_tokens=args.max_new_tokens,
                                       num_draft_tokens=args.num_draft_tokens, repeats=args.repeats, progress=not args.json,
                                       title=f"bench vision: {args.model} on {len(videos)} held-out videos")
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
                                   max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats, tree=args.tree,
-                                  confidence_stop=args.confidence_stop,
+                                  confidence_stop=args.confidence_stop, lean_ablation=args.lean_ablation,
                                   progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
     if args.json:
         print(json.dumps({**report.to_dict(), "extras": extras}, indent=2))

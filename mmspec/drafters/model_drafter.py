@@ -29,8 +29,10 @@ class ModelDrafter(AutoregressiveDrafter):
     transformers' assisted generation runs the assistant's encoder), never on the target's states.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.lm = CachedModel(model, role="drafter", lean=True)
+    def __init__(self, model: PreTrainedModel, lean: bool = True) -> None:
+        # lean: a plain Llama steps through `mmspec.kernels.lean_llama` (same maths, less per-call cost);
+        # False keeps transformers' forward for every step (the ablation, or to debug).
+        self.lm = CachedModel(model, role="drafter", lean=lean)
         self.vocab_size = self.lm.vocab_size
         # Drafting past an end token is wasted work: the target stops there too.
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -77,6 +77,26 @@ def test_bench_vision_confidence_stop_rows(tiny_llava):
     assert "flash stop<1 k<=6" in extras["modelled_memory_bound_speed_up"]
 
 
+def test_bench_vision_lean_ablation_twins_draft_the_same(tiny_llava):
+    text = tiny_llava.config.get_text_config()
+    torch.manual_seed(0)
+    feature = {"msd": MSDDrafterModel.from_target_config(text).eval(),
+               "flash": FlashDrafterModel.from_target_config(text, num_queries=4, semi_ar_tokens=2).eval()}
+    drafter = tiny_llama(vocab_size=100, num_layers=1, hidden_size=32, seed=7)
+    report, extras = bench_vision(tiny_llava, inputs(), drafter=drafter, feature_drafters=feature, max_new_tokens=8,
+                                  num_draft_tokens=4, repeats=1, std_settings=(), progress=False,
+                                  confidence_stop=(6, 0.5), lean_ablation=True)
+    rows = {r.name: r for r in report.results}
+    lean_rows = ["text-only k=4", "msd k=4", "flash k=4", "text-only stop<0.5 k<=6", "msd stop<0.5 k<=6",
+                 "flash stop<0.5 k<=6"]
+    assert set(rows) == {"plain-greedy", "greedy-loop", "hf-assisted k=4", *lean_rows, *(f"{n} hf-fwd" for n in lean_rows)}
+    assert all(r.identical for r in rows.values())
+    for name in lean_rows:  # the twin drafts through transformers' forward: same drafts, same counts
+        ours, twin = rows[name].stats, rows[f"{name} hf-fwd"].stats
+        assert (ours.drafted, ours.accepted, ours.drafter_forwards) == (twin.drafted, twin.accepted, twin.drafter_forwards)
+        assert f"{name} hf-fwd" in extras["modelled_memory_bound_speed_up"]
+
+
 # --- transformers' assisted generation with the text-only drafter, on LLaVA-NeXT-Video ------------------------------
 # Like the toy captioner: the drafter's vocabulary is the target's minus the <video> / <image> ids appended after it.
 

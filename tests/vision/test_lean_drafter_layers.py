@@ -27,10 +27,10 @@ def drafter(kind: str):
     return model.eval()
 
 
-def run(model, hidden, positions, cache):
+def run(model, hidden, positions, cache, lean):
     if isinstance(model, FlashDrafterModel):
-        return model(hidden, positions, past_key_values=cache)
-    return model(hidden, positions, past_key_values=cache, use_cache=True).last_hidden_state
+        return model(hidden, positions, past_key_values=cache, lean=lean)
+    return model(hidden, positions, past_key_values=cache, use_cache=True, lean=lean).last_hidden_state
 
 
 @pytest.mark.parametrize("kind", ["msd", "flash"])
@@ -41,19 +41,20 @@ def test_lean_layer_outputs_equal_the_transformers_layers(kind):
     assert lean_layer_supported(layer)
     prompt, steps = torch.randn(1, 7, 32), [torch.randn(1, 1, 32), torch.randn(1, 3, 32)]
     outputs = {}
-    for lean in (True, False):
-        # A hook on the layer sends it through its own forward (the lean path would not call the hook).
-        handle = None if lean else layer.register_forward_pre_hook(lambda *args: None)
-        assert lean_layer_supported(layer) is lean
+    calls = []
+    handle = layer.register_forward_pre_hook(lambda *args: calls.append(1))
+    assert not lean_layer_supported(layer)  # a hooked layer takes its own forward (the lean path would skip the hook)
+    run(model, prompt, torch.arange(7)[None], DynamicCache(), lean=True)
+    handle.remove()
+    assert calls == [1] and lean_layer_supported(layer)
+    for lean in (True, False):  # False: transformers' layer forward
         cache = DynamicCache()
-        outs = [run(model, prompt, torch.arange(7)[None], cache)]
+        outs = [run(model, prompt, torch.arange(7)[None], cache, lean)]
         start = 7
         for step in steps:
-            outs.append(run(model, step, torch.arange(start, start + step.shape[1])[None], cache))
+            outs.append(run(model, step, torch.arange(start, start + step.shape[1])[None], cache, lean))
             start += step.shape[1]
         outputs[lean] = outs
-        if handle is not None:
-            handle.remove()
     for ours, theirs in zip(outputs[True], outputs[False]):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     assert not torch.allclose(outputs[True][1], outputs[True][2][:, :1], atol=1e-3)  # the steps differ: a real check
