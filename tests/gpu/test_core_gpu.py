@@ -92,3 +92,18 @@ def test_seeded_batch_sampling_repeats(pair, generator_device):
                                  generator=torch.Generator(device=generator_device).manual_seed(3)).sequences
             for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_drafter_steps_equal_the_models_forward_on_cuda(dtype):
+    from mmspec.kernels.lean_llama import LeanCausalLM
+
+    model = tiny_llama(seed=1, num_layers=2, hidden_size=32, initializer_range=0.3).to(CUDA, dtype)
+    assert LeanCausalLM.supports(model)
+    prompt, step = PROMPT.to(CUDA), torch.tensor([[5, 9, 11]], device=CUDA)
+    with torch.inference_mode():
+        ours, theirs = (model(prompt, use_cache=True).past_key_values for _ in range(2))
+        logits = LeanCausalLM(model).forward(step, ours, logits_to_keep=0)
+        expected = model(step, past_key_values=theirs, use_cache=True).logits
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(logits.float(), expected.float(), rtol=0, atol=tolerance)
