@@ -114,7 +114,7 @@ def test_a_config_that_does_not_match_the_weights_is_refused(tmp_path):
 
 
 def test_a_card_without_a_part_is_refused(tmp_path):
-    with pytest.raises(MMSpecError, match="without 'folder' or 'language_model'"):
+    with pytest.raises(MMSpecError, match="without 'folder', 'language_model' or 'overlay'"):
         derived_folder("odd", tmp_path, {"model": "vlm"}, tmp_path)
     with pytest.raises(MMSpecError, match="has no weights"):
         derived_folder("odd", tmp_path, {"model": "vlm", "folder": "missing"}, tmp_path)
@@ -143,3 +143,92 @@ def test_a_cache_that_cannot_be_written_gives_one_clear_error(tmp_path, monkeypa
     monkeypatch.setenv("MMSPEC_CACHE", str(blocker))
     with pytest.raises(MMSpecError, match="cannot write zoo model 'shapes-caption-lm' to .*: set MMSPEC_CACHE"):
         resolve("shapes-caption-lm")
+
+
+def overlay_entry(tmp_path: Path, parent_sha256: str | None = None, bad: bool = False):
+    """A tiny captioner in `vlm/`, and in `long/` an overlay entry on it: YaRN rotary positions and low-rank
+    updates of its language model's q/v projections plus a new projector; returns the entry's folder and spec
+    and the model that the overlay should merge into (trained weights, rounded to fp16 as the zoo ships them)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from mmspec.low_rank import LowRankDelta, add_low_rank, apply_overlay, overlay_of, remove_low_rank
+    from mmspec.zoo.derived import file_digest
+
+    tiny_video_llm(tmp_path / "vlm")
+    trained = LlavaNextVideoForConditionalGeneration.from_pretrained(tmp_path / "vlm", dtype=torch.float32)
+    trained.requires_grad_(False)
+    add_low_rank(trained, "model.language_model.", ("q_proj", "v_proj"), rank=2, alpha=4.0)
+    torch.manual_seed(1)
+    for module in trained.modules():
+        if isinstance(module, LowRankDelta):
+            torch.nn.init.normal_(module.lora_B, std=0.2)
+    with torch.no_grad():
+        trained.model.multi_modal_projector.linear_1.weight.mul_(1.5)
+    overlay = overlay_of(trained, [n for n, _ in trained.named_parameters() if "multi_modal_projector" in n])
+    remove_low_rank(trained)
+    apply_overlay(trained, overlay)
+    if bad:
+        overlay["model.multi_modal_projector.linear_1.weight"] = torch.zeros(3, 3, dtype=torch.float16)
+    entry = tmp_path / "long"
+    entry.mkdir()
+    config = AutoConfig.from_pretrained(tmp_path / "vlm")
+    config.text_config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                          "original_max_position_embeddings": 64}
+    config.save_pretrained(entry)
+    save_file(overlay, str(entry / "overlay.safetensors"))
+    spec = {"model": "vlm", "overlay": "overlay.safetensors",
+            "parent_sha256": parent_sha256 or file_digest(tmp_path / "vlm" / WEIGHTS).hexdigest()}
+    return entry, spec, trained.half().float()
+
+
+def test_an_overlay_entry_is_its_parent_with_the_overlay_and_config(tmp_path):
+    entry, spec, expected = overlay_entry(tmp_path)
+    folder = derived_folder("tiny-long", entry, spec, tmp_path / "vlm")
+    assert folder.is_relative_to(tmp_path / "cache" / "zoo")
+    merged = LlavaNextVideoForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    assert merged.config.text_config.rope_parameters["rope_type"] == "yarn"
+    parent = dict(LlavaNextVideoForConditionalGeneration.from_pretrained(tmp_path / "vlm", dtype=torch.float32)
+                  .named_parameters())
+    changed = set()
+    for name, weight in merged.named_parameters():
+        torch.testing.assert_close(weight, dict(expected.named_parameters())[name], rtol=0, atol=0)
+        if not torch.equal(weight, parent[name].half().float()):
+            changed.add(name.rsplit(".", 2)[-2])
+    assert changed == {"q_proj", "v_proj", "linear_1"}  # control: the overlay did change those, and only those
+    again = derived_folder("tiny-long", entry, spec, tmp_path / "vlm")
+    assert again == folder and len(list(folder.parent.iterdir())) == 1  # written once, no scratch left
+
+
+def test_an_overlay_on_other_parent_weights_is_refused(tmp_path):
+    entry, spec, _ = overlay_entry(tmp_path, parent_sha256="0" * 64)
+    with pytest.raises(MMSpecError, match="overlay trained on other weights of 'vlm'"):
+        derived_folder("tiny-long", entry, spec, tmp_path / "vlm")
+
+
+def test_an_overlay_that_does_not_fit_its_parent_is_refused(tmp_path):
+    entry, spec, _ = overlay_entry(tmp_path, bad=True)
+    with pytest.raises(MMSpecError, match="the overlay does not fit the model"):
+        derived_folder("tiny-long", entry, spec, tmp_path / "vlm")
+    assert not any((tmp_path / "cache" / "zoo").iterdir())  # nothing half-written is left
+
+
+def test_a_derived_folder_outside_the_zoo_resolves(tmp_path, monkeypatch):
+    from mmspec import zoo
+
+    entry, spec, _ = overlay_entry(tmp_path)
+    (entry / "zoo_card.json").write_text(json.dumps({"name": "long", "derived_from": spec}))
+    monkeypatch.setattr(zoo, "entries", lambda: [zoo.ZooEntry("vlm", tmp_path / "vlm", {})])
+    folder = Path(resolve(str(entry)))
+    assert folder.is_relative_to(tmp_path / "cache" / "zoo") and (folder / WEIGHTS).is_file()
+
+
+def test_an_overlay_brings_the_parents_drafter_folders(tmp_path):
+    entry, spec, _ = overlay_entry(tmp_path)
+    drafter = text_folder(tmp_path / "vlm" / "text", {"hidden_size": 16, "num_hidden_layers": 1,
+                                                      "num_attention_heads": 2, "intermediate_size": 32}, 190)
+    AutoModelForCausalLM.from_config(LlamaConfig.from_pretrained(drafter)).save_pretrained(drafter)
+    with pytest.raises(MMSpecError, match="brings the folders \\['msd'\\]"):
+        derived_folder("tiny-long", entry, {**spec, "folders": ["text", "msd"]}, tmp_path / "vlm")
+    folder = derived_folder("tiny-long", entry, {**spec, "folders": ["text"]}, tmp_path / "vlm")
+    assert (folder / "text" / WEIGHTS).is_file() and not (folder / "msd").exists()

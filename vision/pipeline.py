@@ -76,7 +76,8 @@ def zoo_card(name_or_path: str) -> dict[str, Any]:
     for entry in entries():
         if entry.name == name_or_path or Path(resolve(name_or_path)) == entry.path:
             return entry.card
-    return folder_card(resolve(name_or_path))
+    own = folder_card(name_or_path) if Path(name_or_path).expanduser().is_dir() else {}
+    return own or folder_card(resolve(name_or_path))  # a derived model's card sits in its own folder
 
 
 def feature_drafter_folders(folder: str | os.PathLike | None,

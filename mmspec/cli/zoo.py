@@ -32,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
         if e.get("source"):
             print(f"    source: {e['source']}")
         part = e.get("derived_from")
-        if isinstance(part, dict):  # no weights of its own: they ship inside another zoo model
+        if isinstance(part, dict) and "overlay" in part:  # a few MB of its own, merged into another zoo model's
+            print(f"    weights: {part.get('model')}'s (counted there) with its own {part['overlay']} merged in "
+                  f"({size / 1e6:.1f} MB)")
+        elif isinstance(part, dict):  # no weights of its own: they ship inside another zoo model
             what = f"its {part['folder']}/ folder" if "folder" in part else "its language model"
             print(f"    weights: {what} of {part.get('model')} (counted there)")
         took = f" in {e['train_wall_time_s'] / 60:.1f} min" if "train_wall_time_s" in e else ""

@@ -91,6 +91,9 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
             return str(entry.path)
     path = Path(text).expanduser()
     if path.is_dir():
+        card = folder_card(path)
+        if "derived_from" in card:  # a derived model rebuilt outside the package (e.g. a recipe's --out)
+            return str(derived_path(ZooEntry(name=path.name, path=path, card=card), found))
         hub.refuse_pickle_only(path, role)
         return text
     hub.check_hub_id(text, role, f"not a zoo model (known: {known_names()})")

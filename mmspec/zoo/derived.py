@@ -8,11 +8,17 @@ A card's `derived_from` names the model and the part:
         the language model of a vision-language checkpoint as a causal LM: its decoder and head,
         with the embedding (and head) rows past `vocab_size` dropped (ids a text model never reads,
         such as the `<video>` and `<image>` placeholders appended to the LM's vocabulary)
+    {"model": "shapes-video-captioner", "overlay": "overlay.safetensors", "parent_sha256": "..."}
+        the model with the entry's own `config.json` (e.g. another rotary scaling) and the overlay's
+        tensors merged into its weights (replacements and low-rank updates; see `mmspec.low_rank`);
+        the parent's weights must still be the ones the overlay was trained on (`parent_sha256`);
+        `"folders": ["text", ...]` brings the parent's sub-folders along (its drafters)
 
-A language model is written once, on first use, into the user cache (`$MMSPEC_CACHE`, else
-`$XDG_CACHE_HOME/mmspec`, else `~/.cache/mmspec`) under a name keyed by the parent's weights, beside
-the config, generation config and tokenizer files of the derived entry's own folder; it then loads
-through the normal `from_pretrained` path, like any folder. The package holds its weights once.
+Such a model is written once, on first use, into the user cache (`$MMSPEC_CACHE`, else
+`$XDG_CACHE_HOME/mmspec`, else `~/.cache/mmspec`) under a name keyed by what it is made of, beside
+the config, generation config and tokenizer files of the derived entry's own folder (an overlay's
+entry takes the parent's for those it lacks); it then loads through the normal `from_pretrained`
+path, like any folder. The package holds the parent's weights once.
 """
 
 from __future__ import annotations
@@ -53,20 +59,62 @@ def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) 
         return part
     if spec.get("language_model"):
         return language_model_folder(name, folder, parent, int(spec["vocab_size"]))
-    raise MMSpecError(f"the model card of {name!r} has a derived_from without 'folder' or 'language_model': {spec}")
+    if "overlay" in spec:
+        return overlay_folder(name, folder, parent, spec)
+    raise MMSpecError(f"the model card of {name!r} has a derived_from without 'folder', 'language_model' or "
+                      f"'overlay': {spec}")
+
+
+def file_digest(path: Path, digest=None):
+    """`path`'s bytes fed to a sha256 (a new one unless given)."""
+    digest = digest or hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest
+
+
+def parent_weights(name: str, parent: Path) -> Path:
+    weights = parent / WEIGHTS
+    if not weights.is_file():
+        raise MMSpecError(f"zoo model {name!r} comes from the weights of {parent.name!r}, but {weights} is missing")
+    return weights
 
 
 def language_model_folder(name: str, folder: Path, parent: Path, vocab_size: int) -> Path:
     """The cached folder of `parent`'s language model cut to `vocab_size` rows, written first if missing."""
-    weights = parent / WEIGHTS
-    if not weights.is_file():
-        raise MMSpecError(f"zoo model {name!r} comes from the weights of {parent.name!r}, but {weights} is missing")
-    digest = hashlib.sha256()
-    with weights.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
+    weights = parent_weights(name, parent)
+    digest = file_digest(weights)
     digest.update(f"{vocab_size}".encode())
-    target = cache_root() / "zoo" / f"{name}-{digest.hexdigest()[:16]}"
+    return cached_build(name, digest.hexdigest(), lambda out: write_language_model(weights, folder, out, vocab_size))
+
+
+def overlay_folder(name: str, folder: Path, parent: Path, spec: dict[str, Any]) -> Path:
+    """The cached folder of `parent` with `folder`'s config and overlay merged in, written first if missing."""
+    weights = parent_weights(name, parent)
+    overlay = folder / str(spec["overlay"])
+    if not overlay.is_file() or not (folder / "config.json").is_file():
+        raise MMSpecError(f"zoo model {name!r} is an overlay on {parent.name!r}, but {folder} lacks "
+                          f"{spec['overlay']} or config.json")
+    parent_digest = file_digest(weights).hexdigest()
+    if spec.get("parent_sha256") and spec["parent_sha256"] != parent_digest:
+        raise MMSpecError(f"zoo model {name!r} is an overlay trained on other weights of {parent.name!r} than the "
+                          f"installed ones (sha256 {parent_digest[:12]}..., the overlay's {spec['parent_sha256'][:12]}...): "
+                          "rebuild it with its card's rebuild_command")
+    folders = [str(f) for f in spec.get("folders", [])]
+    missing = [f for f in folders if not (parent / f / "config.json").is_file()]
+    if missing:
+        raise MMSpecError(f"zoo model {name!r} brings the folders {missing} of {parent.name!r}, which has none")
+    digest = file_digest(folder / "config.json", file_digest(overlay))
+    digest.update(f"{parent_digest} {folders}".encode())
+    return cached_build(name, digest.hexdigest(),
+                        lambda out: write_overlaid_model(parent, folder, overlay, out, folders))
+
+
+def cached_build(name: str, key: str, write) -> Path:
+    """The user-cache folder `<name>-<key>` holding a model, made by `write(folder)` first if missing; written
+    to a scratch folder and renamed, so a killed run never leaves a half-written model."""
+    target = cache_root() / "zoo" / f"{name}-{key[:16]}"
     if (target / WEIGHTS).is_file():
         return target
     try:
@@ -76,7 +124,7 @@ def language_model_folder(name: str, folder: Path, parent: Path, vocab_size: int
         raise MMSpecError(f"cannot write zoo model {name!r} to {target.parent} ({error.strerror or error}): set "
                           "MMSPEC_CACHE to a writable folder") from None
     try:
-        write_language_model(weights, folder, scratch, vocab_size)
+        write(scratch)
         try:
             scratch.rename(target)  # atomic: a killed run leaves a stray scratch folder, never a half-written model
         except OSError:
@@ -129,3 +177,31 @@ def write_language_model(weights: Path, folder: Path, out: Path, vocab_size: int
     for extra in folder.iterdir():
         if extra.is_file() and extra.name != "zoo_card.json" and not extra.name.endswith(".safetensors"):
             shutil.copy2(extra, out / extra.name)
+
+
+def write_overlaid_model(parent: Path, folder: Path, overlay: Path, out: Path, folders: list[str] = ()) -> None:
+    """Save `parent` built with `folder`'s config and `overlay` merged in (fp16, as the zoo ships weights) into
+    `out`, with `folder`'s non-weight files, then the parent's for those `folder` lacks, and the parent's
+    sub-folders named in `folders`."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from ..low_rank import apply_overlay
+
+    config = AutoConfig.from_pretrained(folder)
+    architecture = (getattr(config, "architectures", None) or [None])[0]
+    model_class = getattr(transformers, architecture or "", None)
+    if model_class is None:
+        raise MMSpecError(f"the config in {folder} names no transformers model class ({architecture!r})")
+    model = model_class.from_pretrained(parent, config=config, dtype=torch.float32)
+    apply_overlay(model, load_file(str(overlay)))
+    model.half().save_pretrained(out, safe_serialization=True)
+    for source in (folder, parent):
+        for extra in source.iterdir():
+            skip = extra.name in ("zoo_card.json", "heldout_samples.json") or extra.suffix == ".safetensors"
+            if extra.is_file() and not skip and not (out / extra.name).exists():
+                shutil.copy2(extra, out / extra.name)
+    for sub in folders:
+        shutil.copytree(parent / sub, out / sub)

@@ -37,7 +37,39 @@ def test_three_step_run_writes_a_captioner(tmp_path, capsys):
     assert int((inputs["input_ids"] == model.config.video_token_index).sum()) == cd.VISUAL_TOKENS
 
 
+def test_a_low_rank_run_writes_an_overlay_on_the_zoo_captioner(tmp_path, capsys, monkeypatch):
+    """--rope/--lora: a few MB of overlay and a card deriving from the zoo captioner; loaded through the zoo it is
+    the captioner with YaRN positions, its vision tower untouched and its language model moved."""
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "long"
+    recipe.main(["--frames", "2", "--rope", "yarn:2", "--lora", "2", "--text-steps", "0", "--steps", "2",
+                 "--batch-size", "1", "--eval-n", "1", "--max-new-tokens", "4", "--lm-lr", "0.05", "--threads", "1",
+                 "--out", str(out)])
+    assert "saved" in capsys.readouterr().out
+    assert not (out / "model.safetensors").exists() and (out / recipe.OVERLAY).stat().st_size < 2_000_000
+    card = json.loads((out / "zoo_card.json").read_text())
+    assert card["derived_from"]["model"] == "shapes-video-captioner" and card["frames"] == 2
+    assert set(card["derived_from"]["folders"]) >= {"text"}
+    assert card["rope_parameters"]["rope_type"] == "yarn" and card["overlay"]["low_rank"]["rank"] == 2
+    from transformers import LlavaNextVideoForConditionalGeneration
+
+    from mmspec.zoo import resolve
+
+    merged = LlavaNextVideoForConditionalGeneration.from_pretrained(resolve(str(out)), dtype=torch.float32)
+    parent = LlavaNextVideoForConditionalGeneration.from_pretrained(recipe.OUT_DIR, dtype=torch.float32)
+    assert merged.config.text_config.rope_parameters["factor"] == 2.0
+    mine, theirs = dict(merged.named_parameters()), dict(parent.named_parameters())
+    moved = {n for n in mine if not torch.equal(mine[n], theirs[n])}
+    assert moved and all(".language_model." in n or "multi_modal_projector" in n for n in moved)
+    assert any("q_proj" in n for n in moved)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--rope", "yarn"], "expected KIND:FACTOR"),
+    (["--rope", "ntk:4"], "expected KIND:FACTOR"),
+    (["--rope", "yarn:8", "--init-from", "none"], "extends a trained captioner"),
+    (["--lora", "-1"], "--lora must be >= 0"),
+    (["--lora", "4", "--into-zoo"], "give it its own --out"),
     (["--init-from", "/nonexistent/captioner"], "not a saved captioner folder"),
     (["--frames", "0"], "must be >= 1"),
     (["--workers", "-1"], "--workers must be >= 0"),
@@ -110,3 +142,11 @@ def test_a_killed_run_resumes_to_the_same_captioner(tmp_path, capsys, monkeypatc
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     card = json.loads((tmp_path / "part" / "zoo_card.json").read_text())
     assert "--resume" not in card["rebuild_command"] and "checkpoint" not in card["rebuild_command"]
+
+
+def test_an_overlay_needs_a_zoo_captioner_to_start_from(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(recipe, "train", lambda args: pytest.fail("must not train"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as info:
+        recipe.main(["--lora", "4", "--init-from", str(tmp_path)])
+    assert info.value.code == 2 and "--init-from must be one" in capsys.readouterr().err

@@ -29,6 +29,15 @@ B. captioning: caption cross-entropy through the whole model (vision tower, proj
    over the pooled vision tokens (colours, kinds, motions, directions, sizes, background, count,
    interaction kinds, number of turns).
 
+Long videos: ``--frames 64 --rope yarn:8 --lora 16`` extends the 8-frame captioner to 64 frames (2304
+visual tokens, positions ~5x past the ~460 it was trained on): YaRN rotary scaling (Peng et al. 2023,
+transformers' ``rope_parameters``) keeps the positions in the range the model knows, and a short fine-tune
+trains only low-rank updates of the language model's linear layers and the projector (vision tower frozen,
+no auxiliary loss). Such a run writes an overlay (``mmspec.low_rank``): the new config, the updates and the
+projector, a few MB that the zoo merges into the starting captioner on first load (a card with
+``derived_from: {"overlay": ...}``), so the package holds the captioner's weights once. ``--lora`` needs
+``--init-from`` a zoo captioner.
+
 Checkpoints: every ``--checkpoint-every`` steps (default 500) the weights, optimiser and step go to
 ``--checkpoint-dir`` (default ``~/.cache/mmspec/detailed-captioner-checkpoints/<output name>``, the newest
 two kept); a run that was stopped continues with the same command plus ``--resume`` and ends on the same
@@ -68,10 +77,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AutoTokenizer, LlavaNextVideoForConditionalGeneration
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoTokenizer, LlavaNextVideoForConditionalGeneration
 
 from mmspec.devices import synchronize, usable_device
 from mmspec.errors import MMSpecError
+from mmspec.low_rank import add_low_rank, apply_overlay, overlay_of, remove_low_rank
 from mmspec.training import (Checkpoints, add_output_arguments, adamw, optimizer_step, parse_output_folder,
                              seed_everything, warmup_cosine)
 from mmspec.world import (event_slots, example_seed, interactions, parse_facts, render_video, sample_detailed_example,
@@ -79,7 +90,8 @@ from mmspec.world import (event_slots, example_seed, interactions, parse_facts, 
 from mmspec.world.detailed_facts import ATTRIBUTES
 from mmspec.world.detailed_captions import MAX_TOKENS
 from mmspec.world.detailed_scenes import MAX_SHAPES
-from mmspec.zoo import MODELS_DIR
+from mmspec.zoo import MODELS_DIR, entries
+from mmspec.zoo.derived import file_digest
 
 from . import captioner_data as cd
 from .train_video_captioner import (LM_DIR, VideoHead, build_model, caption_batch, save_captioner_weights, target_card,
@@ -90,6 +102,10 @@ CHECKPOINT_ROOT = Path.home() / ".cache" / "mmspec" / "detailed-captioner-checkp
 CHECKPOINT_FORMAT = "mmspec-detailed-captioner-v1"
 RELATIONS = ("behind", "in front of", "meets")
 AUX_OUT = cd.AUX_DIM + len(RELATIONS) + 4  # + interaction kinds present + number of turns (0..3)
+ROPE_KINDS = ("yarn", "linear", "dynamic")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTOR = "model.multi_modal_projector."
+OVERLAY = "overlay.safetensors"
 
 
 def aux_targets(scene) -> np.ndarray:
@@ -107,7 +123,11 @@ def load_model(args):
     if args.init_from.lower() == "none":
         model, tok, _ = build_model(Path(args.lm_dir), args.seed)
     else:
-        model = LlavaNextVideoForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(args.init_from)
+        if args.rope:
+            config.text_config.rope_parameters = rope_parameters(args.rope, config.text_config)
+        model = LlavaNextVideoForConditionalGeneration.from_pretrained(args.init_from, config=config,
+                                                                      dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(args.init_from)
     # The sequence the model is trained on: prompt + visual tokens + the longest caption (RoPE has
     # no learned positions; this states the real length).
@@ -118,6 +138,19 @@ def load_model(args):
     tok.model_max_length = model.config.text_config.max_position_embeddings
     model.generation_config.max_new_tokens = args.max_new_tokens
     return model, tok
+
+
+def rope_parameters(spec: str, text_config) -> dict:
+    """``yarn:8`` -> transformers' rope_parameters scaling the starting model's rotary positions by 8 (its
+    trained range, ``max_position_embeddings``, becomes the original one)."""
+    kind, factor = spec.split(":")
+    return {"rope_type": kind, "factor": float(factor), "rope_theta": text_config.rope_parameters["rope_theta"],
+            "original_max_position_embeddings": text_config.max_position_embeddings}
+
+
+def zoo_name_of(folder: str) -> str | None:
+    """The zoo name of a packaged model folder, else None."""
+    return next((e.name for e in entries() if e.path.resolve() == Path(folder).resolve()), None)
 
 
 class CaptioningBatches(torch.utils.data.Dataset):
@@ -225,14 +258,19 @@ def train(args) -> None:
     start = time.time()
     model, tok = load_model(args)
     model.to(args.device).train()
+    if args.lora:  # low-rank updates of the LM and the projector; everything else frozen
+        model.requires_grad_(False)
+        low_rank = add_low_rank(model, "model.language_model.", LORA_TARGETS, args.lora, 2.0 * args.lora)
+        model.model.multi_modal_projector.requires_grad_(True)
     head = VideoHead(model.config.vision_config.hidden_size, args.frames, AUX_OUT).to(args.device)
     on = dict(device=args.device, non_blocking=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"captioner: {n_params / 1e6:.2f}M parameters, {cd.TOKENS_PER_FRAME * args.frames} visual tokens "
           f"per video ({args.frames} frames)", flush=True)
     stream = Stream(args.seed)
-    lm_params = list(model.model.language_model.parameters())
-    vision_params = list(model.model.vision_tower.parameters()) + list(head.parameters())
+    lm_params = low_rank if args.lora else list(model.model.language_model.parameters())
+    vision_params = [] if args.lora else list(model.model.vision_tower.parameters()) + list(head.parameters())
+    use_aux = bool(vision_params) and args.aux_weight > 0  # the aux loss only teaches the vision tower
     proj_params = list(model.model.multi_modal_projector.parameters())
     # resumable: a checkpoint holds stage, step, weights and optimiser; its number counts T then B steps
     checkpoints = Checkpoints(args.checkpoint_dir, CHECKPOINT_FORMAT, "captioner")
@@ -277,7 +315,8 @@ def train(args) -> None:
 
     # ---- stage B: captioning through the whole model
     prefix = cd.prompt_ids(tok, num_frames=args.frames)
-    groups = [(vision_params, args.vision_lr), (proj_params, args.proj_lr), (lm_params, args.lm_lr)]
+    groups = [(g, lr) for g, lr in ((vision_params, args.vision_lr), (proj_params, args.proj_lr),
+                                    (lm_params, args.lm_lr)) if g]
     opt = adamw([{"params": p, "lr": 0.0} for p, _ in groups], 0.0, weight_decay=0.0)
     if resumed is not None and resumed["stage"] == "B":
         opt.load_state_dict(resumed["opt"])
@@ -301,9 +340,11 @@ def train(args) -> None:
         finally:
             hook.remove()
         cap = caption_loss(out.logits, labels)
-        with autocast(args):
-            pooled = head(captured["pooled"])
-        aux = F.binary_cross_entropy_with_logits(pooled.float(), target)
+        aux = torch.zeros((), device=cap.device)
+        if use_aux:
+            with autocast(args):
+                pooled = head(captured["pooled"])
+            aux = F.binary_cross_entropy_with_logits(pooled.float(), target)
         loss = cap + args.aux_weight * aux
         f = warmup_cosine(step, steps, min(args.warmup, steps // 10), floor=0.1)
         for g, (_, lr) in zip(opt.param_groups, groups):
@@ -320,12 +361,17 @@ def train(args) -> None:
         times[-1] = time.time() - t0 + times[-1]
     step_s = float(np.mean(times[1:] if len(times) > 1 else times)) if times else None
     print(f"seconds per step on {machine(args)}, batch {args.batch_size}, {args.frames} frames: "
-          f"text {text_s:.3f}, captioning {step_s:.3f}", flush=True)
+          f"text {text_s:.3f}, captioning {'-' if step_s is None else f'{step_s:.3f}'}", flush=True)
     if args.time_steps:
         return
     train_wall = time.time() - start
 
-    # ---- evaluate and ship fp16 (evaluate what ships)
+    # ---- evaluate and ship fp16 (evaluate what ships: an overlay merged as the zoo merges it)
+    overlay = None
+    if args.lora:
+        overlay = overlay_of(model, [n for n, _ in model.named_parameters() if n.startswith(PROJECTOR)])
+        remove_low_rank(model)
+        apply_overlay(model, overlay)
     model.half()
     model.float()
     heldout = [sample_detailed_example(example_seed("heldout", args.seed, i)) for i in range(args.eval_n)]
@@ -334,12 +380,27 @@ def train(args) -> None:
     quality["eval_wall_time_s"] = round(time.time() - t_e, 1)
     print(json.dumps(quality, indent=1), flush=True)
     save(model, tok, Path(args.out), args, dict(n_params=n_params, train_wall=train_wall, text_s=text_s,
-                                               step_s=step_s, data_size=stream.next), quality, samples)
+                                               step_s=step_s, data_size=stream.next), quality, samples, overlay)
     checkpoints.clear()  # the run is complete and saved; its resumable states (~12 bytes a parameter) go
 
 
-def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: list[dict]) -> None:
-    size = save_captioner_weights(model, tok, folder)
+def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: list[dict], overlay=None) -> None:
+    extra = {}
+    if overlay is None:
+        size = save_captioner_weights(model, tok, folder)
+    else:
+        size = save_overlay(model, tok, folder, overlay)
+        parent = zoo_name_of(args.init_from)
+        drafters = sorted(f.name for f in Path(args.init_from).iterdir() if (f / "config.json").is_file())
+        extra = {"derived_from": {"model": parent, "overlay": OVERLAY,
+                                  "parent_sha256": file_digest(Path(args.init_from) / "model.safetensors").hexdigest(),
+                                  "folders": drafters},
+                 "overlay": {"low_rank": {"rank": args.lora, "alpha": 2.0 * args.lora, "modules": list(LORA_TARGETS),
+                                          "of": "every layer of the language model"},
+                             "replaced": "the multimodal projector",
+                             "tensors": len(overlay), "params": sum(t.numel() for t in overlay.values())},
+                 "source": (f"{parent} with its rotary positions scaled ({args.rope}) and the overlay merged in on "
+                            "first load (written to the user cache, ~/.cache/mmspec/zoo)")}
     card = target_card(folder, "video-captioning (detailed shapes world)", {
         "params": info["n_params"],
         "file_size_bytes": size,
@@ -356,11 +417,14 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
         "trained_on": (f"detailed shapes-world examples rendered on the fly (mmspec.world.sample_detailed_example("
                        f"example_seed('train', {args.seed}, i)), render_video(scene, {args.frames}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage T: {args.text_steps} LM-only steps; stage B: {args.steps} "
-                       f"steps x {args.batch_size} videos, caption cross-entropy + {args.aux_weight} x video-level "
-                       f"multi-label loss on a throw-away head"),
+                       f"steps x {args.batch_size} videos, caption cross-entropy"
+                       + (f" of the low-rank updates and the projector (vision tower and other weights frozen)"
+                          if args.lora else f" + {args.aux_weight} x video-level multi-label loss on a throw-away head")),
         "seed": args.seed,
-        "optimiser": (f"AdamW; stage T lr {args.text_lr}; stage B lr vision {args.vision_lr}, projector "
-                      f"{args.proj_lr}, LM {args.lm_lr}; warm-up then cosine to 10%"),
+        "optimiser": (f"AdamW; stage T lr {args.text_lr}; stage B lr "
+                      + (f"projector {args.proj_lr}, low-rank updates {args.lm_lr}" if args.lora else
+                         f"vision {args.vision_lr}, projector {args.proj_lr}, LM {args.lm_lr}")
+                      + "; warm-up then cosine to 10%"),
         "step_time_s": {"text": round(info["text_s"], 3), "captioning": info["step_s"]},
         "train_wall_time_s": round(info["train_wall"], 1),
         "train_machine": machine(args),
@@ -369,9 +433,27 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
                                               f"'heldout', {args.seed}, i)), greedy, max {args.max_new_tokens} new "
                                               "tokens, fp16 weights upcast to fp32; per-attribute accuracy from "
                                               "mmspec.world.score_facts"},
-        "rebuild_command": rebuild_command(args),
+        **({"rope_parameters": model.config.text_config.rope_parameters} if args.rope else {}),
+        **extra,
+        "rebuild_command": rebuild_command(args) + (f" --out {folder.name}" if overlay is not None else ""),
+        **({"install": f"copy the output folder into {MODELS_DIR}/ (a zoo entry of its own)"} if overlay is not None
+           else {}),
     })
     write_card_and_samples(folder, card, samples, size)
+
+
+def save_overlay(model, tok, folder: Path, overlay: dict) -> int:
+    """Write an overlay entry: config, generation config, processor and the overlay tensors (no full weights);
+    returns the overlay's bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    model.config.dtype = torch.float16  # what the merged model is saved in
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    cd.build_processor(tok).save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in overlay.items()}, str(folder / OVERLAY), metadata={"format": "pt"})
+    return (folder / OVERLAY).stat().st_size
 
 
 def earlier_training(init_from: str) -> list[dict]:
@@ -437,6 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where checkpoints go (default {CHECKPOINT_ROOT}/<output folder name>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir (same settings)")
+    parser.add_argument("--rope", default=None,
+                        help="scale the starting captioner's rotary positions for longer videos, e.g. yarn:8 "
+                             f"({', '.join(ROPE_KINDS)})")
+    parser.add_argument("--lora", type=int, default=0,
+                        help="train only rank-R updates of the LM's linear layers and the projector, and write an "
+                             "overlay on the --init-from zoo captioner (0: train the whole model)")
     parser.add_argument("--time-steps", type=int, default=0,
                         help="only time this many steps of each stage; save nothing")
     return parser
@@ -456,6 +544,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.init_from.lower() != "none" and not (Path(args.init_from) / "config.json").is_file():
         parser.error(f"--init-from {args.init_from!r} is not a saved captioner folder (no config.json); "
                      "pass --init-from none to start from the caption LM")
+    if args.rope:
+        kind, _, factor = args.rope.partition(":")
+        try:
+            ok = kind in ROPE_KINDS and float(factor) > 1
+        except ValueError:
+            ok = False
+        if not ok:
+            parser.error(f"--rope {args.rope!r}: expected KIND:FACTOR with KIND one of {', '.join(ROPE_KINDS)} "
+                         "and FACTOR > 1, e.g. yarn:8")
+        if args.init_from.lower() == "none":
+            parser.error("--rope extends a trained captioner: use it with --init-from a saved one")
+    if args.lora < 0:
+        parser.error("--lora must be >= 0")
+    if args.lora and zoo_name_of(args.init_from) is None:
+        parser.error("--lora writes an overlay on a zoo captioner: --init-from must be one (e.g. the default, "
+                     f"{OUT_DIR})")
+    if args.lora and args.into_zoo:
+        parser.error("--lora writes an overlay on the zoo captioner, not a captioner to replace it: give it its "
+                     "own --out")
     args.out = str(parse_output_folder(parser, args, OUT_DIR))
     if args.checkpoint_every < 0:
         parser.error("--checkpoint-every must be >= 0")
