@@ -33,11 +33,14 @@ the target's encoder output (no second encoder), distil-whisper style.
 from __future__ import annotations
 
 import copy
+import json
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, WhisperForCausalLM
+from transformers import GenerationConfig, PreTrainedModel, WhisperConfig, WhisperForCausalLM
 
 from ..cached_model import cache_argument, model_vocab_size, output_cache
 from ..devices import input_device
@@ -47,10 +50,35 @@ from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
 from .fast_decoder import check_draft_vocab
 from .hybrid import HybridDrafter
-from .lean_decoder import LeanWhisperDecoder
+from .lean_decoder import LeanDecoderState, LeanWhisperDecoder
 from .target import encoder_outputs_of
 
 AR_FAST_DECODER_FOLDER = "ar_fast_decoder"
+
+
+@dataclass
+class DraftSession:
+    """One utterance's lean drafting cache, kept between re-drafts (batch of one).
+
+    `fed` lists the token ids whose keys/values the cache holds. A re-draft keeps the cache of the
+    longest prefix it shares with the new committed transcript and feeds only the rest (the
+    correction, or the target's bonus token), so the encoder's cross-attention projections and the
+    accepted tokens are computed once per utterance, not once per re-draft.
+    """
+
+    states: torch.Tensor | None = None  # the encoder states the cache was started from
+    runner: LeanWhisperDecoder | None = None
+    state: LeanDecoderState | None = None
+    fed: list[int] = field(default_factory=list)
+
+
+def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class ARFastDecoder(WhisperForCausalLM):
@@ -61,7 +89,11 @@ class ARFastDecoder(WhisperForCausalLM):
       - `draft_suppress_tokens`, `draft_begin_suppress_tokens`: the target's suppression lists.
     `ARHybridDrafter` replaces all three per utterance with the bound target's own values.
       - `shares_target_embeddings`: embeddings and head come from the target (`attach_ar_fast_decoder`);
-      - `draft_vocab`: token ids drafting projects onto (None: the whole vocabulary).
+      - `shares_target_decoder`: the WHOLE decoder is the target's (a self-drafter: the target's own
+        layers, drafting over `draft_vocab` only); the folder then holds no weights at all;
+      - `draft_vocab`: token ids drafting projects onto (None: the whole vocabulary);
+      - `draft_redraft`, `draft_redraft_tokens`: how `make_hybrid_drafter` drafts by default (see
+        `ARHybridDrafter`), so a shipped fast decoder carries the setting it was measured with.
     """
 
     # With shared embeddings the checkpoint has no embedding/head: they are bound from the target.
@@ -76,12 +108,32 @@ class ARFastDecoder(WhisperForCausalLM):
         self.last_steps = 0  # decoder forwards of the last hypothesis (for honest drafter counts)
 
     def make_hybrid_drafter(self, **kwargs: Any) -> "ARHybridDrafter":
-        """The hybrid drafter this fast decoder needs (see `hybrid.hybrid_drafter_for`)."""
+        """The hybrid drafter this fast decoder needs (see `hybrid.hybrid_drafter_for`); re-drafting as the
+        config says unless `redraft` / `redraft_tokens` are given."""
+        kwargs.setdefault("redraft", bool(getattr(self.config, "draft_redraft", False)))
+        if kwargs["redraft"]:
+            kwargs.setdefault("redraft_tokens", getattr(self.config, "draft_redraft_tokens", None))
         return ARHybridDrafter(self, **kwargs)
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> "ARFastDecoder":
+        """As transformers'; a self-drafter folder (`shares_target_decoder`) has no weights: its modules are
+        placeholders (meta tensors) until `attach_ar_fast_decoder` binds the target's decoder."""
+        folder = Path(str(pretrained_model_name_or_path))
+        config_file = folder / "config.json"
+        if not (config_file.is_file() and json.loads(config_file.read_text()).get("shares_target_decoder")):
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        config = WhisperConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = cls(config)
+        if (folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        return model.eval()
+
+    @classmethod
     def for_target(cls, target_model: PreTrainedModel, *, num_layers: int = 1, init_layer: int = 0,
-                   prompt_ids: Sequence[int] | None = None, share_embeddings: bool = False,
+                   init_layers: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None,
+                   share_embeddings: bool = False, share_decoder: bool = False,
                    draft_vocab: Sequence[int] | None = None) -> "ARFastDecoder":
         """A fresh fast decoder sized for `target_model`, initialised from its decoder.
 
@@ -89,16 +141,24 @@ class ARFastDecoder(WhisperForCausalLM):
         too, or with `share_embeddings` ARE the target's (not saved; see the module docstring). Each
         of the `num_layers` layers is a copy of the target's decoder layer `init_layer` (default 0,
         the first: it reads the raw token embeddings, as the fast decoder's only layer does; -1 is
-        the last). `draft_vocab`: the reduced drafting vocabulary (token ids), or None.
+        the last). `init_layers` instead copies these target layers, in order (one fast-decoder layer
+        each: e.g. (0, 2, 3) skips a layer). `share_decoder`: a self-drafter, the target's whole decoder
+        (every layer, embeddings and head; nothing copied or saved). `draft_vocab`: the reduced drafting
+        vocabulary (token ids), or None.
         """
         decoder = getattr(getattr(target_model, "model", None), "decoder", None)
         if decoder is None or not hasattr(decoder, "layers"):
             raise MMSpecError(f"{type(target_model).__name__} has no Whisper-style decoder to initialise the fast decoder from")
         layers = len(decoder.layers)
-        if not -layers <= init_layer < layers:
-            raise MMSpecError(f"init_layer {init_layer} is out of range: the target has {layers} decoder layers")
-        if num_layers < 1:
-            raise MMSpecError(f"num_layers must be >= 1, got {num_layers}")
+        if share_decoder:
+            init_layers = range(layers)
+        sources = [init_layer] * num_layers if init_layers is None else [int(i) for i in init_layers]
+        for index in sources:
+            if not -layers <= index < layers:
+                raise MMSpecError(f"init_layer {index} is out of range: the target has {layers} decoder layers")
+        if not sources:
+            raise MMSpecError(f"a fast decoder needs at least one layer, got num_layers={num_layers}, init_layers={init_layers}")
+        num_layers = len(sources)
         config = copy.deepcopy(target_model.config)
         config.decoder_layers = num_layers
         config.is_encoder_decoder = False
@@ -113,7 +173,9 @@ class ARFastDecoder(WhisperForCausalLM):
         config.suppress_tokens = None
         config.begin_suppress_tokens = None
         config.forced_decoder_ids = None
+        share_embeddings = share_embeddings or share_decoder
         config.shares_target_embeddings = bool(share_embeddings)
+        config.shares_target_decoder = bool(share_decoder)
         if share_embeddings:
             # Both come from the target at load time: nothing in the checkpoint to tie (transformers
             # would call a checkpoint without either "corrupted").
@@ -122,9 +184,9 @@ class ARFastDecoder(WhisperForCausalLM):
         model = cls(config).to(dtype=target_model.dtype, device=input_device(target_model))  # not meta when offloaded
         source = decoder.state_dict()
         state = {k: v for k, v in source.items() if not k.startswith("layers.")}
-        layer_prefix = f"layers.{init_layer % layers}."
-        for i in range(num_layers):
-            state.update({f"layers.{i}.{k[len(layer_prefix):]}": v for k, v in source.items() if k.startswith(layer_prefix)})
+        for i, index in enumerate(sources):
+            prefix = f"layers.{index % layers}."
+            state.update({f"layers.{i}.{k[len(prefix):]}": v for k, v in source.items() if k.startswith(prefix)})
         model.model.decoder.load_state_dict(state, strict=True)
         with torch.no_grad():
             model.proj_out.weight.copy_(target_model.get_output_embeddings().weight)  # same tensor if tied
@@ -136,6 +198,10 @@ class ARFastDecoder(WhisperForCausalLM):
             model.share_target_embeddings(target_model)
         return model.eval()
 
+    @property
+    def shares_target_decoder(self) -> bool:
+        return bool(getattr(self.config, "shares_target_decoder", False))
+
     # --- shared embeddings, reduced vocabulary --------------------------------------------------
 
     @property
@@ -143,13 +209,23 @@ class ARFastDecoder(WhisperForCausalLM):
         return bool(getattr(self.config, "shares_target_embeddings", False))
 
     def share_target_embeddings(self, target_model: PreTrainedModel) -> None:
-        """Use the target's token embedding and output head modules (the same tensors, no copy)."""
-        self.model.decoder.embed_tokens = target_model.get_decoder().embed_tokens
+        """Use the target's token embedding and output head modules (the same tensors, no copy); with
+        `shares_target_decoder`, its whole decoder."""
+        if self.shares_target_decoder:
+            self.model.decoder = target_model.get_decoder()
+        else:
+            self.model.decoder.embed_tokens = target_model.get_decoder().embed_tokens
         self.proj_out = target_model.get_output_embeddings()
         self._draft_head = None
 
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
         """As transformers', but without the target's embedding and head when they are shared."""
+        if self.shares_target_decoder:
+            # Nothing of its own to save: the config (draft vocabulary, settings) is the whole drafter.
+            Path(save_directory).mkdir(parents=True, exist_ok=True)
+            self.config.save_pretrained(save_directory)
+            self.generation_config.save_pretrained(save_directory)
+            return
         if self.shares_target_embeddings and kwargs.get("state_dict") is None:
             kwargs["state_dict"] = {k: v for k, v in self.state_dict().items()
                                     if k not in ("model.decoder.embed_tokens.weight", "proj_out.weight")}
@@ -159,6 +235,9 @@ class ARFastDecoder(WhisperForCausalLM):
         """(head weight rows drafting projects onto, their token ids or None for the whole vocabulary)."""
         vocab = getattr(self.config, "draft_vocab", None)
         weight = self.proj_out.weight
+        if weight.is_meta:
+            raise MMSpecError("this fast decoder drafts with its model's own decoder: attach it to the model first "
+                              "(attach_ar_fast_decoder, or load it through TranscriptionPipeline)")
         if not vocab:
             return weight, None
         cached = self._draft_head
@@ -196,14 +275,16 @@ class ARFastDecoder(WhisperForCausalLM):
 
     @torch.inference_mode()
     def hypothesis(self, encoder_hidden_states: torch.Tensor, prompt_ids: Sequence[int] | torch.Tensor | None = None,
-                   max_new_tokens: int | None = None, lean: bool = True) -> list[list[int]]:
+                   max_new_tokens: int | None = None, lean: bool = True,
+                   session: DraftSession | None = None) -> list[list[int]]:
         """Greedy hypotheses, one list of target token ids per utterance (no prompt, no end-of-text).
 
         encoder_hidden_states [B, T, D]: the target encoder's output. `prompt_ids`: the forced prompt
         to continue (default: the one set by `ARHybridDrafter`, else the config's). `max_new_tokens`:
         default as many as the decoder's positions allow after the prompt. `lean`: run the steps with
         `LeanWhisperDecoder` (same maths, a fraction of the per-call cost); False uses the
-        transformers forward.
+        transformers forward. `session`: a `DraftSession` to continue (one utterance, lean steps): the
+        cache of the prefix it shares with `prompt_ids` is reused and only the rest is fed.
         """
         prompt = self._prompt(prompt_ids)
         limit = self.config.max_target_positions - len(prompt)
@@ -226,11 +307,20 @@ class ARFastDecoder(WhisperForCausalLM):
         suppress_ids = torch.tensor(suppress, dtype=torch.long, device=self.device)  # built once, not per step
         done = [False] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
-        step_logits = self._lean_steps(states, head) if lean else self._transformers_steps(states, head, vocab_ids)
         step_input = tokens
+        if session is not None:
+            if batch != 1 or not lean:
+                raise MMSpecError("a drafting session continues one utterance with lean steps")
+            step_logits, step_input = self._session_steps(session, encoder_hidden_states, states, head, prompt)
+        elif lean:
+            step_logits = self._lean_steps(states, head)
+        else:
+            step_logits = self._transformers_steps(states, head, vocab_ids)
         self.last_steps = 0
         for step in range(max(0, limit)):
             logits = step_logits(step_input).float()
+            if session is not None:
+                session.fed += step_input[0].tolist()
             self.last_steps += 1
             # The same -inf fill as Whisper's SuppressTokens(AtBegin)LogitsProcessor (see target.py).
             if suppress:
@@ -254,6 +344,21 @@ class ARFastDecoder(WhisperForCausalLM):
         runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
         state = runner.start(states)
         return lambda ids: runner.step(state, ids)
+
+    def _session_steps(self, session: DraftSession, given: torch.Tensor, states: torch.Tensor, head: torch.Tensor,
+                       prompt: list[int]) -> tuple[Callable[[torch.LongTensor], torch.Tensor], torch.LongTensor]:
+        """Steps over the session's cache, and the part of `prompt` it has not seen yet (`given`: the
+        encoder states as passed, which identify the utterance; `states`: them in this model's dtype)."""
+        if session.runner is None or session.runner.head_weight is not head or session.states is not given:
+            session.runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
+            session.state, session.states, session.fed = session.runner.start(states), given, []
+        # At least the last prompt token is fed again: its step gives the first draft's logits.
+        keep = min(_shared_prefix(session.fed, prompt), len(prompt) - 1)
+        session.runner.truncate(session.state, keep)
+        del session.fed[keep:]
+        runner, state = session.runner, session.state
+        rest = torch.tensor([prompt[keep:]], dtype=torch.long, device=self.device)
+        return (lambda ids: runner.step(state, ids)), rest
 
     def _transformers_steps(self, states: torch.Tensor, head: torch.Tensor,
                             vocab_ids: torch.Tensor | None) -> Callable[[torch.LongTensor], torch.Tensor]:
@@ -281,7 +386,9 @@ class ARHybridDrafter(HybridDrafter):
     corrected transcript, instead of re-aligning the old hypothesis. An autoregressive fast
     decoder can condition on the correction (a CTC one cannot), so the new draft follows the big
     decoder's path; the price is more fast-decoder steps, which `redraft_tokens` caps (a re-draft
-    past the next likely correction is mostly thrown away).
+    past the next likely correction is mostly thrown away). With a cap the drafter becomes a chain
+    drafter: every round drafts `redraft_tokens` tokens past the committed transcript, continuing
+    one lean cache per utterance (`DraftSession`), so each round feeds only the target's last token.
     """
 
     def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, redraft_tokens: int | None = None,
@@ -298,6 +405,8 @@ class ARHybridDrafter(HybridDrafter):
         self._prompt: list[int] = []
         self._suppression: tuple[list[int], list[int]] = ([], [])
         self._rejected = False
+        self._fresh = False  # a hypothesis was drafted since the last verdict
+        self._session: DraftSession | None = None
 
     @property
     def drafts_batches(self) -> bool:  # type: ignore[override]
@@ -329,11 +438,19 @@ class ARHybridDrafter(HybridDrafter):
         self._prompt = [int(t) for t in sequence[0].tolist()]
         self._read_suppression()
         self.redrafts, self._rejected = 0, False
-        with self._drafting_setup(self._prompt):
-            super().prefill(sequence, model_inputs)
-        if self.redraft:
-            self._encoder_states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
-        self.forwards += max(0, self.fast_decoder.last_steps - 1)  # the base class counted one
+        if not self.redraft:
+            with self._drafting_setup(self._prompt):
+                super().prefill(sequence, model_inputs)
+            self.forwards += max(0, self.fast_decoder.last_steps - 1)  # the base class counted one
+            return
+        self._reset()
+        self.prompt_length = sequence.shape[1]
+        if self.target is None:
+            raise MMSpecError("HybridDrafter must be bound to a target (use it through SpeculativeDecoder)")
+        self._encoder_states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
+        self._session = DraftSession()
+        self._redraft([])
+        self.redrafts = 0
 
     @contextmanager
     def _drafting_setup(self, prompt: list[int]) -> Iterator[None]:
@@ -348,7 +465,8 @@ class ARHybridDrafter(HybridDrafter):
 
     def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
                 generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        if self.redraft and self._rejected and max_tokens > 0 and self._encoder_states is not None:
+        wanted = self._rejected or self.redraft_tokens is not None  # capped: a new chain every round
+        if self.redraft and wanted and not self._fresh and max_tokens > 0 and self._encoder_states is not None:
             self._redraft(sequence[0, len(self._prompt):].tolist())
         return super().propose(sequence, max_tokens, sampling, generator, policy)
 
@@ -359,15 +477,16 @@ class ARHybridDrafter(HybridDrafter):
             # Begin-suppression applies to the first token after the forced prompt only.
             if committed:
                 decoder.begin_suppress_tokens = []
-            rest = decoder.hypothesis(self._encoder_states, max_new_tokens=self.redraft_tokens)[0]
+            rest = decoder.hypothesis(self._encoder_states, max_new_tokens=self.redraft_tokens, session=self._session)[0]
         self.forwards += decoder.last_steps
         self.redrafts += 1
         stats = self.stats
         self.set_hypothesis(committed + rest)
         self.stats = stats
-        self.offset, self.floor, self.misses, self._rejected = 0, len(committed), 0, False
+        self.offset, self.floor, self.misses, self._rejected, self._fresh = 0, len(committed), 0, False, True
 
     def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+        self._fresh = False
         if self._last is not None:
             self._rejected = int(verdict.num_accepted[0]) < self._last[1]
         super().observe(sequence, verdict, target_step)
@@ -378,6 +497,9 @@ def attach_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) 
     in float16), then bind the target's embedding and head if it shares them."""
     check_ar_fast_decoder(fast_decoder, model)
     device = input_device(model)  # `model.device` reads "meta" when accelerate offloaded the model's first parameter
+    if fast_decoder.shares_target_decoder:
+        fast_decoder.share_target_embeddings(model)  # every module is the model's: nothing to move
+        return fast_decoder
     if fast_decoder.dtype != model.dtype or fast_decoder.device != device:
         fast_decoder.to(dtype=model.dtype, device=device)
     if fast_decoder.shares_target_embeddings:
@@ -397,3 +519,7 @@ def check_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -
     width = getattr(model.config, "d_model", None)
     if width is not None and fast_decoder.config.d_model != width:
         raise MMSpecError(f"the AR fast decoder reads {fast_decoder.config.d_model}-wide encoder states, the model's are {width}")
+    layers = getattr(model.config, "decoder_layers", None)
+    if fast_decoder.shares_target_decoder and layers != fast_decoder.config.decoder_layers:
+        raise MMSpecError(f"this self-drafter was made for a model with {fast_decoder.config.decoder_layers} decoder layers, "
+                          f"the model has {layers}: it belongs to another model")

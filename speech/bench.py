@@ -11,6 +11,8 @@ bench measures both against plain greedy decoding and transformers' assisted gen
   hybrid-strict-ar   the one-layer AR fast decoder's whole hypothesis as the draft (lossless)
   hybrid-strict-ar-redraft   the same, but after a rejection the fast decoder drafts the rest
                      again from the corrected transcript (`ARHybridDrafter(redraft=True)`)
+  hybrid-strict-ar-chainK    with `--chain K`: re-drafting capped at K tokens, every round (a chain
+                     drafter over one cache per utterance, `ARHybridDrafter(redraft=True, redraft_tokens=K)`)
   hf-assisted-ar     transformers' assisted generation, the same AR fast decoder as assistant
                      (its defaults: 20 draft tokens, constant schedule, confidence cut-off 0.4)
 
@@ -257,6 +259,7 @@ def bench_speech(
     *,
     ctc_fast_decoder: CTCFastDecoder | None = None,
     ar_fast_decoder: ARFastDecoder | None = None,
+    chain_tokens: tuple[int, ...] = (),
     repeats: int = 3,
     progress: bool = True,
     title: str = "bench speech",
@@ -266,6 +269,10 @@ def bench_speech(
         raise MMSpecError("no clips to benchmark")
     if repeats < 1:
         raise MMSpecError(f"repeats must be >= 1, got {repeats}")
+    if any(k < 1 for k in chain_tokens):
+        raise MMSpecError(f"chain lengths must be >= 1, got {','.join(map(str, chain_tokens))}")
+    if chain_tokens and ar_fast_decoder is None:
+        raise MMSpecError("--chain drafts with an AR fast decoder: pass --ar-fast-decoder (or use a model that ships one)")
     model.eval()
     notes = []
     if ctc_fast_decoder is not None:
@@ -286,9 +293,13 @@ def bench_speech(
         else:
             notes.append("no CTC fast decoder (fast_decoder/): hybrid-strict and hybrid-relaxed not run")
         if ar_fast_decoder is not None:
-            decoders["hybrid-strict-ar"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder), "strict"), True)
-            decoders["hybrid-strict-ar-redraft"] = (
-                mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=True), "strict"), True)
+            decoders["hybrid-strict-ar"] = (
+                mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=False), "strict"), True)
+            decoders["hybrid-strict-ar-redraft"] = (mmspec_loop(
+                model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=True, redraft_tokens=None), "strict"), True)
+            for k in chain_tokens:
+                decoders[f"hybrid-strict-ar-chain{k}"] = (mmspec_loop(
+                    model, lambda k=k: hybrid_drafter_for(ar_fast_decoder, redraft=True, redraft_tokens=k), "strict"), True)
             assistant_counter = ForwardCounter(ar_fast_decoder)
             counters.append(assistant_counter)
             decoders["hf-assisted-ar"] = (hf_generate(model, ar_fast_decoder, assistant_counter), False)
@@ -368,6 +379,7 @@ def run_speech_bench(
     ar_fast_decoder: str | Path | None = None,
     progress: bool = True,
     batch_sizes: tuple[int, ...] | None = None,
+    chain_tokens: tuple[int, ...] = (),
 ) -> Any:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
     (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`)."""
@@ -396,8 +408,8 @@ def run_speech_bench(
 
         return bench_speech_batches(model, processor, clips, batch_sizes, ctc_fast_decoder=ctc, ar_fast_decoder=ar,
                                     repeats=repeats, progress=progress, title=title)
-    return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, repeats=repeats,
-                        progress=progress, title=title)
+    return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
+                        repeats=repeats, progress=progress, title=title)
 
 
 def _optional(given: str | Path | None, default: Path, load: Callable[[Any], Any]) -> Any:

@@ -80,7 +80,7 @@ def batching_speech_methods(model: PreTrainedModel, ctc_fast_decoder: CTCFastDec
         candidates["hybrid-strict"] = lambda: hybrid_drafter_for(ctc_fast_decoder)
     if ar_fast_decoder is not None:
         attach_ar_fast_decoder(ar_fast_decoder, model)
-        candidates["hybrid-strict-ar"] = lambda: hybrid_drafter_for(ar_fast_decoder)
+        candidates["hybrid-strict-ar"] = lambda: hybrid_drafter_for(ar_fast_decoder, redraft=False)
     target = WhisperTarget(model)
     kept, refused = {}, []
     for name, make in candidates.items():

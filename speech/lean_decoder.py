@@ -77,6 +77,15 @@ class LeanWhisperDecoder:
             cross.append((self._split(_linear(encoder_states, attn.k_proj)), self._split(_linear(encoder_states, attn.v_proj))))
         return LeanDecoderState(cross=cross, self_kv=[None] * len(cross))
 
+    @staticmethod
+    def truncate(state: LeanDecoderState, length: int) -> None:
+        """Keep the self-attention cache of the first `length` positions only (drop rejected drafts)."""
+        if not 0 <= length <= state.length:
+            raise MMSpecError(f"cannot truncate a {state.length}-position cache to {length}")
+        state.self_kv = [None if kv is None or length == 0 else (kv[0][:, :, :length], kv[1][:, :, :length])
+                         for kv in state.self_kv]
+        state.length = length
+
     def step(self, state: LeanDecoderState, tokens: torch.LongTensor) -> torch.Tensor:
         """Feed tokens [B, n] (the prompt at first, then one token); logits [B, V] at the last position."""
         n = tokens.shape[1]

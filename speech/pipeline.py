@@ -60,7 +60,7 @@ from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForC
 from ..cached_model import model_vocab_size
 from ..decoding import SpeculativeDecoder
 from ..devices import as_device, input_device, load_options, place_drafter
-from ..drafters import NoDrafter
+from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError, first_line
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, per_item
 from ..pipelines import (
@@ -350,13 +350,20 @@ class TranscriptionPipeline(SpeculativePipeline):
     def check_batches(self, method: str | None, batch_size: int) -> None:
         """One clear error when `method` (default: `default_method`) cannot transcribe `batch_size` items at a time."""
         method = self.check_method(method)
-        check_batching(WhisperTarget(self.model), self.make_drafter(method), method, check_batch_size(batch_size),
+        check_batching(WhisperTarget(self.model), self._batch_drafter(method), method, check_batch_size(batch_size),
                        self.batching_methods())
+
+    def _batch_drafter(self, method: str) -> Drafter:
+        """The drafter for a batch: an AR fast decoder's re-drafting follows one recording's transcript, so in a
+        batch it drafts whole hypotheses instead (the same output; its own setting applies one item at a time)."""
+        if method == "hybrid" and isinstance(self.fast_decoder, ARFastDecoder):
+            return hybrid_drafter_for(self.fast_decoder, redraft=False)
+        return self.make_drafter(method)
 
     def batching_methods(self) -> list[str]:
         """The available methods that decode a list `batch_size` > 1 at a time."""
         target = WhisperTarget(self.model)
-        return [m for m in self.available_methods if batching_refusal(target, self.make_drafter(m), m) is None]
+        return [m for m in self.available_methods if batching_refusal(target, self._batch_drafter(m), m) is None]
 
     def _windows(self, audio: AudioSource, sampling_rate: int | None,
                  silence_threshold: float | None) -> tuple[np.ndarray, list[Window]]:
@@ -433,7 +440,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             same = [row for row in rows if row[3].shape[1] == length]
             for group in groups(same, batch_size):
                 decoder = SpeculativeDecoder(
-                    WhisperTarget(self.model, language=language, task=task), self.make_drafter(method),
+                    WhisperTarget(self.model, language=language, task=task), self._batch_drafter(method),
                     policy=hybrid_policy(self.draft_length(method)),
                     rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label)
                 wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
@@ -557,6 +564,8 @@ def place_fast_decoder(fast_decoder: FastDecoder, device: str | torch.device | N
             and as_device(device, "drafter_device") != input_device(model):
         raise MMSpecError("this AR fast decoder shares the model's token embedding and output head: it runs on the model's "
                           "first device; leave drafter_device unset (or use a CTC fast decoder)")
+    if isinstance(fast_decoder, ARFastDecoder) and fast_decoder.shares_target_decoder:
+        return attach_ar_fast_decoder(fast_decoder, model)  # the model's own modules: already placed
     return place_drafter(fast_decoder, device, model)
 
 

@@ -110,6 +110,8 @@ BENCH = [
     (["bench", "text", "--prompts", "{binary}"], "is not a UTF-8 text file"),
     (["bench", "text", "--threads", "-1"], "argument --threads"),
     (["bench", "text", "--batch-size", "0"], "batch sizes are positive integers separated by commas"),
+    (["bench", "speech", "--chain", "0"], "chain lengths are positive integers separated by commas"),
+    (["bench", "speech", "--chain", "4,4"], "chain lengths repeat"),
     (["bench", "text", "--batch-size", "1,x"], "batch sizes are positive integers separated by commas"),
     (["bench", "text", "--batch-size", "4,4"], "batch sizes repeat"),
     (["bench", "vision", "--batch-size", "0"], "batch sizes are positive integers separated by commas"),

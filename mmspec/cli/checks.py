@@ -181,15 +181,24 @@ def device_name(text: str) -> str:
     return text
 
 
+def _distinct_positive_ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(positive_int(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{what} are positive integers separated by commas, got {text!r}") from None
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{what} repeat in {text!r}")
+    return values
+
+
 def batch_sizes(text: str) -> tuple[int, ...]:
     """'1,4,8' -> (1, 4, 8): distinct positive integers, in the order given."""
-    try:
-        sizes = tuple(positive_int(part) for part in text.split(","))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"batch sizes are positive integers separated by commas, got {text!r}") from None
-    if len(set(sizes)) != len(sizes):
-        raise argparse.ArgumentTypeError(f"batch sizes repeat in {text!r}")
-    return sizes
+    return _distinct_positive_ints(text, "batch sizes")
+
+
+def chain_lengths(text: str) -> tuple[int, ...]:
+    """'4,6' -> (4, 6): distinct positive draft lengths, in the order given."""
+    return _distinct_positive_ints(text, "chain lengths")
 
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")

@@ -207,3 +207,55 @@ def test_hf_assisted_generation_drops_begin_suppress_tokens(one_layer):
     finally:
         model.generation_config.begin_suppress_tokens = saved
     assert plain[0, PROMPT_LENGTH] != first and assisted[0, PROMPT_LENGTH] == first
+
+
+def test_a_drafting_session_continues_its_cache(whisper):
+    """A re-draft through a session equals a hypothesis drafted from scratch, and feeds only what is new."""
+    from mmspec.speech.ar_fast_decoder import DraftSession
+
+    fast = ARFastDecoder.for_target(whisper, init_layers=(1, 0))
+    fast.config.draft_suppress_tokens = [EOT]  # never ends early: four drafts to accept and reject
+    with torch.no_grad():
+        for p in fast.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    states = encoder_outputs_of(whisper, {"input_features": features(3)}).last_hidden_state
+    prompt = [119, 120, 123, 124]
+    session = DraftSession()
+    first = fast.hypothesis(states, prompt_ids=prompt, max_new_tokens=4, session=session)[0]
+    assert first == fast.hypothesis(states, prompt_ids=prompt, max_new_tokens=4)[0] and len(first) == 4
+    assert session.fed == prompt + first[:-1] and session.state.length == len(session.fed)
+    # two drafts accepted, then the target's own token: the cache keeps prompt + two drafts
+    corrected = prompt + first[:2] + [7]
+    second = fast.hypothesis(states, prompt_ids=corrected, max_new_tokens=3, session=session)[0]
+    assert second == fast.hypothesis(states, prompt_ids=corrected, max_new_tokens=3)[0]
+    assert fast.last_steps == 3 and session.fed == corrected + second[:-1]
+    # a different utterance starts a new cache
+    other = encoder_outputs_of(whisper, {"input_features": features(4)}).last_hidden_state
+    third = fast.hypothesis(other, prompt_ids=prompt, max_new_tokens=3, session=session)[0]
+    assert third == fast.hypothesis(other, prompt_ids=prompt, max_new_tokens=3)[0] and session.states is other
+    with pytest.raises(MMSpecError, match="one utterance"):
+        fast.hypothesis(torch.cat([states, other]), prompt_ids=prompt, session=session)
+
+
+def test_capped_redrafting_drafts_a_chain_every_round(whisper, references):
+    fast = ARFastDecoder.for_target(whisper, init_layer=-1)
+    x, sequences, _ = references[0]
+    drafter = ARHybridDrafter(fast, redraft=True, redraft_tokens=3)
+    out = ar_hybrid(whisper, fast, x, drafter=drafter)
+    assert_same(out.sequences, sequences)
+    new = out.stats.new_tokens
+    # one chain per round after the first; each chain's steps feed one or two new tokens, never the transcript again
+    assert drafter.redrafts == out.stats.rounds - 1 >= 1
+    assert drafter._session.state.length <= PROMPT_LENGTH + new + 3
+
+
+def test_initialised_from_chosen_target_layers(whisper):
+    fast = ARFastDecoder.for_target(whisper, init_layers=(1, 0))
+    decoder = whisper.model.decoder
+    assert fast.config.decoder_layers == 2
+    assert torch.equal(fast.model.decoder.layers[0].fc1.weight, decoder.layers[1].fc1.weight)
+    assert torch.equal(fast.model.decoder.layers[1].fc1.weight, decoder.layers[0].fc1.weight)
+    with pytest.raises(MMSpecError, match="init_layer 2 is out of range"):
+        ARFastDecoder.for_target(whisper, init_layers=(0, 2))
+    with pytest.raises(MMSpecError, match="at least one layer"):
+        ARFastDecoder.for_target(whisper, init_layers=())

@@ -108,3 +108,17 @@ def test_bench_refuses_nothing_to_run(folders):
     model, processor = load_whisper("tiny", str(asr))
     with pytest.raises(MMSpecError, match="no clips"):
         bench_speech(model, processor, [])
+
+
+def test_bench_chain_rows(folders):
+    asr, clips_folder = folders
+    model, processor = load_whisper("tiny", str(asr))
+    clips = read_clip_folder(clips_folder)[:2]
+    ar = load_fast_decoder(asr / "ar_fast_decoder")
+    report = bench_speech(model, processor, clips, ar_fast_decoder=ar, chain_tokens=(2, 5), repeats=1, progress=False)
+    for name in ("hybrid-strict-ar-chain2", "hybrid-strict-ar-chain5"):
+        assert report.row(name).identical_to_greedy and report.transcripts[name] == report.transcripts[REFERENCE]
+    with pytest.raises(MMSpecError, match="pass --ar-fast-decoder"):
+        bench_speech(model, processor, clips, chain_tokens=(2,), repeats=1, progress=False)
+    with pytest.raises(MMSpecError, match="chain lengths must be >= 1"):
+        bench_speech(model, processor, clips, ar_fast_decoder=ar, chain_tokens=(0,), repeats=1, progress=False)

@@ -1,0 +1,87 @@
+"""The self-drafter: an `ARFastDecoder` that IS its model's decoder (`share_decoder`), drafting over a
+reduced vocabulary and re-drafting every round from one lean cache. Nothing is copied or saved."""
+
+import pytest
+import torch
+
+from mmspec import MMSpecError
+from mmspec.speech import ARFastDecoder, ARHybridDrafter, hybrid_drafter_for
+from mmspec.speech.ar_fast_decoder import AR_FAST_DECODER_FOLDER, attach_ar_fast_decoder
+from mmspec.speech.pipeline import TranscriptionPipeline, load_fast_decoder
+from mmspec.speech.target import encoder_outputs_of
+
+from .conftest import MAX_NEW, assert_same
+from .test_ar_fast_decoder import ar_hybrid, transcript_of
+from .test_pipeline import speechy, write_wav
+from .tiny_asr import make_asr_folder
+from .tiny_whisper import EOT, VOCAB, features, tiny_whisper
+
+
+def self_drafter(model, vocab=None, redraft_tokens=None):
+    fast = ARFastDecoder.for_target(model, share_decoder=True, draft_vocab=vocab)
+    fast.config.draft_redraft, fast.config.draft_redraft_tokens = True, redraft_tokens
+    return fast
+
+
+def test_the_self_drafter_is_the_model_decoder(whisper):
+    fast = self_drafter(whisper)
+    assert fast.model.decoder is whisper.get_decoder() and fast.proj_out is whisper.get_output_embeddings()
+    assert fast.config.decoder_layers == whisper.config.decoder_layers
+    # over the whole vocabulary its hypothesis is the model's own greedy transcript
+    for seed in range(3):
+        x = features(seed)
+        expected = whisper.generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
+        states = encoder_outputs_of(whisper, {"input_features": x}).last_hidden_state
+        prompt = expected[0, :4].tolist()
+        assert fast.hypothesis(states, prompt_ids=prompt, max_new_tokens=MAX_NEW)[0] == transcript_of(expected)
+
+
+@pytest.mark.parametrize("redraft_tokens", [None, 3])
+def test_a_reduced_vocabulary_stays_lossless(whisper, references, redraft_tokens):
+    """Tokens outside the drafting vocabulary are never drafted: the model supplies them (control: rejections happen)."""
+    everything = sorted({t for _, sequences, _ in references.values() for t in sequences[0, 4:].tolist()})
+    vocab = [EOT] + [t for t in range(VOCAB) if t != EOT and t not in everything[::2]]  # every other token used is missing
+    fast = self_drafter(whisper, vocab, redraft_tokens)
+    rejected = 0
+    for x, sequences, _ in references.values():
+        drafter = hybrid_drafter_for(fast)
+        assert drafter.redraft and drafter.redraft_tokens == redraft_tokens  # the config's setting
+        out = ar_hybrid(whisper, fast, x, drafter=drafter)
+        assert_same(out.sequences, sequences)
+        rejected += out.stats.drafted - out.stats.accepted
+    assert rejected > 0
+
+
+def test_saved_with_no_weights_and_bound_on_attach(whisper, tmp_path):
+    fast = self_drafter(whisper, vocab=[EOT] + list(range(64)), redraft_tokens=4)
+    fast.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "generation_config.json"]
+    loaded = load_fast_decoder(tmp_path)
+    assert isinstance(loaded, ARFastDecoder) and loaded.shares_target_decoder and loaded.config.draft_redraft_tokens == 4
+    states = encoder_outputs_of(whisper, {"input_features": features(1)}).last_hidden_state
+    with pytest.raises(MMSpecError, match="attach it to the model first"):
+        loaded.hypothesis(states, prompt_ids=[119, 120, 123, 124])
+    attach_ar_fast_decoder(loaded, whisper)
+    assert not any(p.is_meta for p in loaded.parameters())
+    assert loaded.hypothesis(states, prompt_ids=[119, 120, 123, 124]) == fast.hypothesis(states, prompt_ids=[119, 120, 123, 124])
+    deeper = tiny_whisper(decoder_layers=3)
+    with pytest.raises(MMSpecError, match="made for a model with 2 decoder layers"):
+        attach_ar_fast_decoder(load_fast_decoder(tmp_path), deeper)
+
+
+def test_pipeline_transcribes_with_a_self_drafter(tmp_path):
+    folder = make_asr_folder(tmp_path / "asr", ctc=False, ar=False)
+    pipe = TranscriptionPipeline.from_pretrained(folder)
+    self_drafter(pipe.model, redraft_tokens=4).save_pretrained(folder / AR_FAST_DECODER_FOLDER)
+    pipe = TranscriptionPipeline.from_pretrained(folder)
+    assert pipe.fast_decoder_kind == "ar" and pipe.fast_decoder.model.decoder is pipe.model.get_decoder()
+    drafter = pipe.make_drafter("hybrid")
+    assert isinstance(drafter, ARHybridDrafter) and drafter.redraft and drafter.redraft_tokens == 4
+    clips = [write_wav(tmp_path / f"clip{i}.wav", speechy(0.8, seed=i)) for i in range(3)]
+    alone = [pipe(c, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False) for c in clips]
+    plain = [pipe(c, method="ar", max_new_tokens=MAX_NEW, progress_bar=False) for c in clips]
+    assert [o.chunks[0].tokens for o in alone] == [o.chunks[0].tokens for o in plain]
+    # in a batch it drafts whole hypotheses (re-drafting follows one recording): the same transcripts
+    batched = pipe(clips, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False, batch_size=3)
+    assert [o.chunks[0].tokens for o in batched] == [o.chunks[0].tokens for o in plain]
+    assert pipe.batching_methods() == ["hybrid", "ar"]
