@@ -389,13 +389,13 @@ def run_speech_bench(
         raise MMSpecError(f"--n must be >= 1, got {n}")
     path = speech_model_path(model_name)
     model, processor = load_whisper(model_name, path)
+    root = fast_decoder_root(model_name, path)  # a zoo entry's own folder when its weights come from a package
     if data is None:
-        data = default_heldout(path)
+        data = default_heldout(root)
         if not (data / "metadata.jsonl").is_file():
             raise MMSpecError(f"no --data given and {model_name!r} ships no held-out clips ({data}/metadata.jsonl is missing); "
                               "pass --data DIR, a folder with metadata.jsonl and its clips")
     clips = read_clip_folder(data)[:n]
-    root = fast_decoder_root(model_name, path)
     ctc = _optional(fast_decoder, root / FAST_DECODER_FOLDER, load_fast_decoder)
     ar = _optional(ar_fast_decoder, root / AR_FAST_DECODER_FOLDER, load_fast_decoder)
     if ctc is not None and not isinstance(ctc, CTCFastDecoder):

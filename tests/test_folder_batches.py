@@ -112,7 +112,7 @@ def test_transcribe_batches_follow_the_target(tmp_path, capsys, monkeypatch, bat
     elif not WhisperTarget.decodes_batches:
         pytest.skip("Whisper targets do not decode batches")
     folder = audio_folder(tmp_path)
-    argv = ["transcribe", str(folder), "--model", "shapes-whisper-asr", "--threads", "1", "--method", "ar"]
+    argv = ["transcribe", str(folder), "--model", "whisper-tiny.en", "--threads", "1", "--method", "ar"]
     one = tmp_path / "one.jsonl"
     assert main([*argv, "--out", str(one)]) == 2
     batched = tmp_path / "batched.jsonl"

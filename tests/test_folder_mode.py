@@ -207,13 +207,13 @@ def audio_folder(tmp_path: Path) -> Path:
 def test_transcribe_a_folder_into_json_lines(tmp_path, capsys):
     folder = audio_folder(tmp_path)
     out = tmp_path / "transcripts.jsonl"
-    argv = ["transcribe", str(folder), "--model", "shapes-whisper-asr", "--out", str(out), "--threads", "1"]
+    argv = ["transcribe", str(folder), "--model", "whisper-tiny.en", "--out", str(out), "--threads", "1"]
     assert main(argv) == 2
     records = [json.loads(line) for line in lines(out)]
     assert [r["file"] for r in records] == ["bad.wav", "speech-everyday.flac", "speech-shapes.flac"]
     assert "cannot read audio" in records[0]["error"]
     capsys.readouterr()
-    assert main(["transcribe", str(folder / "speech-shapes.flac"), "--model", "shapes-whisper-asr", "--format", "json",
+    assert main(["transcribe", str(folder / "speech-shapes.flac"), "--model", "whisper-tiny.en", "--format", "json",
                  "--threads", "1"]) == 0
     alone = json.loads(capsys.readouterr().out)  # the line holds what --format json prints for the file alone
     assert records[2]["text"] == alone["text"] and records[2]["segments"] == alone["segments"]

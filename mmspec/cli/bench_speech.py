@@ -12,7 +12,7 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = benches.add_parser("speech", parents=[flags.repeats, flags.threads, flags.json],
                                 help="greedy vs hybrid decoding (CTC / AR fast decoder) vs transformers assisted "
                                      "generation on held-out clips")
-    parser.add_argument("--model", default="shapes-whisper-asr", help="zoo name, local folder or Hub id of a Whisper model")
+    parser.add_argument("--model", default="whisper-tiny.en", help="zoo name, local folder or Hub id of a Whisper model")
     parser.add_argument("--data", default=None, help="folder with metadata.jsonl + clips (default: the zoo model's heldout/)")
     add_size_flag(parser, 20, "clips to use (the first N listed)", "--n")
     parser.add_argument("--fast-decoder", default=None, help="CTC fast decoder folder (default: the model folder's fast_decoder/)")

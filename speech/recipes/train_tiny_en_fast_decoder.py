@@ -19,6 +19,13 @@ Saved in float16 with training.json.
         --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-ar --kind ar --minutes 25 --threads 2
     python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
         --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-ctc --kind ctc --minutes 15 --threads 2
+
+`--kind self` trains nothing: it writes a self-drafter (tiny.en's own decoder drafting over the
+labels' `--vocab-size` most frequent tokens; a config and no weights) that re-drafts `--chain` tokens
+every round. The shipped `whisper-tiny.en/ar_fast_decoder/` is one:
+
+    python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
+        --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-self --kind self --vocab-size 8192 --chain 10
 """
 
 from __future__ import annotations
@@ -81,11 +88,32 @@ def cached_examples(model, processor, data: str, cache: str | None) -> list[Exam
     return examples
 
 
+def _layer_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"layers are integers separated by commas, got {text!r}") from None
+
+
 def seconds_per_step(train, examples: list[Example], batch_size: int) -> tuple[float, float]:
     """(first loss, seconds per step) of two steps at a learning rate too small to move anything."""
     started = time.perf_counter()
     _, losses = train(examples[: 2 * batch_size], 2, learning_rate=1e-12, warmup_steps=0, progress_bar=False)
     return losses[0], (time.perf_counter() - started) / 2
+
+
+def write_self_drafter(model, examples: list[Example], args: argparse.Namespace) -> None:
+    """tiny.en's own decoder as its drafter, over the labels' most frequent tokens: a config, no weights."""
+    vocab = draft_vocabulary(examples, args.vocab_size, model_vocab_size(model), _eos_ids(model))
+    fast = ARFastDecoder.for_target(model, share_decoder=True, prompt_ids=examples[0].prompt, draft_vocab=vocab)
+    fast.config.draft_redraft, fast.config.draft_redraft_tokens = True, args.chain
+    out = Path(args.out)
+    fast.save_pretrained(out)
+    report = {"kind": "self", "target": MODEL, "labels": "target (tiny.en greedy)", "data": Path(args.data).name,
+              "clips": len(examples), "label_tokens": sum(len(e.labels) for e in examples),
+              "draft_vocab_size": len(vocab), "redraft_tokens": args.chain}
+    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report), flush=True)
 
 
 def main() -> None:
@@ -94,9 +122,14 @@ def main() -> None:
     parser.add_argument("--cache", help="file (or folder/, written in shards, resumable) for the encoder states and "
                         "labels; read where it exists")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--kind", choices=("ar", "ctc"), default="ar")
+    parser.add_argument("--kind", choices=("ar", "ctc", "self"), default="ar")
+    parser.add_argument("--chain", type=int, default=None, metavar="K",
+                        help="the fast decoder re-drafts K tokens every round by default (its config's draft_redraft)")
     parser.add_argument("--minutes", type=float, default=14.0, help="training wall-time budget (sets the step count)")
     parser.add_argument("--steps", type=int, help="a fixed step count instead of --minutes")
+    parser.add_argument("--layers", type=_layer_list, default=None, metavar="I[,I...]",
+                        help="AR: start from these tiny.en decoder layers, one fast-decoder layer each (e.g. 0,3); "
+                             "default: one layer, the first or the last, whichever starts with the lower loss")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, help="default: 5e-4 (ar), 1e-3 (ctc)")
@@ -110,22 +143,28 @@ def main() -> None:
     examples = cached_examples(model, processor, args.data, args.cache)
     if not examples:
         raise MMSpecError("no training clips")
+    if args.chain is not None and args.chain < 1:
+        parser.error(f"--chain must be >= 1, got {args.chain}")
+    if args.kind == "self":
+        write_self_drafter(model, examples, args)
+        return
     learning_rate = args.learning_rate or DEFAULT_LEARNING_RATE[args.kind]
     report: dict = {"kind": args.kind}
     if args.kind == "ar":
         vocab = draft_vocabulary(examples, args.vocab_size, model_vocab_size(model), _eos_ids(model))
 
-        def train_from(layer: int):
-            fresh = ARFastDecoder.for_target(model, init_layer=layer, prompt_ids=examples[0].prompt,
+        def train_from(layers: tuple[int, ...]):
+            fresh = ARFastDecoder.for_target(model, init_layers=layers, prompt_ids=examples[0].prompt,
                                              share_embeddings=True, draft_vocab=vocab)
             return lambda data, steps, **kw: train_ar_fast_decoder(model, data, steps, fresh, batch_size=args.batch_size, **kw)
 
-        trials = {layer: seconds_per_step(train_from(layer), examples, args.batch_size) for layer in (0, -1)}
-        for layer, (loss, step) in trials.items():
-            print(f"init from decoder layer {layer}: loss {loss:.3f}, {step:.2f} s/step", flush=True)
-        layer = min(trials, key=lambda k: trials[k][0])
-        train, step_seconds = train_from(layer), trials[layer][1]
-        report["init_layer"] = layer
+        candidates = [tuple(args.layers)] if args.layers else [(0,), (-1,)]
+        trials = {layers: seconds_per_step(train_from(layers), examples, args.batch_size) for layers in candidates}
+        for layers, (loss, step) in trials.items():
+            print(f"init from decoder layers {layers}: loss {loss:.3f}, {step:.2f} s/step", flush=True)
+        layers = min(trials, key=lambda k: trials[k][0])
+        train, step_seconds = train_from(layers), trials[layers][1]
+        report["init_layers"] = list(layers)
     else:
         def train(data, steps, **kw):
             return train_ctc_fast_decoder(model, data, steps, batch_size=args.batch_size,
@@ -138,6 +177,8 @@ def main() -> None:
     fast, losses = train(examples, steps, learning_rate=learning_rate, seed=0)
     seconds = time.perf_counter() - started
     out = Path(args.out)
+    if args.chain is not None and args.kind == "ar":
+        fast.config.draft_redraft, fast.config.draft_redraft_tokens = True, args.chain
     fast.half().save_pretrained(out)
     tail = losses[-20:]
     report.update({"target": MODEL, "labels": "target (tiny.en greedy)", "data": Path(args.data).name,
