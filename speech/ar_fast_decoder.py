@@ -57,7 +57,7 @@ AR_FAST_DECODER_FOLDER = "ar_fast_decoder"
 
 
 @dataclass
-class DraftSession:
+class UtteranceCache:
     """One utterance's lean drafting cache, kept between re-drafts (batch of one).
 
     `fed` lists the token ids whose keys/values the cache holds. A re-draft keeps the cache of the
@@ -276,14 +276,14 @@ class ARFastDecoder(WhisperForCausalLM):
     @torch.inference_mode()
     def hypothesis(self, encoder_hidden_states: torch.Tensor, prompt_ids: Sequence[int] | torch.Tensor | None = None,
                    max_new_tokens: int | None = None, lean: bool = True,
-                   session: DraftSession | None = None) -> list[list[int]]:
+                   draft_cache: UtteranceCache | None = None) -> list[list[int]]:
         """Greedy hypotheses, one list of target token ids per utterance (no prompt, no end-of-text).
 
         encoder_hidden_states [B, T, D]: the target encoder's output. `prompt_ids`: the forced prompt
         to continue (default: the one set by `ARHybridDrafter`, else the config's). `max_new_tokens`:
         default as many as the decoder's positions allow after the prompt. `lean`: run the steps with
         `LeanWhisperDecoder` (same maths, a fraction of the per-call cost); False uses the
-        transformers forward. `session`: a `DraftSession` to continue (one utterance, lean steps): the
+        transformers forward. `draft_cache`: an `UtteranceCache` to continue (one utterance, lean steps): the
         cache of the prefix it shares with `prompt_ids` is reused and only the rest is fed.
         """
         prompt = self._prompt(prompt_ids)
@@ -308,10 +308,10 @@ class ARFastDecoder(WhisperForCausalLM):
         done = [False] * batch
         out: list[list[int]] = [[] for _ in range(batch)]
         step_input = tokens
-        if session is not None:
+        if draft_cache is not None:
             if batch != 1 or not lean:
-                raise MMSpecError("a drafting session continues one utterance with lean steps")
-            step_logits, step_input = self._session_steps(session, encoder_hidden_states, states, head, prompt)
+                raise MMSpecError("a draft cache continues one utterance with lean steps")
+            step_logits, step_input = self._cached_steps(draft_cache, encoder_hidden_states, states, head, prompt)
         elif lean:
             step_logits = self._lean_steps(states, head)
         else:
@@ -319,8 +319,8 @@ class ARFastDecoder(WhisperForCausalLM):
         self.last_steps = 0
         for step in range(max(0, limit)):
             logits = step_logits(step_input).float()
-            if session is not None:
-                session.fed += step_input[0].tolist()
+            if draft_cache is not None:
+                draft_cache.fed += step_input[0].tolist()
             self.last_steps += 1
             # The same -inf fill as Whisper's SuppressTokens(AtBegin)LogitsProcessor (see target.py).
             if suppress:
@@ -345,18 +345,18 @@ class ARFastDecoder(WhisperForCausalLM):
         state = runner.start(states)
         return lambda ids: runner.step(state, ids)
 
-    def _session_steps(self, session: DraftSession, given: torch.Tensor, states: torch.Tensor, head: torch.Tensor,
+    def _cached_steps(self, draft_cache: UtteranceCache, given: torch.Tensor, states: torch.Tensor, head: torch.Tensor,
                        prompt: list[int]) -> tuple[Callable[[torch.LongTensor], torch.Tensor], torch.LongTensor]:
-        """Steps over the session's cache, and the part of `prompt` it has not seen yet (`given`: the
+        """Steps over the utterance cache, and the part of `prompt` it has not seen yet (`given`: the
         encoder states as passed, which identify the utterance; `states`: them in this model's dtype)."""
-        if session.runner is None or session.runner.head_weight is not head or session.states is not given:
-            session.runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
-            session.state, session.states, session.fed = session.runner.start(states), given, []
+        if draft_cache.runner is None or draft_cache.runner.head_weight is not head or draft_cache.states is not given:
+            draft_cache.runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
+            draft_cache.state, draft_cache.states, draft_cache.fed = draft_cache.runner.start(states), given, []
         # At least the last prompt token is fed again: its step gives the first draft's logits.
-        keep = min(_shared_prefix(session.fed, prompt), len(prompt) - 1)
-        session.runner.truncate(session.state, keep)
-        del session.fed[keep:]
-        runner, state = session.runner, session.state
+        keep = min(_shared_prefix(draft_cache.fed, prompt), len(prompt) - 1)
+        draft_cache.runner.truncate(draft_cache.state, keep)
+        del draft_cache.fed[keep:]
+        runner, state = draft_cache.runner, draft_cache.state
         rest = torch.tensor([prompt[keep:]], dtype=torch.long, device=self.device)
         return (lambda ids: runner.step(state, ids)), rest
 
@@ -388,7 +388,7 @@ class ARHybridDrafter(HybridDrafter):
     decoder's path; the price is more fast-decoder steps, which `redraft_tokens` caps (a re-draft
     past the next likely correction is mostly thrown away). With a cap the drafter becomes a chain
     drafter: every round drafts `redraft_tokens` tokens past the committed transcript, continuing
-    one lean cache per utterance (`DraftSession`), so each round feeds only the target's last token.
+    one lean cache per utterance (`UtteranceCache`), so each round feeds only the target's last token.
     """
 
     def __init__(self, fast_decoder: ARFastDecoder, *, redraft: bool = False, redraft_tokens: int | None = None,
@@ -406,7 +406,7 @@ class ARHybridDrafter(HybridDrafter):
         self._suppression: tuple[list[int], list[int]] = ([], [])
         self._rejected = False
         self._fresh = False  # a hypothesis was drafted since the last verdict
-        self._session: DraftSession | None = None
+        self._utterance_cache: UtteranceCache | None = None
 
     @property
     def drafts_batches(self) -> bool:  # type: ignore[override]
@@ -448,7 +448,7 @@ class ARHybridDrafter(HybridDrafter):
         if self.target is None:
             raise MMSpecError("HybridDrafter must be bound to a target (use it through SpeculativeDecoder)")
         self._encoder_states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
-        self._session = DraftSession()
+        self._utterance_cache = UtteranceCache()
         self._redraft([])
         self.redrafts = 0
 
@@ -477,7 +477,7 @@ class ARHybridDrafter(HybridDrafter):
             # Begin-suppression applies to the first token after the forced prompt only.
             if committed:
                 decoder.begin_suppress_tokens = []
-            rest = decoder.hypothesis(self._encoder_states, max_new_tokens=self.redraft_tokens, session=self._session)[0]
+            rest = decoder.hypothesis(self._encoder_states, max_new_tokens=self.redraft_tokens, draft_cache=self._utterance_cache)[0]
         self.forwards += decoder.last_steps
         self.redrafts += 1
         stats = self.stats

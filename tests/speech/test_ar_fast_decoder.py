@@ -209,9 +209,9 @@ def test_hf_assisted_generation_drops_begin_suppress_tokens(one_layer):
     assert plain[0, PROMPT_LENGTH] != first and assisted[0, PROMPT_LENGTH] == first
 
 
-def test_a_drafting_session_continues_its_cache(whisper):
-    """A re-draft through a session equals a hypothesis drafted from scratch, and feeds only what is new."""
-    from mmspec.speech.ar_fast_decoder import DraftSession
+def test_an_utterance_cache_continues_between_re_drafts(whisper):
+    """A re-draft through an utterance cache equals a hypothesis drafted from scratch, and feeds only what is new."""
+    from mmspec.speech.ar_fast_decoder import UtteranceCache
 
     fast = ARFastDecoder.for_target(whisper, init_layers=(1, 0))
     fast.config.draft_suppress_tokens = [EOT]  # never ends early: four drafts to accept and reject
@@ -220,21 +220,21 @@ def test_a_drafting_session_continues_its_cache(whisper):
             p.add_(0.02 * torch.randn_like(p))
     states = encoder_outputs_of(whisper, {"input_features": features(3)}).last_hidden_state
     prompt = [119, 120, 123, 124]
-    session = DraftSession()
-    first = fast.hypothesis(states, prompt_ids=prompt, max_new_tokens=4, session=session)[0]
+    draft_cache = UtteranceCache()
+    first = fast.hypothesis(states, prompt_ids=prompt, max_new_tokens=4, draft_cache=draft_cache)[0]
     assert first == fast.hypothesis(states, prompt_ids=prompt, max_new_tokens=4)[0] and len(first) == 4
-    assert session.fed == prompt + first[:-1] and session.state.length == len(session.fed)
+    assert draft_cache.fed == prompt + first[:-1] and draft_cache.state.length == len(draft_cache.fed)
     # two drafts accepted, then the target's own token: the cache keeps prompt + two drafts
     corrected = prompt + first[:2] + [7]
-    second = fast.hypothesis(states, prompt_ids=corrected, max_new_tokens=3, session=session)[0]
+    second = fast.hypothesis(states, prompt_ids=corrected, max_new_tokens=3, draft_cache=draft_cache)[0]
     assert second == fast.hypothesis(states, prompt_ids=corrected, max_new_tokens=3)[0]
-    assert fast.last_steps == 3 and session.fed == corrected + second[:-1]
+    assert fast.last_steps == 3 and draft_cache.fed == corrected + second[:-1]
     # a different utterance starts a new cache
     other = encoder_outputs_of(whisper, {"input_features": features(4)}).last_hidden_state
-    third = fast.hypothesis(other, prompt_ids=prompt, max_new_tokens=3, session=session)[0]
-    assert third == fast.hypothesis(other, prompt_ids=prompt, max_new_tokens=3)[0] and session.states is other
+    third = fast.hypothesis(other, prompt_ids=prompt, max_new_tokens=3, draft_cache=draft_cache)[0]
+    assert third == fast.hypothesis(other, prompt_ids=prompt, max_new_tokens=3)[0] and draft_cache.states is other
     with pytest.raises(MMSpecError, match="one utterance"):
-        fast.hypothesis(torch.cat([states, other]), prompt_ids=prompt, session=session)
+        fast.hypothesis(torch.cat([states, other]), prompt_ids=prompt, draft_cache=draft_cache)
 
 
 def test_capped_redrafting_drafts_a_chain_every_round(whisper, references):
@@ -246,7 +246,7 @@ def test_capped_redrafting_drafts_a_chain_every_round(whisper, references):
     new = out.stats.new_tokens
     # one chain per round after the first; each chain's steps feed one or two new tokens, never the transcript again
     assert drafter.redrafts == out.stats.rounds - 1 >= 1
-    assert drafter._session.state.length <= PROMPT_LENGTH + new + 3
+    assert drafter._utterance_cache.state.length <= PROMPT_LENGTH + new + 3
 
 
 def test_initialised_from_chosen_target_layers(whisper):
