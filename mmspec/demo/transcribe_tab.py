@@ -17,8 +17,9 @@ from .uploads import LIMITS_NOTE, check_audio_length, checked_upload, page_messa
 
 
 def build() -> None:
-    gr.Markdown("Transcribe speech. In `hybrid` decoding a light fast decoder drafts the whole transcript in one pass "
-                "and the big decoder verifies it: green is what it kept of the draft, grey the draft it rejected, red "
+    gr.Markdown("Transcribe speech. In `hybrid` decoding a fast decoder drafts the transcript (whisper-tiny.en's is its "
+                "own decoder over its 8192 most used tokens, 10 tokens a pass) and the model verifies the draft in one "
+                "pass: green is what it kept of the draft, grey the draft it rejected, red "
                 "its correction in place of that, blue its own tokens after a draft was used up. The table lists every "
                 f"decoder pass: the fast decoder's draft, the kept part, the rejected part and the correction. {LIMITS_NOTE}")
     with gr.Row():
