@@ -443,11 +443,7 @@ class ARHybridDrafter(HybridDrafter):
                 super().prefill(sequence, model_inputs)
             self.forwards += max(0, self.fast_decoder.last_steps - 1)  # the base class counted one
             return
-        self._reset()
-        self.prompt_length = sequence.shape[1]
-        if self.target is None:
-            raise MMSpecError("HybridDrafter must be bound to a target (use it through SpeculativeDecoder)")
-        self._encoder_states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
+        self._encoder_states = self._start(sequence, model_inputs)
         self._utterance_cache = UtteranceCache()
         self._redraft([])
         self.redrafts = 0

@@ -167,14 +167,18 @@ class HybridDrafter(Drafter):
     def bind(self, target: Any) -> None:
         self.target = target
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        """Run the encoder (once: its output replaces input_features for the target) and the fast decoder."""
+    def _start(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> torch.Tensor:
+        """A new utterance: cursors reset; the encoder states (run once: their output replaces input_features
+        for the target)."""
         self._reset()
         self.prompt_length = sequence.shape[1]
         if self.target is None:
             raise MMSpecError("HybridDrafter must be bound to a target (use it through SpeculativeDecoder)")
-        encoder_outputs = encoder_outputs_of(self.target.model, model_inputs)
-        self._hypotheses = self.fast_decoder.hypothesis(encoder_outputs.last_hidden_state)
+        return encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
+
+    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+        """Run the encoder and the fast decoder."""
+        self._hypotheses = self.fast_decoder.hypothesis(self._start(sequence, model_inputs))
         self.forwards += 1
         self.set_hypothesis(self._hypotheses[0])
 
