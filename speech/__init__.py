@@ -7,15 +7,19 @@ CTranslate2 (faster-whisper) Whisper folders load without CTranslate2: `load_ct2
 
 Fast decoders: `CTCFastDecoder` (non-autoregressive) or `ARFastDecoder` (a one-layer
 `WhisperForCausalLM`, drafted through `ARHybridDrafter`); `train_from_folder` trains either.
+`WhisperFeatureDrafter` drafts EAGLE-style from the model's own top-layer features
+(`train_feature_drafter` trains its `WhisperFeatureDrafterModel`).
 """
 
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, ARHybridDrafter
 from .audio import DEFAULT_SAMPLING_RATE, is_silent, load_audio, split_chunks
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper, read_ct2_checkpoint
 from .fast_decoder import CTCFastDecoder, CTCFastDecoderConfig, ctc_greedy_decode
+from .feature_drafter import WhisperFeatureDrafter, WhisperFeatureDrafterModel, load_feature_drafter
 from .hybrid import HybridDrafter, align_hypothesis, hybrid_drafter_for, hybrid_generate, hybrid_rule, relaxed_top_r_rule
 from .target import WhisperTarget, whisper_logits_processors, whisper_prompt_ids
 from .train_fast import read_clip_folder, train_ar_fast_decoder, train_ctc_fast_decoder, train_from_folder
+from .train_feature import train_feature_drafter
 
 __all__ = [
     "AR_FAST_DECODER_FOLDER",
@@ -25,6 +29,8 @@ __all__ = [
     "CTCFastDecoderConfig",
     "DEFAULT_SAMPLING_RATE",
     "HybridDrafter",
+    "WhisperFeatureDrafter",
+    "WhisperFeatureDrafterModel",
     "WhisperTarget",
     "align_hypothesis",
     "ctc_greedy_decode",
@@ -35,12 +41,14 @@ __all__ = [
     "is_silent",
     "load_audio",
     "load_ct2_whisper",
+    "load_feature_drafter",
     "read_clip_folder",
     "read_ct2_checkpoint",
     "relaxed_top_r_rule",
     "split_chunks",
     "train_ar_fast_decoder",
     "train_ctc_fast_decoder",
+    "train_feature_drafter",
     "train_from_folder",
     "whisper_logits_processors",
     "whisper_prompt_ids",

@@ -8,11 +8,15 @@ bench measures both against plain greedy decoding and transformers' assisted gen
   greedy-loop        mmspec's loop with no drafter (plain greedy through WhisperTarget: loop overhead)
   hybrid-strict      CTC fast decoder draft + verification, exact greedy match (lossless)
   hybrid-relaxed     the same with `relaxed_top_r_rule` (top-3, 2-nat margin; not lossless)
-  hybrid-strict-ar   the one-layer AR fast decoder's whole hypothesis as the draft (lossless)
+  hybrid-strict-ar   the AR fast decoder as the pipeline uses it: its whole hypothesis as the draft, or
+                     re-drafting as its config says (`draft_redraft`, `draft_redraft_tokens`) (lossless)
+  hybrid-strict-ar-whole     when the config re-drafts: the whole hypothesis, once per utterance
   hybrid-strict-ar-redraft   the same, but after a rejection the fast decoder drafts the rest
                      again from the corrected transcript (`ARHybridDrafter(redraft=True)`)
   hybrid-strict-ar-chainK    with `--chain K`: re-drafting capped at K tokens, every round (a chain
                      drafter over one cache per utterance, `ARHybridDrafter(redraft=True, redraft_tokens=K)`)
+  feature-chainK     the feature drafter (EAGLE-style, `feature_drafter.py`): K drafts a round from the
+                     model's own top-layer features (K: `--chain`, else the drafter's `draft_tokens`)
   hf-assisted-ar     transformers' assisted generation, the same AR fast decoder as assistant
                      (its defaults: 20 draft tokens, constant schedule, confidence cut-off 0.4)
 
@@ -54,6 +58,7 @@ from ..errors import MMSpecError
 from ..stats import SpecStats
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
+from .feature_drafter import FEATURE_DRAFTER_FOLDER, WhisperFeatureDrafter, WhisperFeatureDrafterModel, load_feature_drafter
 from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
 from .target import WhisperTarget, whisper_prompt_ids
@@ -119,6 +124,8 @@ class _Method:
                  counts_own_forwards: bool) -> None:
         self.name, self.model, self.processor, self.counter, self.decode = name, model, processor, counter, decode
         self.counts_own_forwards = counts_own_forwards
+        # An assistant that IS the model's decoder (a self-drafter) runs through the counted module too.
+        self.assistant_on_counted_decoder = False
         self.calls: list[_Call] = []
 
     def __call__(self, item: SpeechItem) -> tuple[list[int], SpecStats]:
@@ -130,6 +137,8 @@ class _Method:
         tokens, stats = self.decode(encoder_outputs, item)
         elapsed = time.perf_counter() - start
         passes = self.counter.take()
+        if self.assistant_on_counted_decoder:
+            passes -= stats.drafter_forwards
         self.processor.tokenizer.decode(tokens, skip_special_tokens=True)  # part of a transcription's cost
         self.calls.append(_Call(tokens, elapsed, passes))
         stats.method = self.name
@@ -164,12 +173,15 @@ def hf_generate(model: PreTrainedModel, assistant: ARFastDecoder | None = None,
     return decode
 
 
-def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mode: str = "strict") -> Decode:
-    """mmspec's loop on a `WhisperTarget` (the forced prompt, language detection included, built inside)."""
+def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mode: str = "strict",
+                draft_tokens: int | None = None) -> Decode:
+    """mmspec's loop on a `WhisperTarget` (the forced prompt, language detection included, built inside);
+    `draft_tokens` caps the drafts a round (None: the hybrid default)."""
+    policy = hybrid_policy() if draft_tokens is None else hybrid_policy(draft_tokens)
 
     def decode(encoder_outputs: BaseModelOutput, item: SpeechItem) -> tuple[list[int], SpecStats]:
         target = WhisperTarget(model)
-        decoder = SpeculativeDecoder(target, make_drafter(), policy=hybrid_policy(), rule=hybrid_rule(mode))
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=policy, rule=hybrid_rule(mode))
         out = decoder.generate(None, max_new_tokens=item.max_new_tokens, encoder_outputs=encoder_outputs)
         return out.sequences[0, item.prompt_length:].tolist(), out.stats
 
@@ -260,6 +272,7 @@ def bench_speech(
     ctc_fast_decoder: CTCFastDecoder | None = None,
     ar_fast_decoder: ARFastDecoder | None = None,
     chain_tokens: tuple[int, ...] = (),
+    feature_drafter: WhisperFeatureDrafterModel | None = None,
     repeats: int = 3,
     progress: bool = True,
     title: str = "bench speech",
@@ -271,8 +284,9 @@ def bench_speech(
         raise MMSpecError(f"repeats must be >= 1, got {repeats}")
     if any(k < 1 for k in chain_tokens):
         raise MMSpecError(f"chain lengths must be >= 1, got {','.join(map(str, chain_tokens))}")
-    if chain_tokens and ar_fast_decoder is None:
-        raise MMSpecError("--chain drafts with an AR fast decoder: pass --ar-fast-decoder (or use a model that ships one)")
+    if chain_tokens and ar_fast_decoder is None and feature_drafter is None:
+        raise MMSpecError("--chain drafts with an AR fast decoder or a feature drafter: pass --ar-fast-decoder or "
+                          "--feature-drafter (or use a model that ships one)")
     model.eval()
     notes = []
     if ctc_fast_decoder is not None:
@@ -293,8 +307,12 @@ def bench_speech(
         else:
             notes.append("no CTC fast decoder (fast_decoder/): hybrid-strict and hybrid-relaxed not run")
         if ar_fast_decoder is not None:
-            decoders["hybrid-strict-ar"] = (
-                mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=False), "strict"), True)
+            # As the transcription pipeline drafts with it (its config's re-drafting), and whole hypotheses
+            # when that differs.
+            decoders["hybrid-strict-ar"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder), "strict"), True)
+            if getattr(ar_fast_decoder.config, "draft_redraft", False):
+                decoders["hybrid-strict-ar-whole"] = (
+                    mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=False), "strict"), True)
             decoders["hybrid-strict-ar-redraft"] = (mmspec_loop(
                 model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=True, redraft_tokens=None), "strict"), True)
             for k in chain_tokens:
@@ -305,8 +323,15 @@ def bench_speech(
             decoders["hf-assisted-ar"] = (hf_generate(model, ar_fast_decoder, assistant_counter), False)
         else:
             notes.append(f"no AR fast decoder ({AR_FAST_DECODER_FOLDER}/): hybrid-strict-ar and hf-assisted-ar not run")
+        if feature_drafter is not None:
+            feature_drafter.bind_target(model)
+            for k in chain_tokens or (feature_drafter.config.draft_tokens,):
+                decoders[f"feature-chain{k}"] = (mmspec_loop(
+                    model, lambda: WhisperFeatureDrafter(feature_drafter), "strict", draft_tokens=k), True)
         methods = {name: _Method(name, model, processor, decoder_counter, decode, own)
                    for name, (decode, own) in decoders.items()}
+        if ar_fast_decoder is not None:
+            methods["hf-assisted-ar"].assistant_on_counted_decoder = ar_fast_decoder.shares_target_decoder
         try:
             with torch.inference_mode():
                 harness = run_benchmark(title, dict(methods), items, reference=REFERENCE, repeats=repeats, progress=progress)
@@ -380,6 +405,7 @@ def run_speech_bench(
     progress: bool = True,
     batch_sizes: tuple[int, ...] | None = None,
     chain_tokens: tuple[int, ...] = (),
+    feature_drafter: str | Path | None = None,
 ) -> Any:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
     (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`)."""
@@ -402,6 +428,7 @@ def run_speech_bench(
         raise MMSpecError("--fast-decoder holds an AR fast decoder; pass it as --ar-fast-decoder")
     if ar is not None and not isinstance(ar, ARFastDecoder):
         raise MMSpecError("--ar-fast-decoder holds a CTC fast decoder; pass it as --fast-decoder")
+    feature = _optional(feature_drafter, root / FEATURE_DRAFTER_FOLDER, load_feature_drafter)
     title = f"bench speech: {model_name} on {len(clips)} clips from {data}"
     if batch_sizes:
         from .bench_batches import bench_speech_batches
@@ -409,7 +436,7 @@ def run_speech_bench(
         return bench_speech_batches(model, processor, clips, batch_sizes, ctc_fast_decoder=ctc, ar_fast_decoder=ar,
                                     repeats=repeats, progress=progress, title=title)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
-                        repeats=repeats, progress=progress, title=title)
+                        feature_drafter=feature, repeats=repeats, progress=progress, title=title)
 
 
 def _optional(given: str | Path | None, default: Path, load: Callable[[Any], Any]) -> Any:

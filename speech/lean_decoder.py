@@ -86,12 +86,16 @@ class LeanWhisperDecoder:
                          for kv in state.self_kv]
         state.length = length
 
-    def step(self, state: LeanDecoderState, tokens: torch.LongTensor) -> torch.Tensor:
-        """Feed tokens [B, n] (the prompt at first, then one token); logits [B, V] at the last position."""
-        n = tokens.shape[1]
-        positions = torch.arange(state.length, state.length + n, device=tokens.device)
+    def embed(self, tokens: torch.LongTensor, start: int) -> torch.Tensor:
+        """Token embeddings of `tokens` [B, n] (scaled as Whisper does) plus the positions from `start`."""
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         h = F.embedding(tokens, self.decoder.embed_tokens.weight) * self.embed_scale
-        h = h + self.decoder.embed_positions.weight[positions]
+        return h + self.decoder.embed_positions.weight[positions]
+
+    def run_layers(self, state: LeanDecoderState, h: torch.Tensor) -> torch.Tensor:
+        """The decoder layers over `h` [B, n, D], the newest n positions (their keys/values join the cache);
+        returns the last layer's output [B, n, D] before the final layer norm."""
+        n = h.shape[1]
         for index, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
             x = _norm(h, layer.self_attn_layer_norm)
@@ -115,7 +119,18 @@ class LeanWhisperDecoder:
             x = _norm(h, layer.final_layer_norm)
             h = h + _linear(F.gelu(_linear(x, layer.fc1)), layer.fc2)
         state.length += n
-        last = _norm(h[:, -1], self.decoder.layer_norm)
+        return h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return _norm(h, self.decoder.layer_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of final-normed `hidden` [..., D]: over the head rows if given, else the whole output projection."""
         if self.head_weight is not None and self.head_weight is not self.proj_out.weight:
-            return F.linear(last, self.head_weight)
-        return F.linear(last, self.proj_out.weight, self.proj_out.bias)
+            return F.linear(hidden, self.head_weight)
+        return F.linear(hidden, self.proj_out.weight, self.proj_out.bias)
+
+    def step(self, state: LeanDecoderState, tokens: torch.LongTensor) -> torch.Tensor:
+        """Feed tokens [B, n] (the prompt at first, then one token); logits [B, V] at the last position."""
+        h = self.run_layers(state, self.embed(tokens, state.length))
+        return self.logits(self.final_norm(h[:, -1]))

@@ -18,9 +18,11 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--fast-decoder", default=None, help="CTC fast decoder folder (default: the model folder's fast_decoder/)")
     parser.add_argument("--ar-fast-decoder", default=None,
                         help="AR fast decoder folder (default: the model folder's ar_fast_decoder/)")
+    parser.add_argument("--feature-drafter", default=None,
+                        help="feature drafter folder (default: the model folder's feature_drafter/)")
     parser.add_argument("--chain", type=checks.chain_lengths, default=(), metavar="K[,K...]",
-                        help="also run the AR fast decoder as a chain drafter: re-draft K tokens every round "
-                             "(one row per K)")
+                        help="also run the AR fast decoder as a chain drafter: re-draft K tokens every round, and the "
+                             "feature drafter with K drafts a round (one row per K)")
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="decode the clips in batches of each size (e.g. 1,4,8): plain batched generate vs mmspec's "
                              "methods that decode batches, tokens/s per batch size")
@@ -33,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args)
     report = run_speech_bench(args.model, data=args.data, n=args.num_samples, repeats=args.repeats, fast_decoder=args.fast_decoder,
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json, batch_sizes=args.batch_size,
-                              chain_tokens=tuple(args.chain))
+                              chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter)
     emit(report, args)
     return 0

@@ -20,6 +20,13 @@ Saved in float16 with training.json.
     python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
         --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-ctc --kind ctc --minutes 15 --threads 2
 
+`--kind feature` trains an EAGLE-style feature drafter (`mmspec.speech.feature_drafter`: one layer over
+tiny.en's own top-layer features, `--chain` drafts a round; measured slower than greedy on held-out
+clips after 10 minutes on 1664 clips, see BENCHMARKS.md):
+
+    python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
+        --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-feature --kind feature --vocab-size 8192 --minutes 10
+
 `--kind self` trains nothing: it writes a self-drafter (tiny.en's own decoder drafting over the
 labels' `--vocab-size` most frequent tokens; a config and no weights) that re-drafts `--chain` tokens
 every round. The shipped `whisper-tiny.en/ar_fast_decoder/` is one:
@@ -43,6 +50,7 @@ from mmspec.errors import MMSpecError
 from mmspec.speech.ar_fast_decoder import ARFastDecoder
 from mmspec.speech.models import speech_model_path
 from mmspec.speech.pipeline import load_whisper
+from mmspec.speech.train_feature import DEFAULT_FEATURE_LEARNING_RATE, train_feature_drafter
 from mmspec.speech.train_fast import (
     DEFAULT_LEARNING_RATE,
     Example,
@@ -122,9 +130,10 @@ def main() -> None:
     parser.add_argument("--cache", help="file (or folder/, written in shards, resumable) for the encoder states and "
                         "labels; read where it exists")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--kind", choices=("ar", "ctc", "self"), default="ar")
+    parser.add_argument("--kind", choices=("ar", "ctc", "self", "feature"), default="ar")
     parser.add_argument("--chain", type=int, default=None, metavar="K",
-                        help="the fast decoder re-drafts K tokens every round by default (its config's draft_redraft)")
+                        help="the fast decoder re-drafts K tokens every round by default (its config's draft_redraft); "
+                             "feature: K drafts a round (default 3)")
     parser.add_argument("--minutes", type=float, default=14.0, help="training wall-time budget (sets the step count)")
     parser.add_argument("--steps", type=int, help="a fixed step count instead of --minutes")
     parser.add_argument("--layers", type=_layer_list, default=None, metavar="I[,I...]",
@@ -148,7 +157,7 @@ def main() -> None:
     if args.kind == "self":
         write_self_drafter(model, examples, args)
         return
-    learning_rate = args.learning_rate or DEFAULT_LEARNING_RATE[args.kind]
+    learning_rate = args.learning_rate or {**DEFAULT_LEARNING_RATE, "feature": DEFAULT_FEATURE_LEARNING_RATE}[args.kind]
     report: dict = {"kind": args.kind}
     if args.kind == "ar":
         vocab = draft_vocabulary(examples, args.vocab_size, model_vocab_size(model), _eos_ids(model))
@@ -165,6 +174,12 @@ def main() -> None:
         layers = min(trials, key=lambda k: trials[k][0])
         train, step_seconds = train_from(layers), trials[layers][1]
         report["init_layers"] = list(layers)
+    elif args.kind == "feature":
+        def train(data, steps, **kw):
+            return train_feature_drafter(model, data, steps, batch_size=args.batch_size, draft_vocab_size=args.vocab_size,
+                                         draft_tokens=args.chain or 3, **kw)
+
+        step_seconds = seconds_per_step(train, examples, args.batch_size)[1]
     else:
         def train(data, steps, **kw):
             return train_ctc_fast_decoder(model, data, steps, batch_size=args.batch_size,
@@ -184,7 +199,7 @@ def main() -> None:
     report.update({"target": MODEL, "labels": "target (tiny.en greedy)", "data": Path(args.data).name,
                    "clips": len(examples), "label_tokens": sum(len(e.labels) for e in examples), "steps": steps,
                    "batch_size": args.batch_size, "learning_rate": learning_rate,
-                   "draft_vocab_size": len(fast.config.draft_vocab), "first_loss": round(losses[0], 4),
+                   "draft_vocab_size": len(fast.config.draft_vocab or ()), "first_loss": round(losses[0], 4),
                    "final_loss": round(sum(tail) / len(tail), 4), "train_seconds": round(seconds, 1),
                    "threads": args.threads})
     (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -10,6 +10,7 @@ import pytest
 
 from mmspec import MMSpecError
 from mmspec.cli import main
+from mmspec.speech.feature_drafter import WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.bench import REFERENCE, bench_speech, repeated_ngrams, repetition_count
 from mmspec.speech.wer import corpus_wer, normalise, word_errors
 from mmspec.speech.pipeline import load_fast_decoder, load_whisper
@@ -118,7 +119,22 @@ def test_bench_chain_rows(folders):
     report = bench_speech(model, processor, clips, ar_fast_decoder=ar, chain_tokens=(2, 5), repeats=1, progress=False)
     for name in ("hybrid-strict-ar-chain2", "hybrid-strict-ar-chain5"):
         assert report.row(name).identical_to_greedy and report.transcripts[name] == report.transcripts[REFERENCE]
-    with pytest.raises(MMSpecError, match="pass --ar-fast-decoder"):
+    with pytest.raises(MMSpecError, match="pass --ar-fast-decoder or --feature-drafter"):
         bench_speech(model, processor, clips, chain_tokens=(2,), repeats=1, progress=False)
     with pytest.raises(MMSpecError, match="chain lengths must be >= 1"):
         bench_speech(model, processor, clips, ar_fast_decoder=ar, chain_tokens=(0,), repeats=1, progress=False)
+
+
+def test_bench_feature_drafter_rows(folders, tmp_path, capsys):
+    asr, clips_folder = folders
+    model, processor = load_whisper("tiny", str(asr))
+    clips = read_clip_folder(clips_folder)[:2]
+    WhisperFeatureDrafterModel.for_target(model, draft_tokens=4).half().save_pretrained(tmp_path / "fd")  # as shipped
+    report = bench_speech(model, processor, clips, feature_drafter=load_feature_drafter(tmp_path / "fd"), repeats=1,
+                          progress=False)
+    row = report.row("feature-chain4")  # the drafter's own draft_tokens when no --chain
+    assert row.identical_to_greedy and row.drafter_forwards > 0
+    assert main(["bench", "speech", "--model", str(asr), "--data", str(clips_folder), "--n", "1", "--repeats", "1",
+                 "--threads", "1", "--feature-drafter", str(tmp_path / "fd"), "--chain", "2", "--json"]) == 0
+    methods = [r["method"] for r in json.loads(capsys.readouterr().out)["methods"]]
+    assert "feature-chain2" in methods

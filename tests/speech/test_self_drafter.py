@@ -85,3 +85,27 @@ def test_pipeline_transcribes_with_a_self_drafter(tmp_path):
     batched = pipe(clips, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False, batch_size=3)
     assert [o.chunks[0].tokens for o in batched] == [o.chunks[0].tokens for o in plain]
     assert pipe.batching_methods() == ["hybrid", "ar"]
+
+
+def test_bench_counts_big_decoder_passes_apart_from_a_self_drafting_assistant(tmp_path):
+    """As transformers' assistant the self-drafter runs through the model's own decoder module: the bench
+    must not count its forwards as big-decoder passes (the draft is the model's own greedy choice, so
+    every draft is accepted and each round costs one pass)."""
+    from mmspec.speech.bench import bench_speech
+    from mmspec.speech.pipeline import load_whisper
+    from mmspec.speech.train_fast import read_clip_folder
+
+    from .tiny_asr import make_clip_folder
+
+    folder = make_asr_folder(tmp_path / "asr", ctc=False, ar=False)
+    model, processor = load_whisper("tiny", str(folder))
+    clips = read_clip_folder(make_clip_folder(tmp_path / "clips", 2))
+    report = bench_speech(model, processor, clips, ar_fast_decoder=self_drafter(model, redraft_tokens=3), repeats=1,
+                          progress=False)
+    # hybrid-strict-ar drafts as configured (3 tokens a round), hybrid-strict-ar-whole whole hypotheses
+    configured, whole = report.row("hybrid-strict-ar"), report.row("hybrid-strict-ar-whole")
+    assert configured.identical_to_greedy and whole.identical_to_greedy
+    assert configured.drafter_forwards != whole.drafter_forwards
+    row = report.row("hf-assisted-ar")
+    assert row.identical_to_greedy and row.drafter_forwards > 0
+    assert row.tau > 1.5 and row.decoder_passes_per_utterance < report.row("plain-greedy").decoder_passes_per_utterance
