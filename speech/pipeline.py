@@ -71,6 +71,7 @@ from ..zoo import cannot_load, folder_card
 from .audio import AudioSource, load_audio
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
+from .feature_drafter import WhisperFeatureDrafterModel
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
@@ -81,6 +82,9 @@ from .target import WhisperTarget, check_language_and_task
 FAST_DECODER_FOLDER = "fast_decoder"
 FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER}  # kind -> subfolder, default first
 FastDecoder = CTCFastDecoder | ARFastDecoder
+NOT_A_FAST_DECODER = ("that is a feature drafter (WhisperFeatureDrafterModel), not a fast decoder: it drafts through "
+                      "SpeculativeDecoder(WhisperTarget(model), WhisperFeatureDrafter(folder)) or `mmspec bench speech "
+                      "--feature-drafter FOLDER`, not the transcription pipeline")
 METHODS = ("hybrid", "ar")
 SILENCE_THRESHOLD = 1e-3
 MIN_AUDIO_S = 0.2  # shorter than a syllable: no speech to transcribe
@@ -152,6 +156,8 @@ class TranscriptionPipeline(SpeculativePipeline):
                               f"got {type(processor).__name__}")
         if isinstance(fast_decoder, ARFastDecoder):
             attach_ar_fast_decoder(fast_decoder, model)
+        elif isinstance(fast_decoder, WhisperFeatureDrafterModel):
+            raise MMSpecError(NOT_A_FAST_DECODER)
         elif fast_decoder is not None:
             check_fast_decoder(fast_decoder, model)
         self.check_draft_tokens(num_draft_tokens)
@@ -577,6 +583,8 @@ def load_fast_decoder(path: str | os.PathLike) -> FastDecoder:
     """A saved fast decoder of either kind; the kind is read from the folder's config.json."""
     try:
         config = AutoConfig.from_pretrained(str(path))
+        if WhisperFeatureDrafterModel.__name__ in (getattr(config, "architectures", None) or []):
+            raise MMSpecError(NOT_A_FAST_DECODER)
         if config.model_type == "whisper" and not getattr(config, "is_encoder_decoder", True):
             return ARFastDecoder.from_pretrained(str(path)).eval()
         if config.model_type == "whisper":

@@ -167,3 +167,19 @@ def test_target_features_are_the_decoders_final_normed_states(model):
         logits = model(encoder_outputs=(example.states[None],), decoder_input_ids=data.sequence[None]).logits[0]
         torch.testing.assert_close(model.proj_out(data.features), logits)
     assert data.features.shape == (len(example.prompt) + len(example.labels) + 1, model.config.d_model)
+
+
+def test_the_transcription_pipeline_refuses_it_as_a_fast_decoder(model, tmp_path):
+    from mmspec.speech.pipeline import TranscriptionPipeline, load_fast_decoder
+
+    from .tiny_asr import make_asr_folder
+
+    WhisperFeatureDrafterModel.for_target(model).save_pretrained(tmp_path / "fd")
+    with pytest.raises(MMSpecError, match="feature drafter .* not a fast decoder"):
+        load_fast_decoder(tmp_path / "fd")
+    folder = make_asr_folder(tmp_path / "asr", ctc=False, ar=False)
+    with pytest.raises(MMSpecError, match="feature drafter .* not a fast decoder"):
+        TranscriptionPipeline.from_pretrained(folder, fast_decoder=str(tmp_path / "fd"))
+    pipe = TranscriptionPipeline.from_pretrained(folder)
+    with pytest.raises(MMSpecError, match="feature drafter .* not a fast decoder"):
+        TranscriptionPipeline(pipe.model, pipe.processor, fast_decoder=WhisperFeatureDrafterModel.for_target(pipe.model))
