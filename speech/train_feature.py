@@ -70,13 +70,15 @@ def train_feature_drafter(
     draft_vocab_size: int | None = None,
     draft_tokens: int = 6,
     feature_noise: float = 0.02,
+    features: Sequence[FeatureExample] | None = None,
     progress_bar: bool = True,
 ) -> tuple[WhisperFeatureDrafterModel, list[float]]:
     """Train a feature drafter (fresh: from the target's last decoder layer); returns (drafter, loss per step).
 
     Loss per slot = smooth L1 of the predicted feature + cross-entropy of the token after next, over the
     drafting vocabulary (`draft_vocab_size` most frequent label tokens; None: all). `feature_noise` is
-    the standard deviation of the Gaussian noise on input features, relative to their RMS.
+    the standard deviation of the Gaussian noise on input features, relative to their RMS. `features`:
+    `target_features(target_model, examples)` computed beforehand (e.g. once for several runs).
     """
     if not examples:
         raise MMSpecError("the training set is empty")
@@ -91,7 +93,9 @@ def train_feature_drafter(
     cross = drafter.layers[0].encoder_attn
     for parameter in (cross.k_proj.weight, cross.v_proj.weight, cross.v_proj.bias):
         parameter.requires_grad_(False)
-    data = target_features(target_model, examples, progress_bar=progress_bar)
+    data = list(features) if features is not None else target_features(target_model, examples, progress_bar=progress_bar)
+    if len(data) != len(examples):
+        raise MMSpecError(f"{len(data)} feature examples for {len(examples)} examples")
     ids = drafter.bound[2].cpu()
     column = torch.full((model_vocab_size(target_model),), -100, dtype=torch.long)
     column[ids] = torch.arange(len(ids))

@@ -50,7 +50,7 @@ from mmspec.errors import MMSpecError
 from mmspec.speech.ar_fast_decoder import ARFastDecoder
 from mmspec.speech.models import speech_model_path
 from mmspec.speech.pipeline import load_whisper
-from mmspec.speech.train_feature import DEFAULT_FEATURE_LEARNING_RATE, train_feature_drafter
+from mmspec.speech.train_feature import DEFAULT_FEATURE_LEARNING_RATE, target_features, train_feature_drafter
 from mmspec.speech.train_fast import (
     DEFAULT_LEARNING_RATE,
     Example,
@@ -175,9 +175,11 @@ def main() -> None:
         train, step_seconds = train_from(layers), trials[layers][1]
         report["init_layers"] = list(layers)
     elif args.kind == "feature":
+        features = target_features(model, examples)  # once: the step timing below must not include it
+
         def train(data, steps, **kw):
             return train_feature_drafter(model, data, steps, batch_size=args.batch_size, draft_vocab_size=args.vocab_size,
-                                         draft_tokens=args.chain or 3, **kw)
+                                         draft_tokens=args.chain or 3, features=features[: len(data)], **kw)
 
         step_seconds = seconds_per_step(train, examples, args.batch_size)[1]
     else:

@@ -158,11 +158,21 @@ def test_clear_errors(model, tmp_path):
         drafter.bind_target(other)
     with pytest.raises(MMSpecError, match="WhisperFeatureDrafterModel"):
         WhisperFeatureDrafter(torch.nn.Linear(2, 2))
+    with pytest.raises(MMSpecError, match="0 feature examples for 1 examples"):
+        train_feature_drafter(model, examples_of(model, [0]), 1, features=[], progress_bar=False)
+    with pytest.raises(MMSpecError, match="training set is empty"):
+        train_feature_drafter(model, [], 1, progress_bar=False)
 
 
 def test_target_features_are_the_decoders_final_normed_states(model):
     example = examples_of(model, [0])[0]
     data = target_features(model, [example], progress_bar=False)[0]
+    # precomputed features train exactly as features computed inside
+    runs = []
+    for given in (None, [data]):
+        torch.manual_seed(3)  # the fresh drafter's initialisation
+        runs.append(train_feature_drafter(model, [example], 3, batch_size=1, seed=1, features=given, progress_bar=False)[1])
+    assert runs[0] == runs[1]
     with torch.no_grad():
         logits = model(encoder_outputs=(example.states[None],), decoder_input_ids=data.sequence[None]).logits[0]
         torch.testing.assert_close(model.proj_out(data.features), logits)
