@@ -100,7 +100,7 @@ class WhisperFeatureDrafterModel(WhisperPreTrainedModel):
     @property
     def bound(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._target is None:
-            raise MMSpecError("bind the feature drafter to its target first (bind_target, or use it through the pipeline)")
+            raise MMSpecError("bind the feature drafter to its target first (bind_target; WhisperFeatureDrafter binds it)")
         return self._target
 
     def fuse(self, features: torch.Tensor, tokens: torch.LongTensor, start: int | torch.Tensor = 0) -> torch.Tensor:
