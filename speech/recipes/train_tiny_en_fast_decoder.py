@@ -22,7 +22,7 @@ Saved in float16 with training.json.
 
 `--kind feature` trains an EAGLE-style feature drafter (`mmspec.speech.feature_drafter`: one layer over
 tiny.en's own top-layer features, `--chain` drafts a round; measured slower than greedy on held-out
-clips after 10 minutes on 1664 clips, see BENCHMARKS.md):
+clips after 15 minutes on 3000 clips, see BENCHMARKS.md):
 
     python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
         --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-feature --kind feature --vocab-size 8192 --minutes 10
