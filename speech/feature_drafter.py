@@ -19,6 +19,7 @@ whatever the drafter predicts. Drafts are greedy (one-hot q), which keeps specul
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,13 @@ def load_feature_drafter(folder: str | Path) -> WhisperFeatureDrafterModel:
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file():
         raise MMSpecError(f"no Whisper feature drafter in {str(folder)!r} (config.json not found)")
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        architectures = []
+    if WhisperFeatureDrafterModel.__name__ not in architectures:
+        raise MMSpecError(f"{str(folder)!r} holds no Whisper feature drafter (its config.json names "
+                          f"{', '.join(map(str, architectures)) or 'no architecture'})")
     try:
         model = WhisperFeatureDrafterModel.from_pretrained(str(path))
     except Exception as err:  # wrong model type, missing or mismatched weights
