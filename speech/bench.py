@@ -413,8 +413,9 @@ def run_speech_bench(
 
     if n < 1:
         raise MMSpecError(f"--n must be >= 1, got {n}")
-    if batch_sizes and feature_drafter is not None:
-        raise MMSpecError("--feature-drafter drafts one recording at a time: it does not combine with --batch-size")
+    if batch_sizes and (chain_tokens or feature_drafter is not None):
+        raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
+                          "with --batch-size")
     path = speech_model_path(model_name)
     model, processor = load_whisper(model_name, path)
     root = fast_decoder_root(model_name, path)  # a zoo entry's own folder when its weights come from a package
