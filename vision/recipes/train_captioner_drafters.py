@@ -33,8 +33,8 @@ prints the estimated total. Training checkpoints go to `--out-root/<kind>/checkp
 (`--resume` continues from them).
 
 The defaults are the shipped build (the captioner card's `drafters.rebuild_command`): 600 detailed
-videos (captions of up to 160 tokens), 3000 steps of batch 4 per drafter. That build took 47.6 minutes
-with two torch threads on 2 CPU cores (card: distillation 1764 s, MSD 529 s, FLASH 548 s); the earlier
+videos (captions of up to 160 tokens), 3000 steps of batch 4 per drafter. That build took 48.1 minutes
+with two torch threads on 2 CPU cores (card: distillation 1756 s, MSD 519 s, FLASH 596 s); the earlier
 one-shape captioner's drafters used 1200 videos of ~15-token captions. In a 40-video pilot, 600 FLASH steps instead
 of 150 raised tau from 3.4 to 4.6 (k = 5): steps matter more than data at this size.
 """
