@@ -106,13 +106,16 @@ def load_component(cls: type, folder: Path, subfolder: str, what: str, dtype: to
 
 def load_optional_component(cls: type, given: Any, folder: Path, subfolder: str, what: str, dtype: torch.dtype):
     """A pipeline's optional second model (draft, refiner): None = the folder's `subfolder/` if present;
-    False = none; a folder = loaded from it; an instance of `cls` = that one."""
+    False = none; a folder, or the name of one inside the pipeline's folder (e.g. "refiner-6") = loaded from it;
+    an instance of `cls` = that one."""
     if given is None and (folder / subfolder / "config.json").is_file():
         return load_component(cls, folder, subfolder, what, dtype)
     if given is None or given is False:
         return None
     if not isinstance(given, cls):
         path = Path(str(given))
+        if not path.exists() and (folder / path / "config.json").is_file():
+            path = folder / path
         return load_component(cls, path.parent, path.name, what, dtype)
     return given
 

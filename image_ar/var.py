@@ -28,7 +28,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from mmspec.errors import MMSpecError
-from mmspec.sampling import SamplingConfig, probabilities, randint, sample_rows
+from mmspec.sampling import SamplingConfig, randint, sample_warped_rows
 
 from .var_vq import VQVAE
 
@@ -297,7 +297,7 @@ class VAR(ModelMixin, ConfigMixin):
         config = sampling.at(si)
         flat = logits.reshape(B * l, V)
         # a scale's tokens are thousands of rows at once: inverse-CDF draws (torch.multinomial is slow there on a CPU)
-        idx = sample_rows(probabilities(flat, config), generator) if config.do_sample else flat.argmax(dim=-1)
+        idx = sample_warped_rows(flat, config, generator) if config.do_sample else flat.argmax(dim=-1)
         idx = idx.view(B, l)
         state.token_maps.append(idx)
         state.f_hat = state.f_hat + vq.quantize.codes_to_fhat_step(si, idx).float()

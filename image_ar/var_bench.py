@@ -56,12 +56,14 @@ def weights_mb(*models: torch.nn.Module) -> float:
 
 
 def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_scales: Sequence[int] | None = None,
-              guidance_scale: float | None = None, temperature: float = 1.0, repeats: int = 1, warmup: int = 1,
+              guidance_scale: float | None = None, temperature: float = 1.0, top_k: int | None = None,
+              top_p: float | None = None, repeats: int = 1, warmup: int = 1,
               judge: Any = DEFAULT_JUDGE, grid_columns: int = 8, progress: bool = True, batch_size: int = 1,
               title: str = "bench image (VAR)") -> VARBenchReport:
     """Run ar and CoDe at each of `draft_scales` (default `default_draft_scales`) on every label, then judge.
 
-    `batch_size` images go to one pipeline call (wall time then measures throughput; memory stays per image)."""
+    `batch_size` images go to one pipeline call (wall time then measures throughput; memory stays per image).
+    `top_k` / `top_p` filter every scale's distribution in every row (None: the pipeline's default)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise MMSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if pipe.refiner is None:
@@ -71,14 +73,18 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     for n in draft_scales:
         pipe.check_draft_scales("code", n)
     rows_spec = {REFERENCE: ("ar", None), **{f"code {n}/{scales - n}": ("code", n) for n in draft_scales}}
-    options = {"guidance_scale": guidance_scale, "temperature": temperature, "progress_bar": False}
+    options = {"guidance_scale": guidance_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+               "progress_bar": False}
+    sampling = pipe.sampling_for(pipe.default_guidance_scale if guidance_scale is None else guidance_scale, temperature,
+                                 *pipe.filters(top_k, top_p))
     report, images, items = run_pipeline_rows(
         pipe, title, rows_spec, labels, knob="draft_scales",
         tokens_of=lambda out: torch.cat(out.token_maps, dim=1).flatten().tolist(),
         seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress, batch_size=batch_size,
         settings={"scales": scales, "seed": seed,
                   "cfg": pipe.default_guidance_scale if guidance_scale is None else guidance_scale,
-                  "temperature": temperature, "repeats": repeats,
+                  "temperature": temperature, "top_k": sampling.top_k or None, "top_p": sampling.top_p or None,
+                  "repeats": repeats,
                   "threads": torch.get_num_threads(), "device": str(pipe.device)})
     memory = peak_memory(pipe, rows_spec, labels[0], options)
     notes = []

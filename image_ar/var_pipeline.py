@@ -71,7 +71,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         refiner: optional small `VAR` on the same VQ-VAE and classes (CoDe's last scales).
         class_names: optional class names in id order (for `prompt=`).
         model_name: shown in outputs.
-        card: zoo card (default_method, draft_scales, cfg), if any.
+        card: zoo card (default_method, draft_scales, cfg, top_k, top_p), if any.
     """
 
     conditioning = "class"
@@ -98,7 +98,8 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
                         torch_dtype: torch.dtype | str | None = None) -> "VARPipeline":
         """Load a saved pipeline folder or zoo name (model_index.json + model/, vq/, optional refiner/).
 
-        `refiner`: None = the folder's refiner/ if present; False = none; a folder or a `VAR`.
+        `refiner`: None = the folder's refiner/ if present; False = none; a folder, a subfolder's name (the zoo's
+        `shapes-var` ships "refiner-6" and "refiner-4", CoDe's fine-tunes for draft_scales 6 and 4) or a `VAR`.
         `dtype` (or `torch_dtype`) defaults to float32.
         """
         return cls._load_saved_parts(model_id_or_path, device, resolve_dtype(dtype, torch_dtype),
@@ -139,16 +140,21 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
                               f"many of the {self.num_scales} scales, the refiner the rest), got {n!r}") from None
         return n
 
+    def filters(self, top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
+        """(top_k, top_p) to sample with: the given ones, else the card's (CoDe's sampler filters every scale), else
+        none. top_k 0 and top_p 1.0 turn a filter off."""
+        return (self.card.get("top_k") if top_k is None else top_k, self.card.get("top_p") if top_p is None else top_p)
+
     @staticmethod
     def sampling_for(guidance_scale: float, temperature: float, top_k: int | None, top_p: float | None) -> VARSampling:
         for name, value in (("guidance_scale", guidance_scale), ("temperature", temperature)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
                 raise MMSpecError(f"{name} must be a finite number >= 0, got {value!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise MMSpecError(f"top_k must be an integer >= 1, got {top_k!r}")
-        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-            raise MMSpecError(f"top_p must be in (0, 1], got {top_p!r}")
-        return VARSampling(cfg=float(guidance_scale), top_k=top_k or 0, top_p=float(top_p or 0.0),
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            raise MMSpecError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {top_k!r}")
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+            raise MMSpecError(f"top_p must be in (0, 1] (1 = no top-p filter), got {top_p!r}")
+        return VARSampling(cfg=float(guidance_scale), top_k=top_k or 0, top_p=0.0 if top_p in (None, 1) else float(top_p),
                            temperature=float(temperature) or 1.0, do_sample=temperature > 0)
 
     @torch.inference_mode()
@@ -172,7 +178,8 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         """Generate `num_images` images per class label (or class-name prompt), all in one batch.
 
         guidance_scale: VAR's CFG, ramped linearly from 0 at the first scale to this value at the last
-        (0 = none; default: the card's, else 1.5). temperature 0 = argmax at every scale. draft_scales
+        (0 = none; default: the card's, else 1.5). temperature 0 = argmax at every scale. top_k / top_p: filters
+        on every scale's distribution (default: the card's, else none; 0 / 1.0 = off). draft_scales
         (method "code"): scales the large model runs, 1..scales-1 (default: the card's, else scales - 2).
         `generator`: a `torch.Generator` (a CPU one works with a model on any device); `seed`: an int instead.
         """
@@ -181,6 +188,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         n = self.check_draft_scales(method, draft_scales)
         labels = self.resolve_labels(class_labels, prompt, num_images)
         scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
+        top_k, top_p = self.filters(top_k, top_p)
         sampling = self.sampling_for(scale, temperature, top_k, top_p)
         generator = self.generator_for(generator, seed, needed=sampling.do_sample)
         stats = SpecStats(method=method)

@@ -107,6 +107,21 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return torch.minimum(idx, last).squeeze(-1)
 
 
+def sample_warped_rows(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of logits [N, V] from `probabilities(logits, config)`, for many rows at once (`sample_rows`).
+
+    With top_k < V only each row's k best logits are warped and searched: the same law (the other tokens have
+    probability 0 after top-k), but top-p sorts k entries instead of V. Ties with the k-th best logit, which the
+    full warp keeps and `torch.topk` cuts to k, are the one difference.
+    """
+    if config.top_k is None or config.top_k >= logits.shape[-1]:
+        return sample_rows(probabilities(logits, config), generator)
+    best, where = torch.topk(logits, config.top_k, dim=-1)
+    within = SamplingConfig(do_sample=True, temperature=config.temperature, top_p=config.top_p)
+    picked = sample_rows(probabilities(best, within), generator)
+    return where.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+
+
 def seeded_generator(device: torch.device | str, seed: int | None = None) -> torch.Generator:
     """A generator on `device`; without a seed, seeded from torch's global RNG so `torch.manual_seed` repeats runs."""
     if seed is None:

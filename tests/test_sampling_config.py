@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mmspec import MMSpecError, SamplingConfig
-from mmspec.sampling import probabilities, sample_rows, warp_logits
+from mmspec.sampling import probabilities, sample_rows, sample_warped_rows, warp_logits
 
 
 def test_top_k_keeps_k_best():
@@ -36,7 +36,8 @@ def _chi_square_p(draws: torch.Tensor, probs: torch.Tensor) -> float:
     kept = probs > 0
     counts = torch.bincount(draws, minlength=probs.numel()).double()
     assert counts[~kept].sum() == 0, "a zero-probability entry was drawn"
-    return float(chisquare(counts[kept].numpy(), (probs[kept].double() * draws.numel()).numpy()).pvalue)
+    expected = probs[kept].double() / probs[kept].double().sum() * draws.numel()  # float32 laws sum to 1 within 1e-7
+    return float(chisquare(counts[kept].numpy(), expected.numpy()).pvalue)
 
 
 def test_sample_rows_draws_each_rows_law():
@@ -60,3 +61,17 @@ def test_sample_rows_is_seeded_and_handles_unnormalised_rows():
     one_hot = torch.zeros(10, 4)
     one_hot[:, 3] = 1.0  # the last entry alone: u * total rounding up must still land on it
     assert (sample_rows(one_hot, None) == 3).all()
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(do_sample=True, top_k=3, top_p=0.8, temperature=1.3),
+                                    SamplingConfig(do_sample=True, top_k=4), SamplingConfig(do_sample=True, top_p=0.9)])
+def test_sample_warped_rows_draws_the_warped_law(config):
+    """Drawing among each row's k best logits is the law of the whole warped row (VAR's filtered scales)."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.5, 0.0, 1.0, -2.0], [0.1, 0.3, 2.5, -0.4, 1.9, 0.0, 1.2]])
+    n = 40000
+    draws = sample_warped_rows(logits.repeat_interleave(n, dim=0), config, torch.Generator().manual_seed(1)).view(2, n)
+    law = probabilities(logits, config)
+    for row in range(2):
+        assert _chi_square_p(draws[row], law[row]) > 1e-3
+    # control: the same draws tested against the unfiltered law fail
+    assert _chi_square_p(draws[0], logits[0].softmax(-1)) < 1e-6

@@ -56,8 +56,9 @@ def assemble(out: Path, card_extra: dict | None = None) -> Path:
     refiner = VAR.from_pretrained(out / "refiner", torch_dtype=half)
     # 7/1, not CoDe's usual S-2: on this toy a shape's kind is settled at the fine scales, and 7/1 is the only split
     # whose judge accuracy stayed within the large VAR's own spread (BENCHMARKS.md).
-    card = {"default_method": "code", "draft_scales": len(shapes_var.PATCH_NUMS) - 1, "cfg": 1.5, "judge": "shapes-image-ar",
-            "class_synonyms": data.CLASS_SYNONYMS, **(card_extra or {})}
+    # CoDe's sampler filters every scale: top-k 600 of VAR's 4096 codes (the same share of 512: 75), top-p 0.95.
+    card = {"default_method": "code", "draft_scales": len(shapes_var.PATCH_NUMS) - 1, "cfg": 1.5, "top_k": 75, "top_p": 0.95,
+            "judge": "shapes-image-ar", "class_synonyms": data.CLASS_SYNONYMS, **(card_extra or {})}
     VARPipeline(model, vq, refiner, class_names=data.label_names(), model_name=shapes_var.NAME, card=card).save_pretrained(out)
     shapes_var.update_card(out, "pipeline", {"pipeline_defaults": card, **shapes_var.summary(out)})
     return out

@@ -93,6 +93,51 @@ def code_accuracy(drafter: VAR, refiner: VAR, vq: VQVAE, judge, n_images: int, d
     return round(judge.class_accuracy(out.images * 2 - 1, labels), 4)
 
 
+def earlier_runs(out: Path, section: str, init: Path) -> list[dict]:
+    """The runs already in OUT's card for `section` when this run continues that section's own weights, else []."""
+    if init.resolve() != (out / section).resolve() or not (out / "zoo_card.json").is_file():
+        return []
+    before = json.loads((out / "zoo_card.json").read_text()).get("components", {}).get(section)
+    if not before:
+        return []
+    this = {key: before[key] for key in ("trained_on", "seconds_per_step", "train_wall_time_s", "rebuild_command")
+            if key in before}
+    this["train_wall_time_s"] = round(before.get("train_wall_time_s", 0) - sum(
+        run.get("train_wall_time_s", 0) for run in before.get("earlier_runs", [])), 1)
+    return [*before.get("earlier_runs", []), {**this, "quality_after": before.get("quality", {}).get("after")}]
+
+
+def continued_facts(earlier: list[dict], wall: float) -> dict:
+    """A continued section keeps its earlier runs, and its training time counts them all."""
+    if not earlier:
+        return {}
+    return {"earlier_runs": earlier,
+            "train_wall_time_s": round(wall + sum(run.get("train_wall_time_s", 0) for run in earlier), 1)}
+
+
+def refiner_schedule(all_scales_share: float, n: int, scales: int) -> str:
+    if all_scales_share == 0:
+        return f"KL to the large VAR over scales {n}..{scales - 1} only"
+    return (f"KL to the large VAR over every scale for the first {all_scales_share:.0%} of the steps, "
+            f"then over scales {n}..{scales - 1}")
+
+
+def rebuild_command(args: argparse.Namespace, steps: int, earlier: list[dict]) -> str:
+    """This run's command; after the earlier runs' when it continued its own section (OUT/STAGE-N)."""
+    command = (f"python -m mmspec.image_ar.recipes.train_shapes_var_code --stage {args.stage} --draft-scales "
+               f"{args.draft_scales} --steps {steps} --threads {args.threads}")
+    if earlier:  # the folder it continued is this section's own, whatever OUT is
+        command += (f" --init-from {shapes_var.NAME}/{args.stage}-{args.draft_scales}"
+                    f" --all-scales-share {args.all_scales_share:g}")
+        before = earlier[-1].get("rebuild_command")  # itself the whole chain of the runs before
+        return f"{before} && {command}" if before else command
+    if args.init_from:
+        command += f" --init-from {args.init_from}"
+    if args.all_scales_share != 0.5:
+        command += f" --all-scales-share {args.all_scales_share:g}"
+    return command
+
+
 def train(args: argparse.Namespace) -> dict:
     data.set_threads(args.threads)
     seed_everything(args.seed)
@@ -107,6 +152,8 @@ def train(args: argparse.Namespace) -> dict:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     init = Path(args.init_from) if args.init_from else out / STAGES[args.stage]
+    section = f"{args.stage}-{n}"
+    earlier = earlier_runs(out, section, init)
     model = load_var(init, args.stage).train()
     model.check_vq(vq)
     refiner = None if args.stage == "refiner" else load_var(out / "refiner", "refiner")
@@ -143,25 +190,23 @@ def train(args: argparse.Namespace) -> dict:
     model.half().float()  # evaluate what ships (fp16 weights)
     after = quality()
     print(f"after: {json.dumps(after)}", flush=True)
-    section = f"{args.stage}-{n}"
     folder = data.save_fp16(model, out / section)
     info = {
         "role": f"CoDe {args.stage} fine-tuned for draft_scales {n} (use only at that N)",
         **saved_var_facts(model, folder),
         "trained_on": (f"VQ-VAE codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train'); "
-                       f"{loop.done} steps x {args.batch_size}; started from {init}; "
-                       + (f"KL to the large VAR over every scale for the first {args.all_scales_share:.0%} of the steps, "
-                          f"then over scales {n}..{len(model.patch_nums) - 1}" if args.stage == "refiner" else
-                          f"cross-entropy on the ground truth of scales 0..{n - 1}")
+                       f"{loop.done} steps x {args.batch_size}; "
+                       + ("continued from its own earlier runs (earlier_runs); " if earlier else f"started from {init}; ")
+                       + (refiner_schedule(args.all_scales_share, n, len(model.patch_nums)) if args.stage == "refiner"
+                          else f"cross-entropy on the ground truth of scales 0..{n - 1}")
                        + f"; class dropout {args.class_dropout}"),
         "optimiser": optimiser_text(args),
         **data.timing_facts(loop, wall, args.threads, prep),
+        **continued_facts(earlier, wall),
         "quality": {"before": before, "after": after,
                     "measured_on": (f"{args.heldout_n} held-out sequences; {args.sample_n} CoDe samples at N={n}, "
                                     f"cfg {args.cfg:g}, temperature 1, judged by {args.judge}/judge")},
-        "rebuild_command": (f"python -m mmspec.image_ar.recipes.train_shapes_var_code --stage {args.stage} "
-                            f"--draft-scales {n} --steps {loop.done} --threads {args.threads}"
-                            + (f" --init-from {args.init_from}" if args.init_from else "")),
+        "rebuild_command": rebuild_command(args, loop.done, earlier),
     }
     shapes_var.update_card(out, section, info)
     shapes_var.update_card(out, "pipeline", shapes_var.summary(out))  # totals now count this refiner too

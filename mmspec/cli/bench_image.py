@@ -28,7 +28,8 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--prompts", nargs="+", default=None, metavar="PROMPT",
                         help="text prompts (required for Janus); class names for a class-conditional model (default: all classes)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
-                        "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
+                        "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd; for a VAR: its refiner, "
+                        "also by the name of a folder inside the model's, e.g. refiner-6)")
     parser.add_argument("--seed", type=checks.seed, default=0, help="image i of every method is seeded with seed + i")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None)
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
@@ -48,6 +49,11 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--draft-scales", dest="draft_scales", nargs="+", type=checks.positive_int, default=None,
                         metavar="N", help="VAR models: the CoDe rows' scales of the large model (default: CoDe's "
                         "9/1, 8/2, 7/3, 6/4 of 10 scales, scaled to the model's: S-1 .. S-4)")
+    parser.add_argument("--top-k", dest="top_k", type=checks.positive_int, default=None, metavar="K",
+                        help="VAR models: keep the K most likely codes at every scale, in every row (default: the model "
+                        "card's; the vocabulary size = off)")
+    parser.add_argument("--top-p", dest="top_p", type=checks.open_probability, default=None, metavar="P",
+                        help="VAR models: nucleus filter at every scale, in every row (default: the model card's; 1 = off)")
     parser.add_argument("--batch-size", dest="batch_size", type=checks.positive_int, default=None, metavar="B",
                         help="VAR and MAR models: images per pipeline call in every row (default 1; wall time then "
                         "measures throughput)")
@@ -127,8 +133,8 @@ def run_var(pipe, name: str, args: argparse.Namespace) -> int:
 
     labels = pipe.bench_conditions(args.num_samples, args.prompts)
     report = bench_var(pipe, labels, seed=args.seed, draft_scales=args.draft_scales, guidance_scale=args.guidance_scale,
-                       temperature=args.temperature, repeats=args.repeats, judge=pipe.card.get("judge"),
-                       batch_size=args.batch_size or 1,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repeats=args.repeats,
+                       judge=pipe.card.get("judge"), batch_size=args.batch_size or 1,
                        progress=not args.json, title=f"bench image: {name}, {args.num_samples} images")
     return finish(report, args)
 
@@ -152,11 +158,12 @@ def refuse_family_flags(args: argparse.Namespace, family: str, name: str) -> Non
         refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens", "inner_temperature"),
                      f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")
     elif family == "mar":
-        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window"),
+        refuse_flags(args, ("lantern", "gsd", "methods", "draft_scales", "window", "top_k", "top_p"),
                      f"not options of MAR rows; {name!r} is a MAR model "
                      "(rows: ar and cspd at -k draft steps, default the card's draft window)")
     else:
         for flag, models in (("draft_scales", "VAR models (CoDe rows)"), ("batch_size", "VAR and MAR models"),
+                             ("top_k", "VAR models"), ("top_p", "VAR models"),
                              ("inner_temperature", "MAR models (cspd rows)")):
             if getattr(args, flag) is not None:
                 raise MMSpecError(f"--{flag.replace('_', '-')} applies to {models}; {name!r} is not one")

@@ -52,6 +52,14 @@ def probability(text: str) -> float:
     return value
 
 
+def open_probability(text: str) -> float:
+    """A number in (0, 1] (a nucleus / top-p mass)."""
+    value = finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 def int_in(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
     """An integer in [low, high] (no upper bound when high is None); `why` explains the upper bound."""
 

@@ -33,10 +33,14 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
     parser.add_argument("--draft-steps", dest="draft_steps", type=checks.positive_int, default=None, metavar="N",
                         help="MAR, method cspd: draft steps per target verification (default: the model card's, else 8)")
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
-                        "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd)")
+                        "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd; for a VAR: its refiner, "
+                        "also by the name of a folder inside the model's, e.g. refiner-6)")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None, help="classifier-free guidance (default: the model card's)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=checks.positive_int, default=None)
+    parser.add_argument("--top-k", type=checks.positive_int, default=None,
+                        help="keep the K most likely tokens (VAR: default the model card's; the vocabulary size = off)")
+    parser.add_argument("--top-p", type=checks.open_probability, default=None,
+                        help="nucleus filter in (0, 1] (VAR: default the model card's; 1 = off); not for MAR")
     parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
     # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
     suppress = argparse.SUPPRESS
@@ -156,7 +160,7 @@ def family_options(args: argparse.Namespace, family: str, name: str) -> dict:
                               f"(methods {', '.join(VAR_METHODS)})")
         options = {"draft_scales": args.draft_scales}
     elif family == "mar":
-        flags = list(options) + (["draft_scales"] if args.draft_scales is not None else [])
+        flags = list(options) + [flag for flag in ("draft_scales", "top_p") if getattr(args, flag) is not None]
         if flags:
             flags = ", ".join("--" + option.replace("_", "-") for option in flags)
             raise MMSpecError(f"{flags}: not options of MAR; {name!r} is a MAR model "
@@ -167,4 +171,6 @@ def family_options(args: argparse.Namespace, family: str, name: str) -> dict:
     if family != "mar" and (args.num_iter is not None or args.draft_steps is not None):
         given = ", ".join(f for f, v in (("--num-iter", args.num_iter), ("--draft-steps", args.draft_steps)) if v)
         raise MMSpecError(f"{given}: options of MAR models; {name!r} is not one")
+    if family != "mar" and args.top_p is not None:
+        options["top_p"] = args.top_p
     return options

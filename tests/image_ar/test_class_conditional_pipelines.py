@@ -91,7 +91,9 @@ def test_the_progress_bar_shows_and_can_be_hidden(family, capsys):
     ("var", {"method": "sjd"}, "unknown method 'sjd'; choose from ar, code"),
     ("var", {"method": "code", "guidance_scale": -1.0}, "guidance_scale must be a finite number >= 0"),
     ("var", {"method": "code", "temperature": float("nan")}, "temperature must be a finite number >= 0"),
-    ("var", {"method": "code", "top_k": 0}, "top_k must be an integer >= 1"),
+    ("var", {"method": "code", "top_k": -1}, "top_k must be an integer >= 0"),
+    ("var", {"method": "code", "top_p": 0}, "top_p must be in (0, 1]"),
+    ("var", {"method": "ar", "top_p": 1.5}, "top_p must be in (0, 1]"),
     ("var", {"method": "ar", "output_type": "pt"}, "output_type must be one of pil, np"),
 ])
 def test_bad_settings_are_one_clear_error(family, kwargs, message):

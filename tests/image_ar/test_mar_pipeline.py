@@ -133,6 +133,7 @@ def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
     (["--lantern-k", "4"], "--lantern-k: not options of MAR"),
     (["--temperature", "0"], "temperature must be a finite number > 0"),
     (["--top-k", "3"], "top_k does not apply to MAR"),
+    (["--top-p", "0.9"], "--top-p: not options of MAR"),
     (["--method", "ar", "--draft-steps", "2"], "--draft-steps applies to method cspd, not 'ar'"),
     (["--num-iter", "17"], "num_iter must be an integer in 1..16"),
 ])
@@ -165,7 +166,7 @@ def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
     assert "cspd k=2" in table and "target fwd" in table and "speed-up" in table
     assert main(["bench", "image", "--model", str(saved), "--n", "1", "--threads", "1", "-k", "3", "--json"]) == 0
     assert [r["method"] for r in json.loads(capsys.readouterr().out)["methods"]] == ["ar", "cspd k=3", "ar 3 steps"]
-    for flags in (["--lantern", "0.1,4"], ["--window", "8"]):
+    for flags in (["--lantern", "0.1,4"], ["--window", "8"], ["--top-k", "5"]):
         assert main(["bench", "image", "--model", str(saved), *flags]) == 2
         assert "not options of MAR rows" in capsys.readouterr().err
 
@@ -232,5 +233,7 @@ def test_family_flags_are_refused_before_any_weights_load(saved, tmp_path, capsy
                                   (llamagen, ["--draft-scales", "2"], "applies to VAR models")):
         assert main(["generate-image", "shape 1", "--model", str(model), "--out", str(tmp_path / "x.png"), *flags]) == 2
         assert message in capsys.readouterr().err
+    assert main(["bench", "image", "--model", str(llamagen), "--top-p", "0.9"]) == 2
+    assert "--top-p applies to VAR models" in capsys.readouterr().err
     assert main(["bench", "image", "--model", str(saved), "--window", "8"]) == 2
     assert "not options of MAR rows" in capsys.readouterr().err

@@ -50,6 +50,11 @@ def test_save_and_load_round_trip(pipe, tmp_path):
     a = pipe(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
     b = loaded(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
     assert maps_equal(a.token_maps, b.token_maps)
+    pipe.refiner.save_pretrained(tmp_path / "refiner-2")  # a fine-tuned refiner beside the pipeline's own
+    named = VARPipeline.from_pretrained(tmp_path, refiner="refiner-2")
+    assert_same_components(pipe, named, ("refiner",))
+    with pytest.raises(MMSpecError, match="refiner-9"):
+        VARPipeline.from_pretrained(tmp_path, refiner="refiner-9")
     without = VARPipeline.from_pretrained(tmp_path, refiner=False)
     assert without.available_methods == ["ar"] and without.default_method == "ar"
 
@@ -94,6 +99,23 @@ def test_greedy_code_with_the_large_models_weights_as_refiner_equals_ar(pipe, vq
     assert not maps_equal(ar.token_maps, other.token_maps)  # control: another refiner changes the last scales
 
 
+def test_the_card_s_top_k_and_top_p_filter_every_scale_unless_given(pipe, vq):
+    """CoDe's sampler filters each scale (top-k, top-p); a card may set them, a call overrides or turns them off."""
+    filtered = VARPipeline(pipe.model, vq, pipe.refiner, class_names=CLASSES, card={**pipe.card, "top_k": 1, "top_p": 0.9})
+    greedy = pipe(class_labels=[1, 2], method="code", temperature=0, progress_bar=False)
+    out = filtered(class_labels=[1, 2], method="code", seed=3, progress_bar=False)
+    assert maps_equal(out.token_maps, greedy.token_maps)  # top-1 of every scale: sampling is the argmax
+    assert out.settings["top_k"] == 1 and out.settings["top_p"] == 0.9
+    direct = code_generate(pipe.model, pipe.refiner, vq, [1, 2], 2, VARSampling(cfg=2.0, top_k=3, top_p=0.5),
+                           seeded_generator("cpu", 3))
+    given = filtered(class_labels=[1, 2], method="code", top_k=3, top_p=0.5, seed=3, progress_bar=False)
+    assert maps_equal(given.token_maps, direct.token_maps)
+    off = filtered(class_labels=[1, 2], method="code", top_k=0, top_p=1.0, seed=3, progress_bar=False)
+    unfiltered = pipe(class_labels=[1, 2], method="code", seed=3, progress_bar=False)
+    assert maps_equal(off.token_maps, unfiltered.token_maps)
+    assert not maps_equal(off.token_maps, out.token_maps)  # control: the filters change the draws
+
+
 def test_a_vq_of_another_vocabulary_is_refused(pipe):
     with pytest.raises(MMSpecError, match="does not match the VAR"):
         VARPipeline(pipe.model, tiny_vq(vocab_size=12))
@@ -125,6 +147,7 @@ def test_generate_image_runs_code_with_the_draft_scales(saved, tmp_path, capsys)
     (["--method", "sjd"], "unknown method 'sjd'; choose from ar, code"),
     (["--method", "ar", "--draft-scales", "2"], "draft_scales applies to method 'code' only"),
     (["--method", "code", "--lantern-k", "4"], "--lantern-k: options of LlamaGen-style methods"),
+    (["--method", "code", "--top-p", "0"], "expected a number in (0, 1]"),
 ])
 def test_generate_image_bad_settings_are_one_line_and_exit_2(saved, tmp_path, capsys, argv, message):
     from mmspec.cli import main
@@ -171,6 +194,18 @@ def test_bench_image_refuses_llamagen_rows_for_a_var_model(saved, capsys, flags,
 
     assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", *flags]) == 2
     assert f"{named}: options of LlamaGen-style rows" in capsys.readouterr().err
+
+
+def test_bench_image_samples_every_var_row_with_the_given_filters(saved, capsys):
+    from mmspec.cli import main
+
+    assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", "--draft-scales", "2", "--top-k", "1",
+                 "--top-p", "0.5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["top_k"] == 1 and report["settings"]["top_p"] == 0.5
+    assert main(["bench", "image", "--model", str(saved), "--num-samples", "1", "--draft-scales", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["top_k"] is None and report["settings"]["top_p"] is None  # the tiny card sets none
 
 
 def test_the_bench_states_ar_s_own_spread_as_a_wilson_interval():

@@ -126,6 +126,33 @@ def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(built,
     assert after == pytest.approx(before, rel=1e-3)  # only the fp16 rounding of the saved weights
 
 
+def test_continuing_a_fine_tuned_refiner_keeps_its_earlier_runs_in_the_card(built):
+    """--init-from OUT/refiner-N continues that refiner: the card keeps each earlier run, sums the training time and
+    chains the rebuild commands, so the section still says how to remake what ships."""
+    out = built
+    first = code_recipe(out, "--stage", "refiner", "--draft-scales", "6", "--sample-n", "0")
+    assert "earlier_runs" not in first and "--init-from" not in first["rebuild_command"]
+    second = code_recipe(out, "--stage", "refiner", "--draft-scales", "6", "--sample-n", "0", "--all-scales-share", "0",
+                         "--init-from", str(out / "refiner-6"))
+    third = code_recipe(out, "--stage", "refiner", "--draft-scales", "6", "--sample-n", "0", "--all-scales-share", "0",
+                        "--init-from", str(out / "refiner-6"))
+    card = json.loads((out / "zoo_card.json").read_text())["components"]["refiner-6"]
+    assert card == json.loads(json.dumps(third))
+    assert [run["rebuild_command"] for run in card["earlier_runs"]] == [
+        first["rebuild_command"], f"{first['rebuild_command']} && {second['rebuild_command'].split(' && ')[-1]}"]
+    commands = card["rebuild_command"].split(" && ")
+    assert len(commands) == 3 and all(c.endswith("--init-from shapes-var/refiner-6 --all-scales-share 0")
+                                      for c in commands[1:])
+    runs = card["earlier_runs"]  # each run's own time; a section's total counts every run
+    assert runs[0]["train_wall_time_s"] == first["train_wall_time_s"]
+    assert runs[1]["train_wall_time_s"] == pytest.approx(second["train_wall_time_s"] - first["train_wall_time_s"], abs=0.2)
+    assert card["train_wall_time_s"] > second["train_wall_time_s"] > first["train_wall_time_s"] > 0
+    assert "continued from its own earlier runs" in card["trained_on"] and "scales 6..7 only" in card["trained_on"]
+    other = code_recipe(out, "--stage", "refiner", "--draft-scales", "4", "--sample-n", "0",
+                        "--init-from", str(out / "refiner-6"))  # another section's weights: a fresh start, named
+    assert "earlier_runs" not in other and f"--init-from {out / 'refiner-6'}" in other["rebuild_command"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--draft-scales", "8"], "draft_steps must be in 1..7"),
     (["--draft-scales", "0"], "draft_steps must be in 1..7"),
