@@ -2,7 +2,8 @@
 
 CoDe's table (Chen et al. 2024) on 10 scales compares N = 9/1, 8/2, 7/3, 6/4 (scales of the large model /
 of the refiner) with the large model alone; a model with S scales gets the rows N = S-1 .. S-4 (those
-within 1..S-1). Image i of every row uses the same class label and a CPU generator seeded with seed + i.
+within 1..S-1); at a split with a fine-tuned refiner (the card's `fine_tuned_refiners`) the row runs it and says
+so ("code 6/2, refiner-6"). Image i of every row uses the same class label and a CPU generator seeded with seed + i.
 Columns: forwards of the large model and of the refiner, wall time (median over repetitions after a
 warm-up, rows interleaved: `mmspec.bench.harness`), speed-up over ar, and, from the judge (default the
 zoo's `shapes-image-ar` judge): class accuracy and the Fréchet distance to an independent ar run (other
@@ -72,7 +73,7 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     draft_scales = list(draft_scales) if draft_scales else default_draft_scales(scales)
     for n in draft_scales:
         pipe.check_draft_scales("code", n)
-    rows_spec = {REFERENCE: ("ar", None), **{f"code {n}/{scales - n}": ("code", n) for n in draft_scales}}
+    rows_spec = {REFERENCE: ("ar", None), **{code_row(pipe, n): ("code", n) for n in draft_scales}}
     options = {"guidance_scale": guidance_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                "progress_bar": False}
     sampling = pipe.sampling_for(pipe.default_guidance_scale if guidance_scale is None else guidance_scale, temperature,
@@ -106,6 +107,12 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     return VARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
 
 
+def code_row(pipe: VARPipeline, n: int) -> str:
+    """A CoDe row's name: the split, and the refiner when it is not the pipeline's own refiner/."""
+    refiner = pipe.refiner_for(n)[1]
+    return f"code {n}/{pipe.num_scales - n}" + ("" if refiner == "refiner" else f", {refiner}")
+
+
 def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]], label: int,
                 options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per row {memory_mb, memory_measure}: CUDA peak of one image, else the weights kept loaded + the row's
@@ -119,7 +126,8 @@ def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]],
             peak = torch.cuda.max_memory_allocated(pipe.device) / 2**20
             result[name] = {"memory_mb": peak, "memory_measure": "torch.cuda.max_memory_allocated, one image"}
         else:
-            models = (pipe.model,) if method == "ar" else (pipe.model, pipe.refiner)
+            refiner = None if method == "ar" else pipe.refiner_for(n)[0]
+            models = (pipe.model,) if method == "ar" else (pipe.model, refiner)
             cfg = options.get("guidance_scale")
             cfg = pipe.default_guidance_scale if cfg is None else cfg
             rows = 2 if cfg else 1  # CFG runs the conditional and the unconditional row
@@ -127,7 +135,7 @@ def peak_memory(pipe: VARPipeline, rows_spec: dict[str, tuple[str, int | None]],
                 cache = kv_cache_bytes(pipe.model, pipe.model.L, rows)
             else:  # the large model's cache is freed before the refiner builds its own
                 cache = max(kv_cache_bytes(pipe.model, pipe.model.begin_ends[n - 1][1], rows),
-                            kv_cache_bytes(pipe.refiner, pipe.refiner.L, rows))
+                            kv_cache_bytes(refiner, refiner.L, rows))
             result[name] = {"memory_mb": weights_mb(*models) + cache / 2**20,
                             "memory_measure": "weights kept loaded + the largest KV cache of one image, from shapes"}
     return result

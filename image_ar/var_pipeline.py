@@ -8,12 +8,14 @@ Methods:
     ar    the large VAR alone, one forward per scale (KV-cached), classifier-free guidance ramped over scales
     code  CoDe (Chen et al. 2024): the large VAR drafts scales 1..N (`draft_scales`), the small refiner VAR
           reads them in one block-causal prefill and generates the remaining scales (`image_ar.code`).
-          Not lossless: the last scales follow the refiner.
+          Not lossless: the last scales follow the refiner. CoDe's specialised mode fine-tunes a refiner for one
+          split; a pipeline holding such refiners (`fine_tuned_refiners`, saved as refiner-N/) runs the one made
+          for the asked `draft_scales`, and the plain `refiner` at every other split.
 
 A `SpeculativePipeline` (mmspec.pipelines, on diffusers' `DiffusionPipeline`): the large VAR `model`,
 its VQ-VAE `vq` and the optional `refiner` are diffusers `ModelMixin` / `ConfigMixin` components
 (`.to()`, `.device`, `.dtype`, `pipe.components`); `class_names` and `card` are settings in
-`model_index.json`. `save_pretrained(folder)` writes model_index.json + model/, vq/, refiner/;
+`model_index.json`. `save_pretrained(folder)` writes model_index.json + model/, vq/, refiner/ (+ refiner-N/);
 `from_pretrained(folder or zoo name)` reads them back (weights stored in fp16 load as float32 unless
 `dtype=` says otherwise).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -38,13 +41,18 @@ from mmspec.stats import SpecStats
 
 from .code import check_draft_steps, code_generate
 from .imaging import convert
-from .pipeline_common import ClassConditionalMixin, check_class_count, check_output_type
+from .pipeline_common import ClassConditionalMixin, check_class_count, check_output_type, load_component
 from .var import VAR, VARSampling
 from .var_vq import VQVAE
 
 DEFAULT_VAR_MODEL = "shapes-var"
 DEFAULT_CFG = 1.5  # VAR's official guidance (the ramp's end value) when the card states none
 VAR_METHODS = ("ar", "code")
+
+
+def fine_tuned_folder(draft_scales: int) -> str:
+    """The subfolder of a saved pipeline holding the refiner fine-tuned for `draft_scales`."""
+    return f"refiner-{int(draft_scales)}"
 
 
 @dataclass
@@ -54,7 +62,7 @@ class VARPipelineOutput(ImagePipelineOutput):
     A diffusers `BaseOutput` (mmspec's `ImagePipelineOutput`): `out.images`, `out["images"]` and `out[0]`
     are the images; method, model, stats as there. token_maps: one LongTensor [N, pn^2] per scale;
     class_labels: the class id of each image; settings: what the method ran with (draft_scales,
-    cfg, temperature, top_k, top_p).
+    refiner: the folder name of the refiner CoDe ran, cfg, temperature, top_k, top_p).
     """
 
     token_maps: list[torch.LongTensor]
@@ -72,6 +80,8 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         class_names: optional class names in id order (for `prompt=`).
         model_name: shown in outputs.
         card: zoo card (default_method, draft_scales, cfg, top_k, top_p), if any.
+        fine_tuned_refiners: optional {draft_scales: small VAR} fine-tuned for that split (CoDe's specialised
+            refiners); listed in the card as `fine_tuned_refiners` and saved as refiner-N/.
     """
 
     conditioning = "class"
@@ -81,7 +91,8 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
     _optional_components = ["refiner"]
 
     def __init__(self, model: VAR, vq: VQVAE, refiner: VAR | None = None, class_names: Sequence[str] | None = None,
-                 model_name: str = "", card: dict[str, Any] | None = None) -> None:
+                 model_name: str = "", card: dict[str, Any] | None = None,
+                 fine_tuned_refiners: dict[int, VAR] | None = None) -> None:
         model.check_vq(vq)
         if refiner is not None:
             refiner.check_vq(vq)
@@ -89,6 +100,10 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         super().__init__()
         self._register_parts(class_names, card, model_name or type(model).__name__, model=model.eval(), vq=vq.eval(),
                              refiner=refiner.eval() if refiner is not None else None)
+        self.fine_tuned_refiners: dict[int, VAR] = {}
+        self.refiner_name = "refiner"  # shown in the outputs' settings: the folder it came from, when given as one
+        if fine_tuned_refiners is not None:  # None: diffusers' loader builds the pipeline; from_pretrained adds them
+            self.set_fine_tuned_refiners(fine_tuned_refiners)
 
     # --- loading --------------------------------------------------------------------------------
 
@@ -98,15 +113,45 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
                         torch_dtype: torch.dtype | str | None = None) -> "VARPipeline":
         """Load a saved pipeline folder or zoo name (model_index.json + model/, vq/, optional refiner/).
 
-        `refiner`: None = the folder's refiner/ if present; False = none; a folder, a subfolder's name (the zoo's
-        `shapes-var` ships "refiner-6" and "refiner-4", CoDe's fine-tunes for draft_scales 6 and 4) or a `VAR`.
-        `dtype` (or `torch_dtype`) defaults to float32.
+        `refiner`: None = the folder's refiner/ if present, plus the fine-tuned refiners its card lists (refiner-N/,
+        each run at draft_scales N: the zoo's `shapes-var` ships refiner-6 and refiner-4); False = none; a folder, a
+        subfolder's name ("refiner-6") or a `VAR` = that refiner at every split. `dtype` (or `torch_dtype`) defaults
+        to float32.
         """
-        return cls._load_saved_parts(model_id_or_path, device, resolve_dtype(dtype, torch_dtype),
-                                     {"model": (VAR, "VAR"), "vq": (VQVAE, "VQ-VAE")},
+        dtype = resolve_dtype(dtype, torch_dtype)
+        pipe = cls._load_saved_parts(model_id_or_path, device, dtype, {"model": (VAR, "VAR"), "vq": (VQVAE, "VQ-VAE")},
                                      ("refiner", VAR, "refiner VAR", refiner),
                                      "{name!r} is not a zoo VAR model or a folder saved by VARPipeline.save_pretrained "
                                      "(model_index.json with model/, vq/ and optionally refiner/)")
+        if isinstance(refiner, (str, os.PathLike)):
+            pipe.refiner_name = Path(str(refiner)).name
+        listed = pipe.card.get("fine_tuned_refiners", []) if refiner is None else []
+        pipe.set_fine_tuned_refiners({int(n): load_component(VAR, pipe.folder, fine_tuned_folder(n), "fine-tuned refiner",
+                                                             dtype) for n in listed})
+        return pipe
+
+    def set_fine_tuned_refiners(self, refiners: dict[int, VAR]) -> None:
+        """CoDe's specialised refiners, {draft_scales N: small VAR fine-tuned on scales N..}: a CoDe call at N runs
+        its own instead of `refiner`. They move with `.to()`, are saved as refiner-N/ and listed in the card."""
+        for n, refiner in refiners.items():
+            self.check_draft_scales("code", n)
+            refiner.check_vq(self.vq)
+            check_class_count(self.num_classes, None, f"fine-tuned refiner for draft_scales {n}", refiner.num_classes)
+        self.fine_tuned_refiners = {int(n): r.eval().to(self.model.device) for n, r in sorted(refiners.items())}
+        listed = sorted(self.fine_tuned_refiners, reverse=True)
+        if listed or "fine_tuned_refiners" in self.card:
+            self.card["fine_tuned_refiners"] = listed  # the card says what save_pretrained writes
+            self.register_to_config(card=self.card)
+
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        return {fine_tuned_folder(n): refiner for n, refiner in self.fine_tuned_refiners.items()}
+
+    def refiner_for(self, draft_scales: int) -> tuple[VAR | None, str]:
+        """The refiner CoDe runs after `draft_scales` large-model scales, and its folder's name: the one fine-tuned for
+        that split if the pipeline holds it, else `refiner`."""
+        if draft_scales in self.fine_tuned_refiners:
+            return self.fine_tuned_refiners[draft_scales], fine_tuned_folder(draft_scales)
+        return self.refiner, self.refiner_name
 
     # --- methods --------------------------------------------------------------------------------
 
@@ -197,11 +242,13 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
             synchronize(self.device)  # on a GPU the timing covers the queued work
             start = time.perf_counter()
             if method == "code":
-                out = code_generate(self.model, self.refiner, self.vq, labels, n, sampling, generator, decode=False,
+                refiner, refiner_name = self.refiner_for(n)
+                out = code_generate(self.model, refiner, self.vq, labels, n, sampling, generator, decode=False,
                                     on_scale=on_scale)
                 token_maps, f_hat = out.token_maps, out.f_hat
                 stats.target_forwards, stats.drafter_forwards = out.stats["forwards"]["drafter"], out.stats["forwards"]["refiner"]
             else:
+                refiner_name = None
                 state = self.model.begin(labels)
                 self.model.run_scales(state, self.vq, 0, self.num_scales, sampling, generator, name="model",
                                       on_scale=on_scale)
@@ -211,7 +258,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
             stats.total_time = time.perf_counter() - start
         stats.new_tokens = sum(int(t.numel()) for t in token_maps)
         pixels = self.vq.fhat_to_img(f_hat.to(self.vq.device, self.vq.dtype))  # stats time token generation only
-        settings = {"draft_scales": n, "scales": self.num_scales, "cfg": sampling.cfg, "temperature": temperature,
-                    "top_k": top_k, "top_p": top_p}
+        settings = {"draft_scales": n, "refiner": refiner_name, "scales": self.num_scales, "cfg": sampling.cfg,
+                    "temperature": temperature, "top_k": top_k, "top_p": top_p}
         return VARPipelineOutput(images=convert(pixels, output_type), method=method, model=self.model_name, stats=stats,
                                  token_maps=list(token_maps), class_labels=labels, settings=settings)

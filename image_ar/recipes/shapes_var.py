@@ -7,7 +7,8 @@ and the CLI load it as any saved pipeline::
         model_index.json   VARPipeline: components vq, model, refiner
         vq/        the multi-scale residual VQ-VAE (VQVAE, official VAR names): 64x64 image <-> 16x16 latent
         model/     the large VAR (the CoDe drafter, and the model of method "ar")
-        refiner/   the small VAR on the same VQ-VAE (the CoDe refiner)
+        refiner/   the small VAR on the same VQ-VAE (the CoDe refiner, training-free mode)
+        refiner-N/ the small VAR fine-tuned for draft_scales N (CoDe's specialised mode; train_shapes_var_code)
         classes.json, zoo_card.json
 
 The images and classes are those of ``shapes-image-ar`` (:mod:`image_ar_data`: 24 classes, kind x
@@ -72,6 +73,12 @@ def update_card(out: Path, section: str, info: dict[str, Any]) -> dict[str, Any]
     """Fill `components[section]` (or the top level for "pipeline") of OUT/zoo_card.json and write classes.json."""
     card = data.fill_card(out, section, info, top_level="pipeline", new_card=base_card)
     return data.write_card(out, card, [c.get("train_wall_time_s") for c in card.get("components", {}).values()])
+
+
+def fine_tuned_refiners(out: Path) -> list[int]:
+    """The draft_scales N whose fine-tuned refiner (OUT/refiner-N/, CoDe's specialised mode) is saved, largest first."""
+    found = [p.parent.name.removeprefix("refiner-") for p in out.glob("refiner-*/config.json")]
+    return sorted((int(n) for n in found if n.isdigit()), reverse=True)
 
 
 def summary(out: Path) -> dict:

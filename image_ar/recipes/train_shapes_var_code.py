@@ -18,7 +18,9 @@ drafter  starts from ``OUT/model`` and trains with cross-entropy on the ground-t
 Losses: :mod:`mmspec.image_ar.code_training`. Data: the cached VQ codes of ``train_shapes_var``. Quality,
 before and after, on held-out sequences: the refiner's KL to the large VAR on scales N..end (refiner) or
 the token loss on scales 0..N-1 (drafter), and the judge's class accuracy of CoDe samples at N (the large
-VAR, or the new drafter, with the refiner) at guidance ``--cfg``. Use the result with
+VAR, or the new drafter, with the refiner) at guidance ``--cfg``. A refiner written into a saved pipeline
+folder (OUT/model_index.json) is listed in its card, so ``VARPipeline.from_pretrained(OUT)`` runs it at
+draft_scales N (and the card's default becomes N = scales - 2 once refiner-(scales-2) exists); elsewhere use
 ``VARPipeline.from_pretrained("shapes-var", refiner=".../refiner-6")`` or
 ``mmspec bench image --model shapes-var --drafter .../refiner-6 --draft-scales 6``.
 """
@@ -44,6 +46,7 @@ from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_vq import VQVAE
 from mmspec.training import optimizer_step, seed_everything, set_lr, warmup_cosine
 
+from . import build_shapes_var
 from . import image_ar_data as data
 from . import shapes_var
 from .train_shapes_var import cached_scale_codes, optimiser_text, saved_var_facts, split_scales, training_parts
@@ -209,7 +212,10 @@ def train(args: argparse.Namespace) -> dict:
         "rebuild_command": rebuild_command(args, loop.done, earlier),
     }
     shapes_var.update_card(out, section, info)
-    shapes_var.update_card(out, "pipeline", shapes_var.summary(out))  # totals now count this refiner too
+    if args.stage == "refiner" and (out / "model_index.json").is_file():
+        build_shapes_var.assemble(out)  # the pipeline lists the new refiner (run at draft_scales N) in its card
+    else:
+        shapes_var.update_card(out, "pipeline", shapes_var.summary(out))  # totals now count this model too
     print(f"saved {folder} after {wall:.0f}s of training", flush=True)
     return info
 

@@ -135,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(out_path)
         if getattr(pipe, "family", None) == "var":  # no drafts are verified: tau and alpha mean nothing here
+            refiner = f" ({out.settings['refiner']})" if out.settings.get("refiner") else ""
             print(f"{out.method}: {s.new_tokens} tokens over {out.settings['scales']} scales, {s.target_forwards} large / "
-                  f"{s.drafter_forwards} refiner forwards, {s.total_time * 1e3:.0f} ms", file=sys.stderr)
+                  f"{s.drafter_forwards} refiner forwards{refiner}, {s.total_time * 1e3:.0f} ms", file=sys.stderr)
         elif getattr(pipe, "family", None) == "mar":  # forwards per model; cspd: window tokens kept
             kept = f", {s.accepted}/{s.drafted} drafted tokens accepted" if out.method == "cspd" else ""
             print(f"{out.method}: {s.new_tokens} tokens in {out.settings['num_iter']} steps, {s.target_forwards} target / "

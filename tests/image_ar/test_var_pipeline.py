@@ -14,7 +14,7 @@ import torch
 
 from mmspec.errors import MMSpecError
 from mmspec.image_ar.code import code_generate
-from mmspec.image_ar.var import VARSampling
+from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_pipeline import VARPipeline
 from mmspec.pipelines import SpeculativePipeline
 from mmspec.sampling import seeded_generator
@@ -114,6 +114,37 @@ def test_the_card_s_top_k_and_top_p_filter_every_scale_unless_given(pipe, vq):
     unfiltered = pipe(class_labels=[1, 2], method="code", seed=3, progress_bar=False)
     assert maps_equal(off.token_maps, unfiltered.token_maps)
     assert not maps_equal(off.token_maps, out.token_maps)  # control: the filters change the draws
+
+
+def test_a_fine_tuned_refiner_runs_at_its_own_split_and_travels_with_the_pipeline(pipe, vq, tmp_path):
+    """CoDe's specialised mode: a refiner fine-tuned for N runs when a call asks for N; the plain refiner elsewhere.
+    Saved as refiner-N/ and listed in the card; loaded back by default, not when a refiner is named."""
+    tuned = var_of(7, 3)
+    both = VARPipeline(pipe.model, vq, pipe.refiner, class_names=CLASSES, card=pipe.card, fine_tuned_refiners={3: tuned})
+    assert both.card["fine_tuned_refiners"] == [3]
+    for n, refiner, name in ((3, tuned, "refiner-3"), (2, pipe.refiner, "refiner")):
+        out = both(class_labels=[0, 2], method="code", draft_scales=n, seed=6, progress_bar=False)
+        direct = code_generate(pipe.model, refiner, vq, [0, 2], n, VARSampling(cfg=2.0), seeded_generator("cpu", 6))
+        assert maps_equal(out.token_maps, direct.token_maps) and out.settings["refiner"] == name
+    plain = pipe(class_labels=[0, 2], method="code", draft_scales=3, seed=6, progress_bar=False)
+    assert not maps_equal(plain.token_maps, both(class_labels=[0, 2], method="code", draft_scales=3, seed=6,
+                                                 progress_bar=False).token_maps)  # control: the refiner matters
+    both.save_pretrained(tmp_path)
+    assert (tmp_path / "refiner-3" / "config.json").is_file()
+    assert json.loads((tmp_path / "model_index.json").read_text())["card"]["fine_tuned_refiners"] == [3]
+    loaded = VARPipeline.from_pretrained(tmp_path)
+    assert list(loaded.fine_tuned_refiners) == [3]
+    assert all(torch.equal(a, b) for a, b in zip(tuned.state_dict().values(),
+                                                  loaded.fine_tuned_refiners[3].state_dict().values(), strict=True))
+    assert loaded.to(torch.float64).fine_tuned_refiners[3].dtype == torch.float64  # moves with .to()
+    named = VARPipeline.from_pretrained(tmp_path, refiner="refiner-3")
+    assert named.fine_tuned_refiners == {} and named.card["fine_tuned_refiners"] == []
+    assert named(class_labels=[0], method="code", draft_scales=2, seed=0, progress_bar=False).settings["refiner"] == "refiner-3"
+    with pytest.raises(MMSpecError, match="draft_scales must be an integer in 1..3"):
+        VARPipeline(pipe.model, vq, pipe.refiner, fine_tuned_refiners={4: tuned})
+    other = VAR(vocab_size=16, Cvae=8, num_classes=4, depth=1, embed_dim=32, num_heads=2, patch_nums=pipe.model.patch_nums)
+    with pytest.raises(MMSpecError, match="refiner for draft_scales 2 has 4 classes, the model 5"):
+        VARPipeline(pipe.model, vq, pipe.refiner, fine_tuned_refiners={2: other})
 
 
 def test_a_vq_of_another_vocabulary_is_refused(pipe):

@@ -93,7 +93,11 @@ def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(built):
     """Each stage writes STAGE-N/ (a VAR the pipeline takes as its refiner or as a model) and a card section with
     the quality before and after; the refiner's before/after KL is to the large VAR on the scales it generates."""
     out = built
+    assert VARPipeline.from_pretrained(out).default_draft_scales == 7  # no fine-tuned refiner yet: 7/1
     info = code_recipe(out, "--stage", "refiner", "--draft-scales", "6")
+    listed = VARPipeline.from_pretrained(out)  # the saved pipeline now runs refiner-6 at 6/2, its new default
+    assert list(listed.fine_tuned_refiners) == [6] and listed.default_draft_scales == 6
+    assert listed(class_labels=0, method="code", seed=0, progress_bar=False).settings["refiner"] == "refiner-6"
     for when in ("before", "after"):
         quality = info["quality"][when]
         assert quality["heldout_kl_to_large_on_refined_scales"] >= 0 and 0 <= quality["code_6_class_accuracy_cfg_1.5"] <= 1

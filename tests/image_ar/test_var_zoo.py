@@ -27,6 +27,14 @@ def test_it_loads_by_name_with_both_methods(pipe):
     assert out.stats.target_forwards == pipe.default_draft_scales
 
 
+def test_code_runs_the_refiner_fine_tuned_for_the_split_asked(pipe):
+    """The card's default 6/2 runs refiner-6; a split without its own fine-tune runs the training-free refiner/."""
+    assert pipe.default_draft_scales == 6 and sorted(pipe.fine_tuned_refiners) == [4, 6]
+    for n, name in ((None, "refiner-6"), (4, "refiner-4"), (7, "refiner")):
+        out = pipe(class_labels=0, method="code", draft_scales=n, seed=0, progress_bar=False)
+        assert out.settings["refiner"] == name
+
+
 def test_the_cli_writes_a_code_image(tmp_path, capsys):
     from mmspec.cli import main
 
