@@ -37,12 +37,13 @@ def default_draft_scales(num_scales: int) -> list[int]:
 class VARBenchReport(ImageReport):
     def to_table(self) -> str:
         quality_header, quality_cells = quality_columns(self.rows)
-        header = (f"{'method':<16} {'large fwd':>9} {'refiner fwd':>11} {'wall s':>8} {'min-max s':>15} {'speed-up':>8} "
+        width = max([16, *(len(r["method"]) for r in self.rows)])
+        header = (f"{'method':<{width}} {'large fwd':>9} {'refiner fwd':>11} {'wall s':>8} {'min-max s':>15} {'speed-up':>8} "
                   f"{'memory MB':>10}") + quality_header
         lines = self.table_head(header)
         for r in self.rows:
             span = f"{r['wall_time_min_s']:.3f}-{r['wall_time_max_s']:.3f}"
-            line = (f"{r['method']:<16} {r['target_forwards']:>9} {r['drafter_forwards']:>11} "
+            line = (f"{r['method']:<{width}} {r['target_forwards']:>9} {r['drafter_forwards']:>11} "
                     f"{r['wall_time_median_s']:>8.3f} {span:>15} {r['speed_up']:>7.2f}x {r['memory_mb']:>10.1f}")
             lines.append(line + quality_cells(r))
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())

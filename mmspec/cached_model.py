@@ -7,6 +7,7 @@ nothing in transformers is patched.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -54,6 +55,13 @@ def cache_argument(model: torch.nn.Module) -> str:
 def _cache_argument_of(forward: Any) -> str:
     # Read once per forward function: drafters ask on every call, and inspect.signature is slow.
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def with_cache(output_class: type, cache: Any, **fields: Any) -> Any:
+    """A transformers `ModelOutput` holding `cache` under the field name this transformers uses (`cache` since
+    5.24, `past_key_values` before), so neither version warns."""
+    name = "cache" if "cache" in {f.name for f in dataclasses.fields(output_class)} else "past_key_values"
+    return output_class(**fields, **{name: cache})
 
 
 def output_cache(out: Any) -> Any:

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModel, DynamicCache, LlamaConfig, Pretr
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from mmspec.cached_model import cache_argument
+from mmspec.cached_model import cache_argument, with_cache
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.kernels.lean_llama import lean_layer_supported, llama_layer_forward
 from mmspec.policies import DraftLengthPolicy
@@ -214,7 +214,7 @@ class MSDDrafterModel(FeatureDrafterModel):
                 continue
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, **{cache_argument(layer): past_key_values},
                            use_cache=use_cache, position_embeddings=position_embeddings)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)
+        return with_cache(BaseModelOutputWithPast, past_key_values, last_hidden_state=hidden)
 
     def training_loss(
         self,

@@ -31,6 +31,7 @@ import time
 import torch
 from transformers import AutoTokenizer, DynamicCache, LlamaForCausalLM
 
+from mmspec.cached_model import cache_argument
 from mmspec.world import detailed_examples, heldout_prompts
 from mmspec.zoo import resolve
 
@@ -57,12 +58,12 @@ def forward_latency_ms(model: LlamaForCausalLM, new_tokens: int, calls: int = 10
     prefix = torch.randint(4, vocab, (1, CACHE_LEN), generator=gen)
     step = torch.randint(4, vocab, (1, new_tokens), generator=gen)
     cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, past_key_values=cache, use_cache=True)
+    model(input_ids=prefix, **{cache_argument(model): cache}, use_cache=True)
     pos = torch.arange(CACHE_LEN, CACHE_LEN + new_tokens).unsqueeze(0)
     total = 0.0
     for i in range(calls + 5):
         t0 = time.perf_counter()
-        model(input_ids=step, past_key_values=cache, position_ids=pos, use_cache=True)
+        model(input_ids=step, **{cache_argument(model): cache}, position_ids=pos, use_cache=True)
         dt = time.perf_counter() - t0
         cache.crop(-new_tokens)  # roll back (negative = tokens to drop in transformers 5.x)
         if i >= 5:  # warm-up calls are not counted
