@@ -45,6 +45,7 @@ from transformers import GenerationConfig, PreTrainedModel, WhisperConfig, Whisp
 from ..cached_model import cache_argument, model_vocab_size, output_cache
 from ..devices import input_device
 from ..errors import MMSpecError
+from ..kernels.int8_linear import Int8Linear, int8_drafting_available, int8_linears
 from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
@@ -93,7 +94,10 @@ class ARFastDecoder(WhisperForCausalLM):
         layers, drafting over `draft_vocab` only); the folder then holds no weights at all;
       - `draft_vocab`: token ids drafting projects onto (None: the whole vocabulary);
       - `draft_redraft`, `draft_redraft_tokens`: how `make_hybrid_drafter` drafts by default (see
-        `ARHybridDrafter`), so a shipped fast decoder carries the setting it was measured with.
+        `ARHybridDrafter`), so a shipped fast decoder carries the setting it was measured with;
+      - `draft_weights`: "int8" = lean drafting steps run weight-only int8 copies of the decoder's linear
+        layers and head, made once at first use (`mmspec.kernels.int8_linear`; on a CPU only, elsewhere
+        the weights as they are). The target verifies with its own weights: the output does not change.
     """
 
     # With shared embeddings the checkpoint has no embedding/head: they are bound from the target.
@@ -102,6 +106,7 @@ class ARFastDecoder(WhisperForCausalLM):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self._draft_head: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (source weight, rows, ids)
+        self._int8: dict[Any, Int8Linear] = {}  # int8 copies for lean drafting, by module (and "head")
         self.prompt_ids: list[int] | None = None  # set per utterance by ARHybridDrafter
         self.suppress_tokens: list[int] | None = None
         self.begin_suppress_tokens: list[int] | None = None
@@ -340,8 +345,19 @@ class ARFastDecoder(WhisperForCausalLM):
             step_input = (choice if vocab_ids is None else vocab_ids[choice])[:, None]
         return out
 
+    def lean_runner(self, head: torch.Tensor) -> LeanWhisperDecoder:
+        """The lean step runner over this decoder and the drafting `head` rows (int8 copies if the config asks)."""
+        if getattr(self.config, "draft_weights", None) != "int8" or not int8_drafting_available(head.device):
+            return LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
+        modules = [m for layer in self.model.decoder.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+        self._int8.update(int8_linears(modules, self._int8))
+        if "head" not in self._int8 or self._int8["head"].source is not head:
+            self._int8["head"] = Int8Linear(head)  # head rows have no bias (see LeanWhisperDecoder.logits)
+        return LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head,
+                                  linears={m: self._int8[m] for m in modules}, head=self._int8["head"])
+
     def _lean_steps(self, states: torch.Tensor, head: torch.Tensor) -> Callable[[torch.LongTensor], torch.Tensor]:
-        runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
+        runner = self.lean_runner(head)
         state = runner.start(states)
         return lambda ids: runner.step(state, ids)
 
@@ -350,7 +366,7 @@ class ARFastDecoder(WhisperForCausalLM):
         """Steps over the utterance cache, and the part of `prompt` it has not seen yet (`given`: the
         encoder states as passed, which identify the utterance; `states`: them in this model's dtype)."""
         if draft_cache.runner is None or draft_cache.runner.head_weight is not head or draft_cache.states is not given:
-            draft_cache.runner = LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
+            draft_cache.runner = self.lean_runner(head)
             draft_cache.state, draft_cache.states, draft_cache.fed = draft_cache.runner.start(states), given, []
         # At least the last prompt token is fed again: its step gives the first draft's logits.
         keep = min(_shared_prefix(draft_cache.fed, prompt), len(prompt) - 1)
@@ -447,6 +463,17 @@ class ARHybridDrafter(HybridDrafter):
         self._utterance_cache = UtteranceCache()
         self._redraft([])
         self.redrafts = 0
+        self._hand_over_cross_attention()
+
+    def _hand_over_cross_attention(self) -> None:
+        """A self-drafter projected the encoder states through the target's own cross-attention layers before
+        the target's prefill: the target takes those keys/values instead of projecting them a second time."""
+        cache, decoder = self._utterance_cache, self.fast_decoder
+        reuse = getattr(self.target, "reuse_cross_attention", None)
+        if (reuse is not None and getattr(decoder, "shares_target_decoder", False) and cache is not None
+                and cache.state is not None and cache.states is self._encoder_states
+                and decoder.dtype == self._encoder_states.dtype and decoder.device == self._encoder_states.device):
+            reuse(self._encoder_states, cache.state.cross)
 
     @contextmanager
     def _drafting_setup(self, prompt: list[int]) -> Iterator[None]:

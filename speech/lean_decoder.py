@@ -8,7 +8,9 @@ ops: the cross-attention keys/values are projected once per utterance, the self-
 two growing tensors per layer, and every projection is one `F.linear` on the module's weights.
 
 It reads a `WhisperDecoder` (pre-norm layers: self-attention, cross-attention, GELU MLP, final
-layer norm, learned positions) and never modifies it. Drafts only: the target verifies every
+layer norm, learned positions) and never modifies it. Optionally its linear layers and head run as
+weight-only int8 copies (`mmspec.kernels.int8_linear`): on a CPU a draft step reads every weight once, so
+4x fewer bytes make it several times cheaper. Drafts only: the target verifies every
 token, so a rare float-rounding difference from the transformers forward could change a draft,
 never the output.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,14 +53,19 @@ class LeanWhisperDecoder:
         proj_out: the output projection (`model.proj_out`; tied to the token embeddings in Whisper).
         head_weight: rows to project onto instead of `proj_out.weight` (a reduced drafting vocabulary;
             logits then follow these rows' order, with no bias).
+        linears: optional {linear module of the decoder: a callable to run instead} (e.g. int8 copies).
+        head: optional callable to run instead of the head projection (over the same rows as `head_weight`).
     """
 
-    def __init__(self, decoder: nn.Module, proj_out: nn.Linear, head_weight: torch.Tensor | None = None) -> None:
+    def __init__(self, decoder: nn.Module, proj_out: nn.Linear, head_weight: torch.Tensor | None = None,
+                 linears: dict[nn.Module, Callable] | None = None, head: Callable | None = None) -> None:
         activation = getattr(decoder.config, "activation_function", "gelu")
         if activation != "gelu":
             raise MMSpecError(f"the lean decoder implements Whisper's GELU MLP, not {activation!r}")
         self.decoder, self.proj_out = decoder, proj_out
         self.head_weight = head_weight
+        self.linears = linears or {}
+        self.head = head
         self.heads = decoder.config.decoder_attention_heads
         self.embed_scale = math.sqrt(decoder.config.d_model) if decoder.config.scale_embedding else 1.0
 
@@ -74,7 +82,11 @@ class LeanWhisperDecoder:
         cross = []
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
-            cross.append((self._split(_linear(encoder_states, attn.k_proj)), self._split(_linear(encoder_states, attn.v_proj))))
+            # Once per utterance over every frame, in full precision and laid out as transformers' Whisper lays them
+            # out (contiguous [B, H, T, D/H]): a target with these very layers can take them as its own (a
+            # self-drafter hands them over, see WhisperTarget.reuse_cross_attention), and attention reads them faster.
+            cross.append(tuple(self._split(F.linear(encoder_states, proj.weight, proj.bias)).contiguous()
+                               for proj in (attn.k_proj, attn.v_proj)))
         return LeanDecoderState(cross=cross, self_kv=[None] * len(cross))
 
     @staticmethod
@@ -99,7 +111,7 @@ class LeanWhisperDecoder:
         for index, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
             x = _norm(h, layer.self_attn_layer_norm)
-            q, k, v = (self._split(_linear(x, proj)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k, v = (self._split(self._linear(x, proj)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
             past = state.self_kv[index]
             if past is not None:
                 k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
@@ -111,21 +123,27 @@ class LeanWhisperDecoder:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             else:
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            h = h + _linear(self._merge(out), attn.out_proj)
+            h = h + self._linear(self._merge(out), attn.out_proj)
             cross = layer.encoder_attn
             x = _norm(h, layer.encoder_attn_layer_norm)
-            out = F.scaled_dot_product_attention(self._split(_linear(x, cross.q_proj)), *state.cross[index])
-            h = h + _linear(self._merge(out), cross.out_proj)
+            out = F.scaled_dot_product_attention(self._split(self._linear(x, cross.q_proj)), *state.cross[index])
+            h = h + self._linear(self._merge(out), cross.out_proj)
             x = _norm(h, layer.final_layer_norm)
-            h = h + _linear(F.gelu(_linear(x, layer.fc1)), layer.fc2)
+            h = h + self._linear(F.gelu(self._linear(x, layer.fc1)), layer.fc2)
         state.length += n
         return h
+
+    def _linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+        fast = self.linears.get(layer)
+        return fast(x) if fast is not None else _linear(x, layer)
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return _norm(h, self.decoder.layer_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of final-normed `hidden` [..., D]: over the head rows if given, else the whole output projection."""
+        if self.head is not None:
+            return self.head(hidden)
         if self.head_weight is not None and self.head_weight is not self.proj_out.weight:
             return F.linear(hidden, self.head_weight)
         return F.linear(hidden, self.proj_out.weight, self.proj_out.bias)

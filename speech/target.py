@@ -33,7 +33,7 @@ import copy
 from typing import Any, Iterable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     SuppressTokensAtBeginLogitsProcessor,
@@ -41,6 +41,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
+from ..cached_model import cache_argument
 from ..devices import input_device
 from ..errors import MMSpecError
 from ..targets import Target, register_target
@@ -246,6 +247,37 @@ class WhisperTarget(Target):
         self.language = language
         self.task = task
         self.extra_processors = list(logits_processors)
+        self._cross_attention: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+    def reuse_cross_attention(self, encoder_states: torch.Tensor, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Cross-attention keys and values of `encoder_states`, one (keys, values) [B, heads, frames, head dim] per
+        decoder layer, already projected by THIS model's layers (a self-drafter projects them before the target's
+        prefill): the next `start` on these very encoder states takes them instead of projecting them again.
+        They must be exactly what the layers' k_proj / v_proj give (same weights, same input tensor); anything
+        else would change the output."""
+        layers = self.model.config.decoder_layers
+        if len(keys_values) != layers:
+            raise MMSpecError(f"cross-attention keys/values for {len(keys_values)} layers, the decoder has {layers}")
+        self._cross_attention = (encoder_states, keys_values)
+
+    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> Any:
+        given, self._cross_attention = self._cross_attention, None
+        outputs = model_inputs.get("encoder_outputs")
+        name = cache_argument(self.model)
+        if given is not None and outputs is not None and outputs.last_hidden_state is given[0] and name not in model_inputs:
+            model_inputs[name] = self._cache_holding(given[1])
+        return super().start(sequence, num_logits, **model_inputs)
+
+    def _cache_holding(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> EncoderDecoderCache:
+        """An empty self-attention cache beside a filled cross-attention one, marked filled (the layers then read
+        it, as from the second step of a normal decode, instead of projecting the encoder states)."""
+        config = copy.deepcopy(self.model.config)
+        config.num_hidden_layers = config.decoder_layers  # Whisper's num_hidden_layers counts the encoder's
+        cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        for index, (keys, values) in enumerate(keys_values):
+            cache.cross_attention_cache.update(keys, values, index)
+            cache.is_updated[index] = True
+        return cache
 
     @property
     def max_target_positions(self) -> int | None:

@@ -29,7 +29,8 @@ clips after 15 minutes on 3000 clips, see BENCHMARKS.md):
 
 `--kind self` trains nothing: it writes a self-drafter (tiny.en's own decoder drafting over the
 labels' `--vocab-size` most frequent tokens; a config and no weights) that re-drafts `--chain` tokens
-every round. The shipped `whisper-tiny.en/ar_fast_decoder/` is one:
+every round, its steps through int8 copies of the decoder's weights (`--draft-weights`, made at load time).
+The shipped `whisper-tiny.en/ar_fast_decoder/` is one:
 
     python -m mmspec.speech.recipes.train_tiny_en_fast_decoder --data /tmp/varied-train \\
         --cache /tmp/varied-train-cache/ --out /tmp/tiny-en-self --kind self --vocab-size 8192 --chain 10
@@ -115,11 +116,12 @@ def write_self_drafter(model, examples: list[Example], args: argparse.Namespace)
     vocab = draft_vocabulary(examples, args.vocab_size, model_vocab_size(model), _eos_ids(model))
     fast = ARFastDecoder.for_target(model, share_decoder=True, prompt_ids=examples[0].prompt, draft_vocab=vocab)
     fast.config.draft_redraft, fast.config.draft_redraft_tokens = True, args.chain
+    fast.config.draft_weights = None if args.draft_weights == "float" else args.draft_weights
     out = Path(args.out)
     fast.save_pretrained(out)
     report = {"kind": "self", "target": MODEL, "labels": "target (tiny.en greedy)", "data": Path(args.data).name,
               "clips": len(examples), "label_tokens": sum(len(e.labels) for e in examples),
-              "draft_vocab_size": len(vocab), "redraft_tokens": args.chain}
+              "draft_vocab_size": len(vocab), "redraft_tokens": args.chain, "draft_weights": args.draft_weights}
     (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report), flush=True)
 
@@ -140,6 +142,9 @@ def main() -> None:
                         help="AR: start from these tiny.en decoder layers, one fast-decoder layer each (e.g. 0,3); "
                              "default: one layer, the first or the last, whichever starts with the lower loss")
     parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--draft-weights", choices=("int8", "float"), default="int8",
+                        help="self: draft steps through int8 copies of the decoder's weights (on a CPU) or the weights "
+                             "as they are")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, help="default: 5e-4 (ar), 1e-3 (ctc)")
     parser.add_argument("--threads", type=int, default=1)

@@ -6,9 +6,11 @@ import torch
 
 from mmspec import MMSpecError
 from mmspec.speech import ARFastDecoder, ARHybridDrafter, hybrid_drafter_for
+from mmspec.kernels.int8_linear import Int8Linear
 from mmspec.speech.ar_fast_decoder import AR_FAST_DECODER_FOLDER, attach_ar_fast_decoder
+from mmspec.speech.lean_decoder import LeanWhisperDecoder
 from mmspec.speech.pipeline import TranscriptionPipeline, load_fast_decoder
-from mmspec.speech.target import encoder_outputs_of
+from mmspec.speech.target import WhisperTarget, encoder_outputs_of
 
 from .conftest import MAX_NEW, assert_same
 from .test_ar_fast_decoder import ar_hybrid, transcript_of
@@ -50,6 +52,67 @@ def test_a_reduced_vocabulary_stays_lossless(whisper, references, redraft_tokens
         assert_same(out.sequences, sequences)
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > 0
+
+
+@pytest.mark.parametrize("vocab", [None, "reduced"])
+def test_int8_drafting_weights_stay_lossless_and_are_made_once(whisper, references, vocab):
+    """`draft_weights: int8`: the lean steps run int8 copies of every linear layer and of the head (made at first
+    use, reused while the weights are the same); the model verifies with its own weights, so the output is
+    its greedy output. Control: the int8 draft logits are close to, not equal to, the float ones."""
+    ids = None if vocab is None else [EOT] + [t for t in range(0, VOCAB, 2) if t != EOT]
+    fast = self_drafter(whisper, ids, redraft_tokens=3)
+    fast.config.draft_weights = "int8"
+    head, _ = fast.draft_head()
+    runner = fast.lean_runner(head)
+    layers = [m for m in whisper.get_decoder().layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert set(runner.linears) == set(layers) and runner.head is not None
+    assert fast.lean_runner(head).linears[layers[0]] is runner.linears[layers[0]]  # made once
+    states = encoder_outputs_of(whisper, {"input_features": features(0)}).last_hidden_state
+    plain = LeanWhisperDecoder(whisper.get_decoder(), whisper.get_output_embeddings(), head_weight=head)
+    prompt = torch.tensor([[119, 120, 123, 124]])
+    exact, rounded = plain.step(plain.start(states), prompt), runner.step(runner.start(states), prompt)
+    assert not torch.equal(exact, rounded) and (exact - rounded).abs().max() < 0.05 * exact.abs().max()
+    for x, sequences, _ in references.values():
+        assert_same(ar_hybrid(whisper, fast, x, drafter=hybrid_drafter_for(fast)).sequences, sequences)
+    fast.config.draft_weights = None
+    assert fast.lean_runner(head).linears == {}
+
+
+def test_a_self_drafter_hands_its_cross_attention_to_the_model(whisper, references):
+    """The self-drafter projects the encoder states through the model's own cross-attention layers before the
+    model's prefill; the model takes them (its k_proj never runs on them) and its logits are bit for bit the
+    ones it computes itself. Control: drafting whole hypotheses keeps no cache, so the model projects them."""
+    x = features(2)
+    target, inputs = WhisperTarget(whisper), {"input_features": x}
+    sequence = target.initial_sequence(None, inputs)
+    own = target.start(sequence, **inputs).logits
+    states = inputs["encoder_outputs"].last_hidden_state
+    runner = LeanWhisperDecoder(whisper.get_decoder(), whisper.get_output_embeddings())
+    target.reuse_cross_attention(states, runner.start(states).cross)
+    assert torch.equal(target.start(sequence, **inputs).logits, own)
+    fast = self_drafter(whisper, redraft_tokens=3)
+    calls = []
+    hook = whisper.get_decoder().layers[0].encoder_attn.k_proj.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        for x, sequences, _ in references.values():
+            calls.clear()
+            assert_same(ar_hybrid(whisper, fast, x, drafter=hybrid_drafter_for(fast)).sequences, sequences)
+            handed_over = len(calls)  # (the language detection step before decoding projects them too)
+        calls.clear()
+        fast.config.draft_redraft = False
+        assert_same(ar_hybrid(whisper, fast, x, drafter=hybrid_drafter_for(fast)).sequences, sequences)
+        assert len(calls) == handed_over + 1
+    finally:
+        hook.remove()
+
+
+def test_int8_linear_is_the_product_within_its_rounding():
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 64), torch.randn(96), torch.randn(2, 3, 64)
+    exact = torch.nn.functional.linear(x, weight, bias)
+    y = Int8Linear(weight, bias)(x)
+    assert y.shape == exact.shape and y.dtype == x.dtype
+    assert (y - exact).abs().max() < 0.02 * exact.abs().max() and not torch.equal(y, exact)
 
 
 def test_saved_with_no_weights_and_bound_on_attach(whisper, tmp_path):
