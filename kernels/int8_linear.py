@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -31,6 +32,9 @@ class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
         scales = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        # The CPU kernel needs the inner size to be a multiple of 16 (it crashes otherwise): zero columns pad it.
+        self.pad = -w.shape[1] % 16
+        w = F.pad(w, (0, self.pad))
         self.qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.scales = scales.to(torch.bfloat16)  # the kernel's scale dtype is the activations'
         self.bias = None if bias is None else bias.detach()
@@ -41,7 +45,8 @@ class Int8Linear:
         return self.qweight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        rows = (F.pad(rows, (0, self.pad)) if self.pad else rows).contiguous()
         y = torch._weight_int8pack_mm(rows, self.qweight, self.scales).view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
@@ -57,3 +62,4 @@ def int8_linears(modules: list[nn.Linear], known: dict[nn.Linear, Int8Linear] | 
             copy = Int8Linear(module.weight, module.bias)
         result[module] = copy
     return result
+
