@@ -109,18 +109,19 @@ class CachedModel:
         """Number of positions held in the (decoder) cache."""
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
-    def prefill(self, tokens: torch.LongTensor, logits_to_keep: int = 1, **model_inputs: Any) -> Any:
-        """Start afresh: run the prompt (and, for encoder-decoders, the encoder once)."""
+    def prefill(self, tokens: torch.LongTensor, logits_to_keep: int = 1, head: bool = True, **model_inputs: Any) -> Any:
+        """Start afresh: run the prompt (and, for encoder-decoders, the encoder once). `head=False` runs the
+        base model only: the output holds `last_hidden_state` instead of logits."""
         self.cache = None
         self._encoder_kwargs = {}
         if self.is_encoder_decoder:
-            out = self._forward(decoder_input_ids=tokens, logits_to_keep=logits_to_keep, **model_inputs)
+            out = self._forward(decoder_input_ids=tokens, logits_to_keep=logits_to_keep, head=head, **model_inputs)
             # Keep the encoder result and its mask so decoding steps never re-encode.
             self._encoder_kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=out.encoder_last_hidden_state)
             if model_inputs.get("attention_mask") is not None:
                 self._encoder_kwargs["attention_mask"] = model_inputs["attention_mask"]
         else:
-            out = self._forward(input_ids=tokens, logits_to_keep=logits_to_keep, **model_inputs)
+            out = self._forward(input_ids=tokens, logits_to_keep=logits_to_keep, head=head, **model_inputs)
         cache = output_cache(out)
         if cache is None:
             raise MMSpecError(
@@ -137,15 +138,16 @@ class CachedModel:
             self.cache.activate_past_recording()
         return out
 
-    def extend(self, tokens: torch.LongTensor, logits_to_keep: int = 0, **extra: Any) -> Any:
-        """Feed `tokens` [B, m] on top of the cache; returns the model output."""
+    def extend(self, tokens: torch.LongTensor, logits_to_keep: int = 0, head: bool = True, **extra: Any) -> Any:
+        """Feed `tokens` [B, m] on top of the cache; returns the model output (`head=False`: the base model's)."""
         if self.cache is None:
             raise RuntimeError(f"{self.role}: extend() called before prefill()")
-        if self._lean is not None and self._lean_covers(extra) and not has_hooks(self.model):
+        if head and self._lean is not None and self._lean_covers(extra) and not has_hooks(self.model):
             self.forwards += 1
             return LeanOutput(logits=self._lean.forward(tokens, self.cache, logits_to_keep, **extra))
         key = "decoder_input_ids" if self.is_encoder_decoder else "input_ids"
-        return self._forward(**{key: tokens, self._cache_argument: self.cache}, logits_to_keep=logits_to_keep, **self._encoder_kwargs, **extra)
+        return self._forward(**{key: tokens, self._cache_argument: self.cache}, logits_to_keep=logits_to_keep, head=head,
+                             **self._encoder_kwargs, **extra)
 
     @staticmethod
     def _lean_covers(extra: dict[str, Any]) -> bool:
@@ -194,8 +196,10 @@ class CachedModel:
                 states = value.last_hidden_state
                 self._encoder_kwargs[name] = BaseModelOutput(last_hidden_state=states.index_select(0, keep.to(states.device)))
 
-    def _forward(self, logits_to_keep: int, **kwargs: Any) -> Any:
+    def _forward(self, logits_to_keep: int, head: bool = True, **kwargs: Any) -> Any:
+        self.forwards += 1
+        if not head:  # the model without its output head (`base_model`: e.g. WhisperModel, LlamaModel)
+            return self.model.base_model(use_cache=True, return_dict=True, **kwargs)
         if self._takes_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
-        self.forwards += 1
         return self.model(use_cache=True, return_dict=True, **kwargs)

@@ -31,7 +31,7 @@ from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
 from .policies import DraftLengthPolicy, FixedDraftLength
-from .rules import AcceptanceRule, default_rule
+from .rules import AcceptanceRule, default_rule, greedy_match
 from .sampling import SamplingConfig, choose_next, seeded_generator
 from .stats import SpecStats
 from .targets import Target, TargetStep, as_target
@@ -149,6 +149,8 @@ class SpeculativeDecoder:
         self.on_round = with_proposal(on_round)
         self.streamer = settings.streamer
         rule = self.rule or (default_tree_rule(sampling) if self.tree else default_rule(sampling))
+        # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
+        self.target.certify_greedy = rule is greedy_match and not sampling.do_sample and not batched and self.tree is None
         policy = self.policy.fresh()
         stops = settings.stop_ids
         stats = SpecStats(method=self.method)

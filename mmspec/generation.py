@@ -54,6 +54,15 @@ POSITIONWISE_PROCESSORS = (
 )
 # Processors that ignore the prefix: run once over all verified rows instead of row by row.
 PREFIX_FREE_PROCESSORS = (lp.SuppressTokensLogitsProcessor, lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization)
+# Processors that only mask (set scores to -inf, leave the others as they are): greedy choices through them
+# can come from a `CertifiedHead` (exact type match: a subclass may do more).
+MASKING_PROCESSORS = (
+    lp.SuppressTokensLogitsProcessor,
+    lp.SuppressTokensAtBeginLogitsProcessor,
+    lp.MinLengthLogitsProcessor,
+    lp.MinNewTokensLengthLogitsProcessor,
+    lp.NoRepeatNGramLogitsProcessor,
+)
 
 # Settings speculative decoding cannot reproduce, with the values that mean "off".
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, ...]] = {

@@ -14,7 +14,8 @@ from transformers.generation.logits_process import LogitsProcessorList
 from .cached_model import CachedModel
 from .devices import input_device
 from .errors import MMSpecError
-from .generation import build_logits_processors, process_prefixed_rows, process_rows
+from .generation import MASKING_PROCESSORS, build_logits_processors, process_prefixed_rows, process_rows
+from .kernels.certified_head import CertifiedHead, certified_head_available, certified_head_for
 from .ragged import RaggedBatch
 from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
 
@@ -47,12 +48,19 @@ class Target(CachedModel):
     reads_generation_config: bool = True
     # Whether `start_batch` / `score_batch` serve this target (batch size > 1, see `mmspec.ragged`).
     decodes_batches: bool = True
+    # Whether the model's logits are its output head (a Linear without bias) over its base model's last hidden
+    # state and nothing more (no scaling, soft-capping, ...): greedy verification may then take its choices from
+    # a `CertifiedHead` (adapters opt in for the model classes they know).
+    plain_output_head: bool = False
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, role="target")
         self.output_hidden_states = output_hidden_states
         self.processors = LogitsProcessorList()
         self._tokens: torch.LongTensor | None = None  # the tokens fed so far, for the processors' prefixes
+        # Set by the loop per call: only each row's argmax of the processed logits will be read (greedy rule).
+        self.certify_greedy = False
+        self.certified_head: CertifiedHead | None = None
 
     def input_names(self) -> set[str] | None:
         """Model-input names a call may pass (None: what the model's forward takes)."""
@@ -108,6 +116,9 @@ class Target(CachedModel):
                 pad = value.new_zeros((*value.shape[:-1], sequence.shape[-1] - value.shape[-1]))
                 model_inputs[name] = torch.cat([value, pad], dim=-1)
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        if self._certifies():
+            out = self.prefill(sequence, logits_to_keep=num_logits, head=False, **model_inputs)
+            return self._certified_step(out, num_logits, sequence.shape[1] - num_logits)
         step = self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
         return self._processed(step, sequence.shape[1] - num_logits)
 
@@ -124,10 +135,13 @@ class Target(CachedModel):
         """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""
         first_position = self.length
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        step = self._step(self.extend(tokens, logits_to_keep=0, **extra), tokens.shape[1])
+        certify = self._certifies()
+        out = self.extend(tokens, logits_to_keep=0, head=not certify, **extra)
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
-        return self._processed(step, first_position)
+        if certify:
+            return self._certified_step(out, tokens.shape[1], first_position)
+        return self._processed(self._step(out, tokens.shape[1]), first_position)
 
     def start_batch(self, batch: RaggedBatch, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
         """Batch decoding: prefill the left-padded prompts of `batch`, with `drafts` [B, k] appended when they ride
@@ -210,6 +224,25 @@ class Target(CachedModel):
             return step
         logits = process_rows(self.processors, self._tokens, first_position, step.logits)
         return TargetStep(logits=logits, hidden_states=step.hidden_states)
+
+    def _certifies(self) -> bool:
+        """Whether this forward's logits may come from a `CertifiedHead`: the loop reads greedy choices only, the
+        logits are the plain output head, on a CPU in float32, and every processor only masks."""
+        if not (self.certify_greedy and self.plain_output_head) or self.output_hidden_states:
+            return False
+        head = self.model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear) or head.bias is not None or not certified_head_available(head.weight):
+            return False
+        return all(type(processor) in MASKING_PROCESSORS for processor in self.processors)
+
+    def _certified_step(self, out: Any, num_logits: int, first_position: int) -> TargetStep:
+        """Greedy-exact processed logits of the last `num_logits` positions from a base-model output (see `score`)."""
+        self.certified_head = certified_head_for(self.model.get_output_embeddings().weight)
+        process = None
+        if self.processors and self._tokens is not None:
+            def process(logits: torch.Tensor) -> torch.Tensor:
+                return process_rows(self.processors, self._tokens, first_position, logits)
+        return TargetStep(logits=self.certified_head.logits(out.last_hidden_state[:, -num_logits:], process))
 
     def _step(self, out: Any, num_logits: int) -> TargetStep:
         # Models without `logits_to_keep` return every position's logits: keep the last ones.

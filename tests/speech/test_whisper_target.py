@@ -40,6 +40,20 @@ def test_greedy_equals_generate(whisper, references, drafter):
         assert_same(out.sequences, sequences)
 
 
+def test_greedy_verification_takes_its_choices_from_the_certified_head(whisper, references):
+    """Greedy verification on a float32 CPU Whisper reads each row's argmax from a `CertifiedHead` (bfloat16 head
+    product, float32 for the rows that could win); outputs stay generate's. Sampling keeps the float32 head."""
+    target = WhisperTarget(whisper)
+    for x, sequences, _ in references.values():
+        out = speculative_generate(target, whisper, None, max_new_tokens=MAX_NEW, num_draft_tokens=6, input_features=x)
+        assert_same(out.sequences, sequences)
+    assert target.certified_head is not None and target.certified_head.calls > 0
+    sampled = WhisperTarget(whisper)
+    x = references[0][0]
+    speculative_generate(sampled, whisper, None, max_new_tokens=8, num_draft_tokens=6, input_features=x, do_sample=True)
+    assert sampled.certified_head is None
+
+
 def test_plain_generate_output_is_the_transcript(whisper, references):
     """whisper.generate without return_dict returns the new tokens with the final end-of-text removed."""
     x, sequences, transcript = references[1]
