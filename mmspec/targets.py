@@ -60,6 +60,7 @@ class Target(CachedModel):
         self._tokens: torch.LongTensor | None = None  # the tokens fed so far, for the processors' prefixes
         # Set by the loop per call: only each row's argmax of the processed logits will be read (greedy rule).
         self.certify_greedy = False
+        self.use_certified_head = True  # False: always the model's own float32 head (e.g. to measure the difference)
         self.certified_head: CertifiedHead | None = None
 
     def input_names(self) -> set[str] | None:
@@ -228,7 +229,7 @@ class Target(CachedModel):
     def _certifies(self) -> bool:
         """Whether this forward's logits may come from a `CertifiedHead`: the loop reads greedy choices only, the
         logits are the plain output head, on a CPU in float32, and every processor only masks."""
-        if not (self.certify_greedy and self.plain_output_head) or self.output_hidden_states:
+        if not (self.certify_greedy and self.use_certified_head and self.plain_output_head) or self.output_hidden_states:
             return False
         head = self.model.get_output_embeddings()
         if not isinstance(head, torch.nn.Linear) or head.bias is not None or not certified_head_available(head.weight):

@@ -5,11 +5,13 @@ Sequence Models", arXiv 2508.19671) claims speed at equal WER and fewer repetiti
 bench measures both against plain greedy decoding and transformers' assisted generation:
 
   plain-greedy       the model's own `generate` (greedy; the reference for "identical")
-  greedy-loop        mmspec's loop with no drafter (plain greedy through WhisperTarget: loop overhead)
+  greedy-loop        mmspec's loop with no drafter (plain greedy through WhisperTarget: loop overhead, and the
+                     certified head: each step's argmax from a bfloat16 head product, `mmspec.kernels.certified_head`)
   hybrid-strict      CTC fast decoder draft + verification, exact greedy match (lossless)
   hybrid-relaxed     the same with `relaxed_top_r_rule` (top-3, 2-nat margin; not lossless)
   hybrid-strict-ar   the AR fast decoder as the pipeline uses it: its whole hypothesis as the draft, or
                      re-drafting as its config says (`draft_redraft`, `draft_redraft_tokens`) (lossless)
+  hybrid-strict-ar-f32head   hybrid-strict-ar with the model's own float32 head in every verification
   hybrid-strict-ar-whole     when the config re-drafts: the whole hypothesis, once per utterance
   hybrid-strict-ar-redraft   the same, but after a rejection the fast decoder drafts the rest
                      again from the corrected transcript (`ARHybridDrafter(redraft=True)`)
@@ -174,13 +176,15 @@ def hf_generate(model: PreTrainedModel, assistant: ARFastDecoder | None = None,
 
 
 def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mode: str = "strict",
-                draft_tokens: int | None = None) -> Decode:
+                draft_tokens: int | None = None, certified_head: bool = True) -> Decode:
     """mmspec's loop on a `WhisperTarget` (the forced prompt, language detection included, built inside);
-    `draft_tokens` caps the drafts a round (None: the hybrid default)."""
+    `draft_tokens` caps the drafts a round (None: the hybrid default); `certified_head=False` keeps the
+    model's float32 head in greedy verification."""
     policy = hybrid_policy() if draft_tokens is None else hybrid_policy(draft_tokens)
 
     def decode(encoder_outputs: BaseModelOutput, item: SpeechItem) -> tuple[list[int], SpecStats]:
         target = WhisperTarget(model)
+        target.use_certified_head = certified_head
         decoder = SpeculativeDecoder(target, make_drafter(), policy=policy, rule=hybrid_rule(mode))
         out = decoder.generate(None, max_new_tokens=item.max_new_tokens, encoder_outputs=encoder_outputs)
         return out.sequences[0, item.prompt_length:].tolist(), out.stats
@@ -310,6 +314,8 @@ def bench_speech(
             # As the transcription pipeline drafts with it (its config's re-drafting), and whole hypotheses
             # when that differs.
             decoders["hybrid-strict-ar"] = (mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder), "strict"), True)
+            decoders["hybrid-strict-ar-f32head"] = (mmspec_loop(
+                model, lambda: hybrid_drafter_for(ar_fast_decoder), "strict", certified_head=False), True)
             if getattr(ar_fast_decoder.config, "draft_redraft", False):
                 decoders["hybrid-strict-ar-whole"] = (
                     mmspec_loop(model, lambda: hybrid_drafter_for(ar_fast_decoder, redraft=False), "strict"), True)

@@ -18,8 +18,9 @@ from mmspec.speech.train_fast import read_clip_folder
 
 from .tiny_asr import make_asr_folder, make_clip_folder
 
-ALL_METHODS = [REFERENCE, "greedy-loop", "hybrid-strict", "hybrid-relaxed", "hybrid-strict-ar", "hybrid-strict-ar-redraft", "hf-assisted-ar"]
-LOSSLESS = ["greedy-loop", "hybrid-strict", "hybrid-strict-ar", "hybrid-strict-ar-redraft"]
+ALL_METHODS = [REFERENCE, "greedy-loop", "hybrid-strict", "hybrid-relaxed", "hybrid-strict-ar", "hybrid-strict-ar-f32head",
+               "hybrid-strict-ar-redraft", "hf-assisted-ar"]
+LOSSLESS = ["greedy-loop", "hybrid-strict", "hybrid-strict-ar", "hybrid-strict-ar-f32head", "hybrid-strict-ar-redraft"]
 
 
 def test_normalise():
