@@ -2,4 +2,7 @@
 
 - `lean_llama`: a Llama decoder's forward with plain tensor ops, for drafters' many small steps
   (reference: transformers' own `LlamaForCausalLM` / `LlamaDecoderLayer` forward).
+- `int8_linear`: weight-only int8 copies of linear layers for drafting on a CPU (reference: `F.linear`).
+- `certified_head`: a verification's greedy choices from a bfloat16 product of the output head, exact
+  through a rounding bound (reference: the float32 head's argmax).
 """

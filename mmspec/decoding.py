@@ -150,7 +150,7 @@ class SpeculativeDecoder:
         self.streamer = settings.streamer
         rule = self.rule or (default_tree_rule(sampling) if self.tree else default_rule(sampling))
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
-        self.target.certify_greedy = rule is greedy_match and not sampling.do_sample and not batched and self.tree is None
+        self.target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
         policy = self.policy.fresh()
         stops = settings.stop_ids
         stats = SpecStats(method=self.method)

@@ -153,12 +153,17 @@ class Target(CachedModel):
             if value is not None and drafts.shape[1]:
                 model_inputs[name] = torch.cat([value, value.new_zeros((*value.shape[:-1], drafts.shape[1]))], dim=-1)
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        if self._certifies():
+            out = self.feed_columns(batch, 0, drafts, logits_to_keep=drafts.shape[1] + 1, head=False, **model_inputs)
+            return self._certified_batch_step(out, batch, drafts)
         out = self.feed_columns(batch, 0, drafts, logits_to_keep=drafts.shape[1] + 1, **extra, **model_inputs)
         return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
 
     def score_batch(self, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
         """Batch decoding: ONE forward over each row's newest token and its drafts [B, k]: logits [B, k + 1, V]."""
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
+        if self._certifies():
+            return self._certified_batch_step(self.feed_columns(batch, batch.width - 1, drafts, head=False), batch, drafts)
         out = self.feed_columns(batch, batch.width - 1, drafts, logits_to_keep=0, **extra)
         return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
 
@@ -238,12 +243,21 @@ class Target(CachedModel):
 
     def _certified_step(self, out: Any, num_logits: int, first_position: int) -> TargetStep:
         """Greedy-exact processed logits of the last `num_logits` positions from a base-model output (see `score`)."""
-        self.certified_head = certified_head_for(self.model.get_output_embeddings().weight)
         process = None
         if self.processors and self._tokens is not None:
             def process(logits: torch.Tensor) -> torch.Tensor:
                 return process_rows(self.processors, self._tokens, first_position, logits)
-        return TargetStep(logits=self.certified_head.logits(out.last_hidden_state[:, -num_logits:], process))
+        return self._certified_logits(out.last_hidden_state[:, -num_logits:], process)
+
+    def _certified_batch_step(self, out: Any, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
+        """`_certified_step` for batch decoding: each row's logits processed with that row's own prefixes."""
+        def process(logits: torch.Tensor) -> torch.Tensor:
+            return self._processed_batch(TargetStep(logits=logits), batch, batch.width - 1, drafts).logits
+        return self._certified_logits(out.last_hidden_state[:, -(drafts.shape[1] + 1):], process)
+
+    def _certified_logits(self, hidden: torch.Tensor, process: Callable[[torch.Tensor], torch.Tensor] | None) -> TargetStep:
+        self.certified_head = certified_head_for(self.model.get_output_embeddings().weight)
+        return TargetStep(logits=self.certified_head.logits(hidden, process))
 
     def _step(self, out: Any, num_logits: int) -> TargetStep:
         # Models without `logits_to_keep` return every position's logits: keep the last ones.

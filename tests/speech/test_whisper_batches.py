@@ -7,6 +7,7 @@ import torch
 from mmspec import speculative_generate
 from mmspec.drafters import NoDrafter
 from mmspec.speech import CTCFastDecoder, hybrid_generate
+from mmspec.speech.target import WhisperTarget
 
 from .conftest import MAX_NEW
 from .test_hybrid import hypotheses
@@ -50,8 +51,10 @@ def test_plain_batch_equals_generate(whisper, references, batch_reference):
 def test_hybrid_batch_equals_generate(whisper, references, batch_reference, kinds):
     x, expected = batch_reference
     rows = [hypotheses(references[seed][2])[kind] for seed, kind in zip(SEEDS, kinds)]
-    out = hybrid_generate(whisper, PerRowHypotheses(rows), x, max_new_tokens=MAX_NEW)
+    target = WhisperTarget(whisper)
+    out = hybrid_generate(target, PerRowHypotheses(rows), x, max_new_tokens=MAX_NEW)
     assert torch.equal(out.sequences, expected)
+    assert target.certified_head is not None  # greedy verification of the batch read argmaxes from the certified head
     if kinds == ["exact"] * 5:
         # Every row's whole transcript rides along with the prefill: one decoder pass per recording.
         assert all(row.target_forwards == 1 for row in out.stats.rows)
