@@ -16,12 +16,23 @@ from .devices import input_device
 from .errors import MMSpecError
 from .generation import MASKING_PROCESSORS, build_logits_processors, process_prefixed_rows, process_rows
 from .kernels.certified_head import CertifiedHead, certified_head_available, certified_head_for
+from .kernels.lean_llama import has_hooks
 from .ragged import RaggedBatch
 from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
 
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
 PER_TOKEN_INPUTS = ("mm_token_type_ids", "token_type_ids")
+# Model classes whose logits are `lm_head` / `proj_out` (a Linear) over their base model's last hidden state and
+# nothing more (transformers 5.x: no scaling, soft-capping or bias), so greedy verification may take argmaxes from a
+# `CertifiedHead`. Exact class names: a subclass may compute its logits differently.
+PLAIN_HEAD_CLASSES = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+    "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "LlavaNextVideoForConditionalGeneration",
+    "LlavaOnevisionForConditionalGeneration", "VideoLlavaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+    "WhisperForConditionalGeneration",
+})
 
 
 @dataclass
@@ -48,10 +59,8 @@ class Target(CachedModel):
     reads_generation_config: bool = True
     # Whether `start_batch` / `score_batch` serve this target (batch size > 1, see `mmspec.ragged`).
     decodes_batches: bool = True
-    # Whether the model's logits are its output head (a Linear without bias) over its base model's last hidden
-    # state and nothing more (no scaling, soft-capping, ...): greedy verification may then take its choices from
-    # a `CertifiedHead` (adapters opt in for the model classes they know).
-    plain_output_head: bool = False
+    # Below this many head weights (vocabulary x width) the float32 head is a small part of a forward: keep it.
+    certified_head_min_size: int = 1 << 22
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
         super().__init__(model, role="target")
@@ -231,13 +240,23 @@ class Target(CachedModel):
         logits = process_rows(self.processors, self._tokens, first_position, step.logits)
         return TargetStep(logits=logits, hidden_states=step.hidden_states)
 
+    @property
+    def plain_output_head(self) -> bool:
+        """Whether the model's logits are its output head over its base model's last hidden state, nothing more."""
+        return type(self.model).__name__ in PLAIN_HEAD_CLASSES
+
     def _certifies(self) -> bool:
         """Whether this forward's logits may come from a `CertifiedHead`: the loop reads greedy choices only, the
-        logits are the plain output head, on a CPU in float32, and every processor only masks."""
+        logits are the plain output head, large, float32 on a CPU, no accelerate hooks, and every processor only masks."""
         if not (self.certify_greedy and self.use_certified_head and self.plain_output_head) or self.output_hidden_states:
             return False
         head = self.model.get_output_embeddings()
         if not isinstance(head, torch.nn.Linear) or head.bias is not None or not certified_head_available(head.weight):
+            return False
+        if head.weight.numel() < self.certified_head_min_size:
+            return False
+        # The head's own forward is skipped, and so would be hooks on it or on the model (accelerate's included).
+        if any(has_hooks(m) or hasattr(m, "_hf_hook") for m in (self.model, head)) or getattr(self.model, "hf_device_map", None):
             return False
         return all(type(processor) in MASKING_PROCESSORS for processor in self.processors)
 

@@ -33,7 +33,7 @@ import copy
 from typing import Any, Iterable
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel, WhisperForConditionalGeneration
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     SuppressTokensAtBeginLogitsProcessor,
@@ -231,11 +231,6 @@ class WhisperTarget(Target):
         language, task: as in Whisper's `generate` (None: the generation config's, or detected).
         logits_processors: extra processors to apply after Whisper's own (advanced).
     """
-
-    @property
-    def plain_output_head(self) -> bool:  # type: ignore[override]
-        """Whisper's logits are `proj_out` over the decoder's last hidden state (other seq2seq classes: unknown)."""
-        return isinstance(self.model, WhisperForConditionalGeneration)
 
     def __init__(
         self,

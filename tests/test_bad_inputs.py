@@ -315,6 +315,33 @@ def test_ctrl_c_while_importing_is_one_line():
 
 
 
+def test_ctrl_c_inside_an_import_waits_for_the_import_to_finish(tmp_path, monkeypatch):
+    """A Ctrl-C landing inside an import is delivered again once the import is over: raised inside it, it could
+    unwind through C++ extension code (torch's initialisation), which aborts the process. The module finishes,
+    then KeyboardInterrupt comes, noted once."""
+    from mmspec.cli import noted_interrupts
+
+    (tmp_path / "module_interrupted_while_importing.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(30):\n    time.sleep(0.01)\n"
+        "FINISHED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job inherits SIGINT ignored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with noted_interrupts() as noted:
+                try:
+                    import module_interrupted_while_importing  # noqa: F401
+                    for _ in range(500):  # the interrupt comes back within 0.1 s of the import's end
+                        time.sleep(0.01)
+                finally:
+                    seen.extend(noted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert sys.modules["module_interrupted_while_importing"].FINISHED
+    assert seen == [signal.SIGINT]
+
+
 def test_ctrl_c_turned_into_an_import_error_is_still_an_interrupt(monkeypatch, capsys):
     """transformers' lazy importer re-raises a KeyboardInterrupt that lands mid-import as ModuleNotFoundError;
     after a Ctrl-C that is the user's interrupt (one line, 130). Control: the same error without a Ctrl-C is a bug

@@ -88,3 +88,22 @@ def test_only_float32_cpu_heads():
     assert not certified_head_available(torch.zeros(4, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match="float32"):
         CertifiedHead(torch.zeros(4, 4, dtype=torch.bfloat16))
+
+
+def test_greedy_loops_take_it_on_large_plain_heads_only(target, prompt):
+    """Through the loop: a plain Llama head is certified (the test session lowers the size rule to 0); at the
+    default size rule this tiny head keeps the float32 head; sampling never takes it."""
+    from mmspec import NoDrafter, SpeculativeDecoder
+    from mmspec.targets import as_target
+
+    reference = target.generate(prompt, do_sample=False, max_new_tokens=12)
+    wrapped = as_target(target)
+    out = SpeculativeDecoder(wrapped, NoDrafter()).generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out.sequences, reference) and wrapped.certified_head is not None
+    small = as_target(target)
+    small.certified_head_min_size = 1 << 22  # the default outside the tests
+    SpeculativeDecoder(small, NoDrafter()).generate(prompt, max_new_tokens=4, do_sample=False)
+    assert small.certified_head is None
+    sampled = as_target(target)
+    SpeculativeDecoder(sampled, NoDrafter()).generate(prompt, max_new_tokens=4, do_sample=True)
+    assert sampled.certified_head is None

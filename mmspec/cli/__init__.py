@@ -75,6 +75,13 @@ def noted_interrupts() -> Iterator[list[int]]:
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        if _importing(frame):
+            # Raised inside a module's import, the interrupt can unwind through C++ extension code (torch's own
+            # initialisation), which aborts the process with a C++ traceback: deliver it again once that is over.
+            later = threading.Timer(0.1, os.kill, (os.getpid(), signum))
+            later.daemon = True
+            later.start()
+            return
         noted.append(signum)
         raise KeyboardInterrupt
 
@@ -83,6 +90,15 @@ def noted_interrupts() -> Iterator[list[int]]:
         yield noted
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _importing(frame: object) -> bool:
+    """Whether `frame` runs inside an import (the import system's frames are below it)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):  # type: ignore[attr-defined]
+            return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
