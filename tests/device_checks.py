@@ -73,14 +73,16 @@ def default_device_elsewhere(*models: nn.Module) -> Iterator[None]:
     model's CPU tensors or is copied to the CPU, exactly where a CPU tensor would fail on a GPU; a
     draw made on the default device with a CPU generator fails as it does on a GPU.
     """
-    for model in models:
-        model.forward = _on_own_device(model.forward, model.device)
+    # mmspec also runs a model's base model alone (greedy verification through a certified head): shield it too.
+    shielded = list(models) + [model.base_model for model in models if getattr(model, "base_model", model) is not model]
+    for module in shielded:
+        module.forward = _on_own_device(module.forward, module.device)
     try:
         with torch.device("meta"):
             yield
     finally:
-        for model in models:
-            del model.forward  # back to the class's forward
+        for module in shielded:
+            del module.forward  # back to the class's forward
 
 
 def _on_own_device(forward, device):
