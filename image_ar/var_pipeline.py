@@ -191,16 +191,23 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         return (self.card.get("top_k") if top_k is None else top_k, self.card.get("top_p") if top_p is None else top_p)
 
     @staticmethod
-    def sampling_for(guidance_scale: float, temperature: float, top_k: int | None, top_p: float | None) -> VARSampling:
-        for name, value in (("guidance_scale", guidance_scale), ("temperature", temperature)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+    def sampling_for(guidance_scale: float, temperature: float | Sequence[float], top_k: int | None,
+                     top_p: float | None) -> VARSampling:
+        """`temperature`: one value (0 = argmax at every scale) or a list of one value > 0 per scale, as CoDe's
+        sampler ([1.1] * 7 + [1.0] * 3 on 10 scales; the model checks the count)."""
+        per_scale = isinstance(temperature, (list, tuple))
+        for name, value in (("guidance_scale", guidance_scale), ("temperature", 1.0 if per_scale else temperature)):
+            if not _finite_at_least_zero(value):
                 raise MMSpecError(f"{name} must be a finite number >= 0, got {value!r}")
+        if per_scale and not (temperature and all(_finite_at_least_zero(t) and t > 0 for t in temperature)):
+            raise MMSpecError(f"per-scale temperatures must be finite numbers > 0, got {list(temperature)!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
             raise MMSpecError(f"top_k must be an integer >= 0 (0 = no top-k filter), got {top_k!r}")
         if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
             raise MMSpecError(f"top_p must be in (0, 1] (1 = no top-p filter), got {top_p!r}")
         return VARSampling(cfg=float(guidance_scale), top_k=top_k or 0, top_p=0.0 if top_p in (None, 1) else float(top_p),
-                           temperature=float(temperature) or 1.0, do_sample=temperature > 0)
+                           temperature=[float(t) for t in temperature] if per_scale else float(temperature) or 1.0,
+                           do_sample=per_scale or temperature > 0)
 
     @torch.inference_mode()
     def __call__(
@@ -211,7 +218,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         method: str | None = None,
         draft_scales: int | None = None,
         guidance_scale: float | None = None,
-        temperature: float = 1.0,
+        temperature: float | Sequence[float] = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
@@ -223,7 +230,8 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         """Generate `num_images` images per class label (or class-name prompt), all in one batch.
 
         guidance_scale: VAR's CFG, ramped linearly from 0 at the first scale to this value at the last
-        (0 = none; default: the card's, else 1.5). temperature 0 = argmax at every scale. top_k / top_p: filters
+        (0 = none; default: the card's, else 1.5). temperature 0 = argmax at every scale; a list gives one per scale
+        (CoDe's sampler: [1.1] * 7 + [1.0] * 3 on 10 scales). top_k / top_p: filters
         on every scale's distribution (default: the card's, else none; 0 / 1.0 = off). draft_scales
         (method "code"): scales the large model runs, 1..scales-1 (default: the card's, else scales - 2).
         `generator`: a `torch.Generator` (a CPU one works with a model on any device); `seed`: an int instead.
@@ -259,6 +267,11 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         stats.new_tokens = sum(int(t.numel()) for t in token_maps)
         pixels = self.vq.fhat_to_img(f_hat.to(self.vq.device, self.vq.dtype))  # stats time token generation only
         settings = {"draft_scales": n, "refiner": refiner_name, "scales": self.num_scales, "cfg": sampling.cfg,
-                    "temperature": temperature, "top_k": top_k, "top_p": top_p}
+                    "temperature": list(temperature) if isinstance(temperature, (list, tuple)) else temperature,
+                    "top_k": top_k, "top_p": top_p}
         return VARPipelineOutput(images=convert(pixels, output_type), method=method, model=self.model_name, stats=stats,
                                  token_maps=list(token_maps), class_labels=labels, settings=settings)
+
+
+def _finite_at_least_zero(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < float("inf")

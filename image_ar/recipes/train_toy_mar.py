@@ -1,6 +1,6 @@
 """Train the zoo's toy MAR pair ``shapes-mar`` (the draft and target of continuous speculative decoding).
 
-    python -m mmspec.image_ar.recipes.train_toy_mar --stage all --vae-minutes 17 --max-minutes 65 --draft-minutes 20 \\
+    python -m mmspec.image_ar.recipes.train_toy_mar --stage all --vae-minutes 12 --max-minutes 55 --draft-minutes 15 \\
         --lr 5e-4 --warmup 100                                                   # shapes_mar_card.REBUILD_COMMAND
     python -m mmspec.image_ar.recipes.train_toy_mar --stage all --steps 3 --batch-size 4 --train-n 16 --out /tmp/x  # smoke
     cp -r shapes-mar/model first && python -m mmspec.image_ar.recipes.train_toy_mar --stage target \\
@@ -13,9 +13,10 @@ its own folder under --out (diffusers `save_pretrained`, fp16):
   <-> 4 x 16 x 16 latents; loss = L1 + L2 with the shape's pixels weighted 9x (as the zoo's VQs) +
   kl_weight x KL, on a fresh seeded stream; its `scaling_factor`
   is set to 1 / the std of the latents after training, as Stable Diffusion's and MAR's KL-16 are;
-- model/ (the target), draft/: `mmspec.image_ar.mar.MAR` on the scaled latents with patch size 2 (64 tokens of
-  16 channels), the official training loss (random order, masking ratio from the truncated normal,
-  diffusion loss on the masked tokens, 10% label dropout for CFG); the draft is narrower and shallower.
+- model/ (the target), draft/: `mmspec.image_ar.mar.MAR` on the scaled latents with patch size 4 (16 tokens of
+  64 channels; --patch-size 2 gives 64 tokens of 16 channels at 3x the cost of a step), the official training
+  loss (random order, masking ratio from the truncated normal, diffusion loss on the masked tokens, 10% label
+  dropout for CFG); the draft is narrower and shallower.
   The VAE posteriors of --train-n examples are encoded once; each step draws latents from them;
 - card: the judge's verdict on each part (`shapes_mar_card`), then --out is saved as a `MARPipeline`
   (model_index.json over vae/, model/, draft/; default cfg = the target's best of --eval-cfgs) with its
@@ -63,7 +64,7 @@ def build_vae(ch: int) -> AutoencoderKL:
 def build_mar(role: str, args: argparse.Namespace) -> MAR:
     size = SIZES[role]
     width, heads = int(size["width"] * args.width_mult) // size["heads"] * size["heads"], size["heads"]
-    return MAR(img_size=data.IMAGE_SIZE, vae_stride=4, patch_size=2, vae_embed_dim=4, class_num=data.NUM_CLASSES,
+    return MAR(img_size=data.IMAGE_SIZE, vae_stride=4, patch_size=args.patch_size, vae_embed_dim=4, class_num=data.NUM_CLASSES,
                encoder_embed_dim=width, encoder_depth=size["depth"], encoder_num_heads=heads,
                decoder_embed_dim=width, decoder_depth=size["depth"], decoder_num_heads=heads, buffer_size=8,
                diffloss_d=size["head_depth"], diffloss_w=int(size["head_width"] * args.width_mult),
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fg-weight", type=float, default=8.0, help="the VAE's reconstruction loss weighs the shape's "
                         "pixels 1 + this (a shape is 1-9%% of the image; unweighted, the VAE blurs it away)")
     parser.add_argument("--width-mult", type=float, default=1.0, help="scales the MAR and head widths (tests use 0.25)")
+    parser.add_argument("--patch-size", type=int, default=4, choices=(1, 2, 4, 8),
+                        help="latent patch per MAR token: 4 = 16 tokens of 64 channels, 2 = 64 tokens of 16 channels "
+                        "(a training step costs 3x more at 2)")
     parser.add_argument("--sampling-steps", type=int, default=50, help="DDPM steps of the diffusion head at sampling")
     parser.add_argument("--diffusion-batch-mul", type=int, default=4)
     parser.add_argument("--dropout", type=float, default=0.0, help="attention and projection dropout of the MARs "
@@ -221,7 +225,7 @@ def judge_and_assemble(out: Path, args: argparse.Namespace) -> dict:
              for name, cls in (("model", MAR), ("vae", AutoencoderKL), ("draft", MAR))}
     components = {name: card.part_facts(out / name) for name in parts}
     components["vae"]["quality"] = card.vae_quality(parts["vae"], 480, args.seed)
-    defaults = {"default_method": "cspd", "num_iter": 64, "num_draft": 8, "prefill_ratio": 0.15, "cfg": 1.0,
+    defaults = {"default_method": "cspd", "num_iter": min(64, parts["model"].seq_len), "num_draft": 8, "prefill_ratio": 0.15, "cfg": 1.0,
                 "judge": card.JUDGE, "class_synonyms": data.CLASS_SYNONYMS}
     if args.sample_n > 0:
         pipe = MARPipeline(**parts, class_names=data.label_names(), model_name=NAME, card=defaults)

@@ -32,7 +32,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         "also by the name of a folder inside the model's, e.g. refiner-6)")
     parser.add_argument("--seed", type=checks.seed, default=0, help="image i of every method is seeded with seed + i")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None)
-    parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
+    parser.add_argument("--temperature", type=checks.temperature, default=1.0,
+                        help="0 = greedy; VAR models: also one value per scale, comma-separated (CoDe's sampler: "
+                        "1.1 for all but the last three scales, then 1.0)")
     parser.add_argument("--window", type=checks.positive_int, default=None,
                         help="Jacobi window of SJD / GSD / LANTERN-jacobi (default 16)")
     parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=None,
@@ -154,6 +156,7 @@ def run_mar(pipe, name: str, args: argparse.Namespace) -> int:
 
 def refuse_family_flags(args: argparse.Namespace, family: str, name: str) -> None:
     """One error naming the given flags that a model of `family` has no use for."""
+    checks.refuse_per_scale_temperature(args.temperature, family, name)
     if family == "var":
         refuse_flags(args, ("lantern", "gsd", "methods", "window", "num_draft_tokens", "inner_temperature"),
                      f"options of LlamaGen-style rows; {name!r} is a VAR model (rows: ar and code at --draft-scales)")

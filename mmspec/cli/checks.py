@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..errors import MMSpecError
+
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes any unsigned 64-bit value
 
 
@@ -43,6 +45,22 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+def temperature(text: str) -> float | list[float]:
+    """One number >= 0 (0 = greedy), or comma-separated numbers > 0: one per scale (VAR models)."""
+    if "," not in text:
+        return non_negative_float(text)
+    try:
+        return [positive_float(part.strip()) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, or numbers > 0 separated by commas (one per "
+                                         f"scale), got {text!r}") from None
+
+
+def refuse_per_scale_temperature(temperature: float | list[float], family: str | None, name: str) -> None:
+    if isinstance(temperature, list) and family != "var":
+        raise MMSpecError(f"--temperature takes one value per scale for VAR models only; {name!r} is not one")
 
 
 def probability(text: str) -> float:

@@ -36,7 +36,9 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd; for a VAR: its refiner, "
                         "also by the name of a folder inside the model's, e.g. refiner-6)")
     parser.add_argument("--guidance-scale", type=checks.finite_float, default=None, help="classifier-free guidance (default: the model card's)")
-    parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="0 = greedy")
+    parser.add_argument("--temperature", type=checks.temperature, default=1.0,
+                        help="0 = greedy; VAR models: also one value per scale, comma-separated (CoDe's sampler: "
+                        "1.1 for all but the last three scales, then 1.0)")
     parser.add_argument("--top-k", type=checks.positive_int, default=None,
                         help="keep the K most likely tokens (VAR: default the model card's; the vocabulary size = off)")
     parser.add_argument("--top-p", type=checks.open_probability, default=None,
@@ -153,6 +155,7 @@ def family_options(args: argparse.Namespace, family: str, name: str) -> dict:
     from ..image_ar.mar_pipeline import MAR_METHODS
     from ..image_ar.var_pipeline import VAR_METHODS
 
+    checks.refuse_per_scale_temperature(args.temperature, family, name)
     options = {option: getattr(args, option) for option in IMAGE_METHOD_OPTIONS if hasattr(args, option)}
     if family == "var":
         if options:

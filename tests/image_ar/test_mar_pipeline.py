@@ -136,6 +136,7 @@ def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
     (["--top-p", "0.9"], "--top-p: not options of MAR"),
     (["--method", "ar", "--draft-steps", "2"], "--draft-steps applies to method cspd, not 'ar'"),
     (["--num-iter", "17"], "num_iter must be an integer in 1..16"),
+    (["--temperature", "1,1"], "--temperature takes one value per scale for VAR models only"),
 ])
 def test_generate_image_refuses_what_mar_does_not_take(saved, tmp_path, capsys, argv, message):
     from mmspec.cli import main

@@ -25,7 +25,7 @@ def test_three_steps_of_each_stage_save_a_loadable_pair(tmp_path):
     vae = AutoencoderKL.from_pretrained(out / "vae", torch_dtype=torch.float32).eval()
     target = MAR.from_pretrained(out / "model", torch_dtype=torch.float32).eval()
     draft = MAR.from_pretrained(out / "draft", torch_dtype=torch.float32).eval()
-    assert target.seq_len == 64 and target.token_embed_dim == 16 and vae.config.scaling_factor != 1.0
+    assert target.seq_len == 16 and target.token_embed_dim == 64 and vae.config.scaling_factor != 1.0
     assert sum(p.numel() for p in draft.parameters()) < sum(p.numel() for p in target.parameters())
     result = cspd_generate(draft, target, 1, labels=torch.tensor([3]), num_iter=4, num_draft=2,
                            generator=seeded_generator("cpu", 0))

@@ -21,8 +21,8 @@ def pipe():
 
 
 def test_it_loads_by_name_with_both_methods(pipe):
-    assert pipe.available_methods == ["ar", "cspd"] and pipe.default_method == "cspd"
-    assert pipe.model.seq_len == 64 and pipe.class_names[0] == "red circle" and pipe.draft is not None
+    assert pipe.available_methods == ["ar", "cspd"] and pipe.default_method == "cspd" and pipe.card["num_iter"] == 16
+    assert pipe.model.seq_len == 16 and pipe.class_names[0] == "red circle" and pipe.draft is not None
     out = pipe(prompt="blue square", method="cspd", num_iter=8, num_draft=2, seed=0, progress_bar=False, num_images=2)
     assert [image.size for image in out.images] == [(64, 64)] * 2
     assert out.stats.drafter_forwards > 0 and out.stats.drafted > 0

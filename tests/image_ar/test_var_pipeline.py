@@ -116,6 +116,24 @@ def test_the_card_s_top_k_and_top_p_filter_every_scale_unless_given(pipe, vq):
     assert not maps_equal(off.token_maps, out.token_maps)  # control: the filters change the draws
 
 
+def test_per_scale_temperatures_as_code_s_sampler(pipe, vq):
+    """A list of temperatures applies one per scale (CoDe's official sampler: [1.1] * 7 + [1.0] * 3)."""
+    scales = pipe.num_scales
+    scalar = pipe(class_labels=[1, 2], method="code", temperature=0.7, seed=3, progress_bar=False)
+    listed = pipe(class_labels=[1, 2], method="code", temperature=[0.7] * scales, seed=3, progress_bar=False)
+    assert maps_equal(listed.token_maps, scalar.token_maps) and listed.settings["temperature"] == [0.7] * scales
+    direct = code_generate(pipe.model, pipe.refiner, vq, [1, 2], 2,
+                           VARSampling(cfg=pipe.default_guidance_scale, temperature=[1.1] * (scales - 1) + [0.5]),
+                           seeded_generator("cpu", 3))
+    schedule = pipe(class_labels=[1, 2], method="code", temperature=[1.1] * (scales - 1) + [0.5], seed=3,
+                    progress_bar=False)
+    assert maps_equal(schedule.token_maps, direct.token_maps)
+    hot_last = pipe(class_labels=[1, 2], method="code", temperature=[0.7] * (scales - 1) + [50.0], seed=3,
+                    progress_bar=False)
+    assert maps_equal(hot_last.token_maps[:-1], scalar.token_maps[:-1])  # the same draws up to the last scale
+    assert not torch.equal(hot_last.token_maps[-1], scalar.token_maps[-1])  # control: the last scale's changed
+
+
 def test_a_fine_tuned_refiner_runs_at_its_own_split_and_travels_with_the_pipeline(pipe, vq, tmp_path):
     """CoDe's specialised mode: a refiner fine-tuned for N runs when a call asks for N; the plain refiner elsewhere.
     Saved as refiner-N/ and listed in the card; loaded back by default, not when a refiner is named."""
@@ -173,12 +191,22 @@ def test_generate_image_runs_code_with_the_draft_scales(saved, tmp_path, capsys)
     assert out.is_file()
 
 
+def test_generate_image_takes_one_temperature_per_scale(saved, tmp_path, capsys):
+    from mmspec.cli import main
+
+    assert main(["generate-image", "red square", "--model", str(saved), "--method", "code", "--temperature",
+                 "1.1,1.1,1.0,0.5", "--out", str(tmp_path / "x.png"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["temperature"] == [1.1, 1.1, 1.0, 0.5]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--method", "code", "--draft-scales", "4"], "draft_scales must be an integer in 1..3"),
     (["--method", "sjd"], "unknown method 'sjd'; choose from ar, code"),
     (["--method", "ar", "--draft-scales", "2"], "draft_scales applies to method 'code' only"),
     (["--method", "code", "--lantern-k", "4"], "--lantern-k: options of LlamaGen-style methods"),
     (["--method", "code", "--top-p", "0"], "expected a number in (0, 1]"),
+    (["--method", "code", "--temperature", "1.1,0,1"], "numbers > 0 separated by commas (one per scale)"),
+    (["--method", "code", "--temperature", "1.1,1.0"], "2 temperatures for 4 scales"),
 ])
 def test_generate_image_bad_settings_are_one_line_and_exit_2(saved, tmp_path, capsys, argv, message):
     from mmspec.cli import main
