@@ -25,6 +25,11 @@ own sampling on the schedule in which each verified window is one step (`cspd_sc
 the distribution test compares against exactly that), when the densities are exact. For a diffusion
 head the paper's densities are an approximation, so CSpD there is close to, not provably equal to,
 the target's distribution.
+
+What that means for speed: with exact densities, CSpD's output is the target's own on the coarser
+schedule, which the target alone samples with the same number of its forwards and no draft at all
+(the bench's `ar N steps` row); CSpD can only be ahead of that row by keeping drafted tokens beyond
+what the exact ratio allows (the official inner temperature), i.e. by not sampling the target's law.
 """
 
 from __future__ import annotations

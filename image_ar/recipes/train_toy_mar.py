@@ -93,7 +93,8 @@ def train_vae(args: argparse.Namespace, out: Path) -> dict:
     with torch.no_grad():
         latents = vae.encode(data.to_model_range(data.images(64, args.seed, "heldout").images)).latent_dist.mean
     vae.register_to_config(scaling_factor=float(1 / latents.std().clamp_min(1e-6)))
-    extra = {"scaling_factor": vae.config.scaling_factor, "loss": f"L1 + L2 (shape pixels weighted "
+    extra = {"parameters": sum(p.numel() for p in vae.parameters()), "scaling_factor": vae.config.scaling_factor,
+             "loss": f"L1 + L2 (shape pixels weighted "
              f"{1 + args.fg_weight:g}x) + {args.kl_weight:g} x KL"}
     return save(vae, out / "vae", loop, extra | continued(args))
 
