@@ -37,6 +37,18 @@ def test_identity_check_catches_a_wrong_method():
     assert "NO (2)" in report.to_table()
 
 
+def test_each_repetition_sums_the_time_the_calls_report_as_their_own():
+    """generation_times: per repetition, the calls' own `total_time` summed (an image pipeline's token generation
+    without its decoder), beside the wall time the harness measures around each call."""
+    def method(item):
+        return [item], SpecStats(new_tokens=1, target_forwards=1, total_time=0.25 * (item + 1))
+
+    report = run_benchmark("t", {"a": method}, [0, 1, 2], reference="a", repeats=2, warmup=0, progress=False)
+    result = report.results[0]
+    assert result.generation_times == [1.5, 1.5] and result.median_generation_time == 1.5
+    assert report.to_dict()["methods"][0]["generation_time_median_s"] == 1.5
+
+
 def test_methods_are_interleaved_input_by_input_in_a_rotating_order():
     """A busy spell of the machine must fall on every method alike: each input goes through every method before
     the next input, and no method always runs first."""

@@ -15,6 +15,11 @@ refiner  starts from ``OUT/refiner`` (the independently trained small VAR; ``--i
 drafter  starts from ``OUT/model`` and trains with cross-entropy on the ground-truth codes of scales
          0..N-1 only. It is no longer a whole model: use it only as CoDe's drafter at this N.
 
+``--large-samples M`` (refiner only) adds M sequences sampled from the large VAR itself with the card's
+sampler (guidance ``--cfg``, top-k 75, top-p 0.95) and takes ``--sample-share`` of every batch from them:
+at inference the refiner continues the large model's samples, not real images, so it also learns the
+teacher there (sequence-level distillation; the paper's recipe is ``M = 0``, real images only).
+
 Losses: :mod:`mmspec.image_ar.code_training`. Data: the cached VQ codes of ``train_shapes_var``. Quality,
 before and after, on held-out sequences: the refiner's KL to the large VAR on scales N..end (refiner) or
 the token loss on scales 0..N-1 (drafter), and the judge's class accuracy of CoDe samples at N (the large
@@ -32,19 +37,21 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from mmspec.image_ar.code import check_draft_steps, code_generate
 from mmspec.image_ar.code_training import drafter_loss, refiner_loss, scale_positions, teacher_forced_logits
 from mmspec.image_ar.judge import load_judge
 from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_vq import VQVAE
-from mmspec.training import optimizer_step, seed_everything, set_lr, warmup_cosine
+from mmspec.training import IndexBatches, optimizer_step, seed_everything, set_lr, warmup_cosine
 
 from . import build_shapes_var
 from . import image_ar_data as data
@@ -96,6 +103,30 @@ def code_accuracy(drafter: VAR, refiner: VAR, vq: VQVAE, judge, n_images: int, d
     return round(judge.class_accuracy(out.images * 2 - 1, labels), 4)
 
 
+SAMPLER = {"top_k": 75, "top_p": 0.95}  # the card's (CoDe's) filters for the large model's own samples
+
+
+@torch.no_grad()
+def large_samples(large: VAR, vq: VQVAE, n: int, cfg: float, seed: int, cache_dir: Path,
+                  batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int16 [n, L], labels [n]): n sequences the large VAR samples itself (classes in turn), cached."""
+    key = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in large.parameters())).hexdigest()[:16]
+    path = cache_dir / f"var-large-samples-s{seed}-n{n}-cfg{cfg:g}-k{SAMPLER['top_k']}-p{SAMPLER['top_p']:g}-{key}.pt"
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        return saved["codes"], saved["labels"]
+    labels = torch.arange(n) % large.num_classes
+    generator, sampling, codes = torch.Generator().manual_seed(seed + 7919), VARSampling(cfg=cfg, **SAMPLER), []
+    for i in tqdm(range(0, n, batch_size), desc="large VAR samples", mininterval=10):
+        state = large.begin(labels[i : i + batch_size])
+        large.run_scales(state, vq, 0, len(large.patch_nums), sampling, generator)
+        codes.append(torch.cat(state.token_maps, dim=1).to(torch.int16))
+    codes = torch.cat(codes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"codes": codes, "labels": labels}, path)
+    return codes, labels
+
+
 def earlier_runs(out: Path, section: str, init: Path) -> list[dict]:
     """The runs already in OUT's card for `section` when this run continues that section's own weights, else []."""
     if init.resolve() != (out / section).resolve() or not (out / "zoo_card.json").is_file():
@@ -131,14 +162,20 @@ def rebuild_command(args: argparse.Namespace, steps: int, earlier: list[dict]) -
                f"{args.draft_scales} --steps {steps} --threads {args.threads}")
     if earlier:  # the folder it continued is this section's own, whatever OUT is
         command += (f" --init-from {shapes_var.NAME}/{args.stage}-{args.draft_scales}"
-                    f" --all-scales-share {args.all_scales_share:g}")
+                    f" --all-scales-share {args.all_scales_share:g}") + own_samples_flags(args)
         before = earlier[-1].get("rebuild_command")  # itself the whole chain of the runs before
         return f"{before} && {command}" if before else command
     if args.init_from:
         command += f" --init-from {args.init_from}"
     if args.all_scales_share != 0.5:
         command += f" --all-scales-share {args.all_scales_share:g}"
-    return command
+    return command + own_samples_flags(args)
+
+
+def own_samples_flags(args: argparse.Namespace) -> str:
+    if not args.large_samples:
+        return ""
+    return f" --large-samples {args.large_samples} --sample-share {args.sample_share:g} --cfg {args.cfg:g}"
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -163,6 +200,8 @@ def train(args: argparse.Namespace) -> dict:
     t0 = time.time()
     codes, labels = cached_scale_codes(vq_dir, vq, args.train_n, args.seed, "train", Path(args.cache_dir))
     held_codes, held_labels = cached_scale_codes(vq_dir, vq, args.heldout_n, args.seed, "heldout", Path(args.cache_dir))
+    own = large_samples(large, vq, args.large_samples, args.cfg, args.seed, Path(args.cache_dir)) if args.large_samples else None
+    per_batch = round(args.sample_share * args.batch_size) if own else 0
     prep = time.time() - t0
     judge = load_judge(args.judge) if args.sample_n else None
 
@@ -177,16 +216,21 @@ def train(args: argparse.Namespace) -> dict:
     before = quality()
     print(f"before: {json.dumps(before)}", flush=True)
     opt, generator, batches, loop = training_parts(model, args, codes.shape[0], f"CoDe {args.stage} N={n}")
+    own_batches = IndexBatches(own[0].shape[0], generator) if own else None
     for step in loop:
-        idx = batches.take(args.batch_size)
-        maps = split_scales(model, codes[idx])
+        idx = batches.take(args.batch_size - per_batch)
+        batch_codes, batch_labels = codes[idx], labels[idx]
+        if per_batch:
+            j = own_batches.take(per_batch)
+            batch_codes, batch_labels = torch.cat([batch_codes, own[0][j]]), torch.cat([batch_labels, own[1][j]])
+        maps = split_scales(model, batch_codes)
         set_lr(opt, warmup_cosine(step, loop.planned(), args.warmup, floor=0.1, peak=args.lr))
         with data.autocast(args.bf16):
             if args.stage == "refiner":  # stage one: every scale; stage two: only the scales it generates
                 from_scale = 0 if step < args.all_scales_share * loop.planned() else n
-                loss = refiner_loss(model, large, vq, labels[idx], maps, from_scale, args.class_dropout, generator)
+                loss = refiner_loss(model, large, vq, batch_labels, maps, from_scale, args.class_dropout, generator)
             else:
-                loss = drafter_loss(model, vq, labels[idx], maps, n, args.class_dropout, generator)
+                loss = drafter_loss(model, vq, batch_labels, maps, n, args.class_dropout, generator)
         optimizer_step(opt, loss.float(), model.parameters())
         loop.log(step, loss.item(), every=50, lr=opt.param_groups[0]["lr"])
     wall = loop.wall
@@ -197,8 +241,11 @@ def train(args: argparse.Namespace) -> dict:
     info = {
         "role": f"CoDe {args.stage} fine-tuned for draft_scales {n} (use only at that N)",
         **saved_var_facts(model, folder),
-        "trained_on": (f"VQ-VAE codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train'); "
-                       f"{loop.done} steps x {args.batch_size}; "
+        "trained_on": (f"VQ-VAE codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train')"
+                       + (f" and {args.large_samples} of the large VAR's own samples (cfg {args.cfg:g}, top-k "
+                          f"{SAMPLER['top_k']}, top-p {SAMPLER['top_p']}), {per_batch} of every batch"
+                          if per_batch else "")
+                       + f"; {loop.done} steps x {args.batch_size}; "
                        + ("continued from its own earlier runs (earlier_runs); " if earlier else f"started from {init}; ")
                        + (refiner_schedule(args.all_scales_share, n, len(model.patch_nums)) if args.stage == "refiner"
                           else f"cross-entropy on the ground truth of scales 0..{n - 1}")
@@ -234,11 +281,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--train-n", type=int, default=24000)
     parser.add_argument("--heldout-n", type=int, default=480)
     parser.add_argument("--sample-n", type=int, default=96, help="CoDe samples judged before and after (0 = skip)")
-    parser.add_argument("--cfg", type=float, default=1.5, help="guidance of the judged samples")
+    parser.add_argument("--cfg", type=float, default=1.5, help="guidance of the judged samples (and of --large-samples)")
+    parser.add_argument("--large-samples", type=int, default=0, metavar="M",
+                        help="refiner: also distil on M sequences the large VAR samples itself (0 = real images only)")
+    parser.add_argument("--sample-share", type=float, default=0.5,
+                        help="share of every batch taken from --large-samples")
     parser.add_argument("--judge", default="shapes-image-ar", help="zoo model or folder whose judge scores samples")
     args = shapes_var.parse_recipe_args(parser, argv)
     if not 0 <= args.all_scales_share <= 1:
         parser.error("--all-scales-share must be in [0, 1]")
+    if args.large_samples < 0 or not 0 <= args.sample_share <= 1:
+        parser.error("--large-samples must be >= 0 and --sample-share in [0, 1]")
+    if args.large_samples and args.stage != "refiner":
+        parser.error("--large-samples distils the refiner: use it with --stage refiner")
     return train(args)
 
 

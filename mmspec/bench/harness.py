@@ -37,6 +37,9 @@ class MethodResult:
     stats: SpecStats
     wall_times: list[float] = field(default_factory=list)
     prefill_times: list[float] = field(default_factory=list)  # per repetition: the summed prefill (mmspec loops)
+    # per repetition: the summed time the calls report as their own (`SpecStats.total_time`; an image pipeline's
+    # token generation without its decoder)
+    generation_times: list[float] = field(default_factory=list)
     identical: bool = True
     mismatches: int = 0
 
@@ -56,6 +59,10 @@ class MethodResult:
         if not self.prefill_times or not any(self.prefill_times):
             return None
         return statistics.median(w - p for w, p in zip(self.wall_times, self.prefill_times))
+
+    @property
+    def median_generation_time(self) -> float:
+        return statistics.median(self.generation_times) if self.generation_times else 0.0
 
 
 class TableReport:
@@ -95,6 +102,7 @@ class BenchReport(TableReport):
                 wall_time_max_s=max(r.wall_times, default=0.0),
                 wall_time_spread=r.spread,
                 wall_times_s=r.wall_times,
+                generation_time_median_s=r.median_generation_time,
                 tokens_per_second=r.stats.new_tokens / r.median_wall_time if r.median_wall_time else 0.0,
                 speed_up=self.speed_up(r),
                 identical_to_reference=r.identical,
@@ -177,6 +185,7 @@ def run_benchmark(
         for name in names:
             results[name].wall_times.append(totals[name])
             results[name].prefill_times.append(stats[name].prefill_time)
+            results[name].generation_times.append(stats[name].total_time)
             if rep == 0:
                 results[name].stats = stats[name]
                 results[name].stats.method = name

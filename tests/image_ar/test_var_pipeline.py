@@ -229,6 +229,9 @@ def test_bench_image_has_the_ar_and_code_rows(saved, capsys):
     assert rows["code 1/3"]["target_forwards"] == 2 and rows["code 1/3"]["drafter_forwards"] == 2 * 3
     assert rows["code 3/1"]["memory_mb"] > rows["ar"]["memory_mb"] > 0
     assert any("the model card names no judge" in note for note in report["notes"])
+    for row in rows.values():  # token generation alone: the pipeline call without its VQ-VAE decoding
+        assert 0 < row["generation_time_median_s"] < row["wall_time_median_s"]
+    assert rows["ar"]["generation_speed_up"] == 1.0 and rows["code 1/3"]["generation_speed_up"] > 0
 
 
 def test_bench_image_batches_the_var_rows(saved, capsys):

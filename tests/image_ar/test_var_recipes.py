@@ -110,6 +110,32 @@ def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(built):
     assert VAR.from_pretrained(out / "drafter-5").patch_nums == shapes_var.PATCH_NUMS
 
 
+def test_code_refiner_distils_on_the_large_var_s_own_samples_too(built):
+    """--large-samples M: M sequences the large VAR samples itself (classes in turn) join the real ones, a share of
+    every batch; the card and the rebuild command say so, and the samples are cached for the next run."""
+    out = built
+    info = code_recipe(out, "--stage", "refiner", "--draft-scales", "6", "--sample-n", "0", "--large-samples", "12",
+                       "--sample-share", "0.25")
+    assert "12 of the large VAR's own samples" in info["trained_on"] and "8 of every batch" in info["trained_on"]
+    assert "--large-samples 12 --sample-share 0.25" in info["rebuild_command"]
+    cached = list((out / "smoke-cache").glob("var-large-samples-*.pt"))
+    assert len(cached) == 1
+    saved = torch.load(cached[0], weights_only=True)
+    large = VAR.from_pretrained(out / "model")
+    assert saved["codes"].shape == (12, large.L) and saved["labels"].tolist() == [i % large.num_classes for i in range(12)]
+    assert int(saved["codes"].max()) < large.V
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--stage", "drafter", "--large-samples", "4"], "use it with --stage refiner"),
+    (["--stage", "refiner", "--large-samples", "-1"], "--large-samples must be >= 0"),
+])
+def test_code_recipe_refuses_bad_sample_settings(built, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        code_recipe(built, "--draft-scales", "6", *argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(built, tmp_path):
     """Eight steps of stage two (its own scales only) lower the refiner's KL to the large VAR on those scales; the
     control, a learning rate too small to move the weights, leaves it where it was."""
