@@ -59,9 +59,8 @@ def assemble(out: Path, card_extra: dict | None = None) -> Path:
     # the large VAR's judge accuracy, with the refiner fine-tuned for 6 scales 6/2 does (CoDe's usual S-2; BENCHMARKS.md).
     scales = len(shapes_var.PATCH_NUMS)
     draft_scales = scales - 2 if scales - 2 in tuned else scales - 1
-    # CoDe's sampler filters every scale: top-k 600 of VAR's 4096 codes (the same share of 512: 75), top-p 0.95.
     # Guidance 3, between VAR's 1.5 and CoDe's 4: on this toy both ar and CoDe 6/2 judge best there (BENCHMARKS.md).
-    card = {"default_method": "code", "draft_scales": draft_scales, "cfg": 3.0, "top_k": 75, "top_p": 0.95,
+    card = {"default_method": "code", "draft_scales": draft_scales, "cfg": 3.0, **shapes_var.SAMPLER,
             "judge": "shapes-image-ar", "class_synonyms": data.CLASS_SYNONYMS, **(card_extra or {})}
     pipe = VARPipeline(model, vq, refiner, class_names=data.label_names(), model_name=shapes_var.NAME, card=card,
                        fine_tuned_refiners=tuned)

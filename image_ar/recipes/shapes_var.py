@@ -29,6 +29,8 @@ from . import image_ar_data as data
 NAME = "shapes-var"
 ZOO_DIR = MODELS_DIR / NAME
 PATCH_NUMS = (1, 2, 3, 4, 6, 8, 11, 16)  # 8 scales, L = 507 tokens; the last is the 16x16 latent of a 64x64 image
+# CoDe's sampler filters every scale: top-k 600 of VAR's 4096 codes (the same share of 512: 75), top-p 0.95.
+SAMPLER = {"top_k": 75, "top_p": 0.95}
 DOWNSAMPLE = 4
 CACHE_DIR = Path.home() / ".cache" / "mmspec" / NAME
 REBUILD_COMMAND = "python -m mmspec.image_ar.recipes.build_shapes_var"

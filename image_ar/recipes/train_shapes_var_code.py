@@ -103,20 +103,18 @@ def code_accuracy(drafter: VAR, refiner: VAR, vq: VQVAE, judge, n_images: int, d
     return round(judge.class_accuracy(out.images * 2 - 1, labels), 4)
 
 
-SAMPLER = {"top_k": 75, "top_p": 0.95}  # the card's (CoDe's) filters for the large model's own samples
-
-
 @torch.no_grad()
 def large_samples(large: VAR, vq: VQVAE, n: int, cfg: float, seed: int, cache_dir: Path,
                   batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes int16 [n, L], labels [n]): n sequences the large VAR samples itself (classes in turn), cached."""
     key = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in large.parameters())).hexdigest()[:16]
-    path = cache_dir / f"var-large-samples-s{seed}-n{n}-cfg{cfg:g}-k{SAMPLER['top_k']}-p{SAMPLER['top_p']:g}-{key}.pt"
+    filters = "-k{top_k}-p{top_p:g}".format(**shapes_var.SAMPLER)
+    path = cache_dir / f"var-large-samples-s{seed}-n{n}-cfg{cfg:g}{filters}-{key}.pt"
     if path.is_file():
         saved = torch.load(path, weights_only=True)
         return saved["codes"], saved["labels"]
     labels = torch.arange(n) % large.num_classes
-    generator, sampling, codes = torch.Generator().manual_seed(seed + 7919), VARSampling(cfg=cfg, **SAMPLER), []
+    generator, sampling, codes = torch.Generator().manual_seed(seed + 7919), VARSampling(cfg=cfg, **shapes_var.SAMPLER), []
     for i in tqdm(range(0, n, batch_size), desc="large VAR samples", mininterval=10):
         state = large.begin(labels[i : i + batch_size])
         large.run_scales(state, vq, 0, len(large.patch_nums), sampling, generator)
@@ -243,7 +241,7 @@ def train(args: argparse.Namespace) -> dict:
         **saved_var_facts(model, folder),
         "trained_on": (f"VQ-VAE codes of image_ar_data.images({args.train_n}, seed={args.seed}, split='train')"
                        + (f" and {args.large_samples} of the large VAR's own samples (cfg {args.cfg:g}, top-k "
-                          f"{SAMPLER['top_k']}, top-p {SAMPLER['top_p']}), {per_batch} of every batch"
+                          f"{shapes_var.SAMPLER['top_k']}, top-p {shapes_var.SAMPLER['top_p']}), {per_batch} of every batch"
                           if per_batch else "")
                        + f"; {loop.done} steps x {args.batch_size}; "
                        + ("continued from its own earlier runs (earlier_runs); " if earlier else f"started from {init}; ")
