@@ -56,6 +56,45 @@ def cosine_scheduler(kind: str = "ddpm", num_train_timesteps: int = 1000, timest
     raise MMSpecError(f"unknown diffusion scheduler {kind!r} (known: {', '.join(SCHEDULERS)})")
 
 
+@dataclass
+class StepCoefficients:
+    """The scalars of one DDPM step's Gaussian, read from the scheduler once per timestep (the sampling
+    loop reuses them for every call instead of asking the scheduler at each step)."""
+
+    sqrt_alpha: torch.Tensor
+    sqrt_one_minus_alpha: torch.Tensor
+    x0_coef: torch.Tensor
+    x_coef: torch.Tensor
+    min_log: torch.Tensor  # learned-range bounds: log posterior variance (clamped as the scheduler does)
+    max_log: torch.Tensor  # and log beta_t
+
+    @classmethod
+    def of(cls, scheduler: DDPMScheduler, t: int, device: torch.device) -> "StepCoefficients":
+        with torch.device(scheduler.timesteps.device):  # the scheduler's bookkeeping tensors live with its timesteps
+            prev_t = int(scheduler.previous_timestep(t))
+            min_log = scheduler._get_variance(t, variance_type="fixed_small").log()
+            max_log = scheduler._get_variance(t, variance_type="fixed_large_log")
+        alphas = scheduler.alphas_cumprod.to(device=device, dtype=torch.float32)
+        alpha_t = alphas[t]
+        alpha_prev = alphas[prev_t] if prev_t >= 0 else torch.ones((), device=device)
+        beta_t = 1 - alpha_t / alpha_prev
+        return cls(sqrt_alpha=alpha_t.sqrt(), sqrt_one_minus_alpha=(1 - alpha_t).sqrt(),
+                   x0_coef=alpha_prev.sqrt() * beta_t / (1 - alpha_t),
+                   x_coef=(1 - beta_t).sqrt() * (1 - alpha_prev) / (1 - alpha_t),
+                   min_log=min_log.to(device=device, dtype=torch.float32),
+                   max_log=max_log.to(device=device, dtype=torch.float32))
+
+    def gaussian(self, model_output: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log_var) for the net's output [N, 2C] at x [N, C]: see `step_gaussian`."""
+        channels = x.shape[-1]
+        eps, predicted_variance = model_output[:, :channels].float(), model_output[:, channels:].float()
+        x = x.float()
+        x0 = (x - self.sqrt_one_minus_alpha * eps) / self.sqrt_alpha
+        mean = self.x0_coef * x0 + self.x_coef * x
+        frac = (predicted_variance + 1) / 2  # the scheduler's learned-range interpolation
+        return mean, frac * self.max_log + (1 - frac) * self.min_log
+
+
 def step_gaussian(scheduler: DDPMScheduler, model_output: torch.Tensor, t: int, x: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, log_var) of the Gaussian `scheduler.step` draws x_prev from at timestep t.
@@ -65,20 +104,7 @@ def step_gaussian(scheduler: DDPMScheduler, model_output: torch.Tensor, t: int, 
     learned-range interpolation. At the last step (no previous timestep) no noise is added, as in
     `step`, and the log-variance is only a density parameter.
     """
-    channels = x.shape[-1]
-    eps, predicted_variance = model_output[:, :channels], model_output[:, channels:]
-    with torch.device(scheduler.timesteps.device):  # the scheduler's bookkeeping tensors live with its timesteps
-        prev_t = int(scheduler.previous_timestep(t))
-    alphas = scheduler.alphas_cumprod.to(device=x.device, dtype=torch.float32)
-    alpha_t = alphas[t]
-    alpha_prev = alphas[prev_t] if prev_t >= 0 else torch.ones((), device=x.device)
-    beta_t = 1 - alpha_t / alpha_prev
-    x = x.float()
-    x0 = (x - (1 - alpha_t).sqrt() * eps.float()) / alpha_t.sqrt()
-    mean = (alpha_prev.sqrt() * beta_t / (1 - alpha_t)) * x0 + ((1 - beta_t).sqrt() * (1 - alpha_prev) / (1 - alpha_t)) * x
-    with torch.device(scheduler.timesteps.device):
-        log_var = scheduler._get_variance(t, predicted_variance=predicted_variance.float())
-    return mean, log_var.to(mean.device)
+    return StepCoefficients.of(scheduler, t, x.device).gaussian(model_output, x)
 
 
 @dataclass
@@ -129,7 +155,11 @@ class ResBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(channels, 3 * channels))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
+        return self.modulated(x, self.adaLN_modulation(y))
+
+    def modulated(self, x: torch.Tensor, modulation: torch.Tensor) -> torch.Tensor:
+        """The block given its adaLN output [N, 3C] (shift, scale, gate)."""
+        shift, scale, gate = modulation.chunk(3, dim=-1)
         return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
 
 
@@ -141,7 +171,10 @@ class FinalLayer(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(model_channels, 2 * model_channels))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+        return self.modulated(x, self.adaLN_modulation(c))
+
+    def modulated(self, x: torch.Tensor, modulation: torch.Tensor) -> torch.Tensor:
+        shift, scale = modulation.chunk(2, dim=-1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
@@ -183,11 +216,40 @@ class SimpleMLPAdaLN(nn.Module):
     def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, c: torch.Tensor, cfg_scale: float) -> torch.Tensor:
         """Rows [cond; uncond] share x (the first half); eps is guided, the variance logits stay per row."""
         half = x[: len(x) // 2]
-        out = self.forward(torch.cat([half, half]), t, c)
+        return self.guide(self.forward(torch.cat([half, half]), t, c), cfg_scale)
+
+    def guide(self, out: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+        """[cond; uncond] outputs -> both halves carry the guided eps; the variance logits stay per row."""
         eps, rest = out[:, : self.in_channels], out[:, self.in_channels:]
         cond, uncond = eps.chunk(2)
         guided = uncond + cfg_scale * (cond - uncond)
         return torch.cat([torch.cat([guided, guided]), rest], dim=1)
+
+
+class SamplingDenoiser:
+    """`SimpleMLPAdaLN` for one sampling call over fixed conditions c [N, D] and timesteps [S]: the
+    same arithmetic as its forward, with what does not change from step to step done once. The time
+    embeddings of all S steps and the condition embedding are computed up front, and the adaLN layers
+    of every block, which all read SiLU(y), run as one matrix product per step. On a CPU the head's
+    per-step cost is mostly the count of small products, not their size."""
+
+    def __init__(self, net: SimpleMLPAdaLN, timesteps: torch.Tensor, c: torch.Tensor) -> None:
+        self.net = net
+        self.time = net.time_embed(timesteps.to(c.device))  # [S, W]
+        self.cond = net.cond_embed(c)  # [N, W]
+        layers = [block.adaLN_modulation[-1] for block in net.res_blocks] + [net.final_layer.adaLN_modulation[-1]]
+        self.weight = torch.cat([layer.weight for layer in layers])
+        self.bias = torch.cat([layer.bias for layer in layers])
+        self.sizes = [layer.out_features for layer in layers]
+
+    def __call__(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """The net's output [N, 2C] at x [N, C] on the `step`-th timestep."""
+        y = F.silu(self.time[step] + self.cond)
+        *blocks, final = F.linear(y, self.weight, self.bias).split(self.sizes, dim=-1)
+        h = self.net.input_proj(x)
+        for block, modulation in zip(self.net.res_blocks, blocks):
+            h = block.modulated(h, modulation)
+        return self.net.final_layer.modulated(h, final)
 
 
 class DiffLoss(nn.Module):
@@ -206,6 +268,14 @@ class DiffLoss(nn.Module):
         self.scheduler = cosine_scheduler(scheduler, timestep_spacing=timestep_spacing)
         self.scheduler.set_timesteps(self.num_sampling_steps)
         self.train_scheduler = cosine_scheduler("ddpm")
+
+    def _step_coefficients(self, device: torch.device) -> list[StepCoefficients]:
+        """Each sampling timestep's Gaussian coefficients, kept until the timesteps or the device change."""
+        key = (tuple(self.scheduler.timesteps.tolist()), str(device))
+        if getattr(self, "_coefficients_key", None) != key:
+            self._coefficients = [StepCoefficients.of(self.scheduler, t, device) for t in key[0]]
+            self._coefficients_key = key
+        return self._coefficients
 
     def forward(self, target: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None = None,
                 generator: torch.Generator | None = None) -> torch.Tensor:
@@ -268,16 +338,17 @@ class DiffLoss(nn.Module):
         x = noise.to(device=z.device, dtype=torch.float32)
         log_var_sum = torch.zeros_like(x)
         mean = log_var = None
-        for i, t in enumerate(self.scheduler.timesteps.tolist()):
-            rows = torch.cat([x, x]) if guided else x
-            t_batch = torch.full((rows.shape[0],), t, device=z.device, dtype=torch.long)
-            rows = rows.to(z.dtype)
-            out = self.net.forward_with_cfg(rows, t_batch, z, cfg) if guided else self.net(rows, t_batch, z)
-            out = out[:n].float()
-            if self.scheduler_kind == "ddim":
+        timesteps = self.scheduler.timesteps.tolist()
+        denoise = SamplingDenoiser(self.net, self.scheduler.timesteps, z)
+        gaussians = self._step_coefficients(z.device) if self.scheduler_kind == "ddpm" else None
+        for i, t in enumerate(timesteps):
+            rows = (torch.cat([x, x]) if guided else x).to(z.dtype)
+            out = denoise(rows, i)
+            out = (self.net.guide(out, cfg) if guided else out)[:n].float()
+            if gaussians is None:
                 x = self.scheduler.step(out[:, :channels], t, x, eta=0.0).prev_sample
                 continue
-            mean, log_var = step_gaussian(self.scheduler, out, t, x)
+            mean, log_var = gaussians[i].gaussian(out, x)
             if i == steps - 1:  # the last step adds no noise
                 x = mean
             else:

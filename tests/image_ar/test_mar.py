@@ -109,6 +109,23 @@ def test_step_gaussian_is_what_ddpm_scheduler_step_samples():
     torch.testing.assert_close(mean, scheduler.step(out, last, x).prev_sample, rtol=1e-5, atol=1e-5)
 
 
+def test_sampling_denoiser_is_the_nets_forward():
+    from mmspec.image_ar.diffloss import SamplingDenoiser, SimpleMLPAdaLN
+
+    torch.manual_seed(0)
+    net = SimpleMLPAdaLN(in_channels=4, model_channels=16, out_channels=8, z_channels=12, num_res_blocks=2)
+    for p in net.parameters():  # the zero-initialised gates would hide the blocks
+        torch.nn.init.normal_(p, std=0.3)
+    timesteps = torch.tensor([999, 600, 37, 0])
+    c, x = torch.randn(6, 12), torch.randn(6, 4)
+    denoise = SamplingDenoiser(net, timesteps, c)
+    for step, t in enumerate(timesteps.tolist()):
+        expected = net(x, torch.full((6,), t), c)
+        torch.testing.assert_close(denoise(x, step), expected, rtol=1e-5, atol=1e-6)
+    guided = net.forward_with_cfg(x, torch.full((6,), 600), c, 3.0)
+    torch.testing.assert_close(net.guide(denoise(torch.cat([x[:3], x[:3]]), 1), 3.0), guided, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def mar():
     torch.set_num_threads(1)
