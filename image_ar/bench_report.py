@@ -78,6 +78,14 @@ def rows_without(report: Any, rows_spec: dict[str, tuple[str, Any]], knob: str |
     return rows
 
 
+def add_generation_speed_up(rows: list[dict[str, Any]]) -> None:
+    """Each row's `generation_speed_up`: ar's token-generation time over the row's (the pipeline call
+    without its image decoder, which every row runs alike)."""
+    base = next(r for r in rows if r["method"] == REFERENCE)["generation_time_median_s"]
+    for r in rows:
+        r["generation_speed_up"] = base / r["generation_time_median_s"] if r["generation_time_median_s"] else 0.0
+
+
 def row_arguments(knob: str | None, value: Any) -> dict[str, Any]:
     return dict(value or {}) if knob is None else {knob: value}
 

@@ -7,7 +7,8 @@ with as many steps as CSpD's target forwards (CSpD's output follows the target o
 verified window is one step, so the control says what the drafting adds over simply taking fewer
 steps). Columns: forwards of the target and of the draft MAR, drafted window tokens and the share
 accepted, wall time (median over repetitions after a warm-up, rows interleaved: `mmspec.bench.harness`),
-speed-up over ar, and, with a judge (the card's, else none): class accuracy and the Fréchet distance to an
+speed-up over ar, the same for token generation alone (`gen s`, `gen x`: without the VAE's decoding),
+and, with a judge (the card's, else none): class accuracy and the Fréchet distance to an
 independent ar run, with ar's own spread.
 """
 
@@ -19,8 +20,8 @@ import torch
 
 from mmspec.errors import MMSpecError
 
-from .bench_report import (REFERENCE, ImageReport, judge_rows, quality_columns, rows_grid, rows_without,
-                           run_pipeline_rows)
+from .bench_report import (REFERENCE, ImageReport, add_generation_speed_up, judge_rows, quality_columns, rows_grid,
+                           rows_without, run_pipeline_rows)
 from .cspd import cspd_schedule
 from .mar_pipeline import MARPipeline
 
@@ -29,18 +30,19 @@ class MARBenchReport(ImageReport):
     def to_table(self) -> str:
         quality_header, quality_cells = quality_columns(self.rows)
         header = (f"{'method':<16} {'target fwd':>10} {'draft fwd':>9} {'drafted':>8} {'accepted':>8} {'wall s':>8} "
-                  f"{'min-max s':>15} {'speed-up':>8}") + quality_header
+                  f"{'min-max s':>15} {'speed-up':>8} {'gen s':>7} {'gen x':>6}") + quality_header
         lines = self.table_head(header)
         for r in self.rows:
             span = f"{r['wall_time_min_s']:.3f}-{r['wall_time_max_s']:.3f}"
             share = f"{r['accepted'] / r['drafted']:.3f}" if r["drafted"] else "-"
             lines.append(f"{r['method']:<16} {r['target_forwards']:>10} {r['drafter_forwards']:>9} {r['drafted']:>8} "
-                         f"{share:>8} {r['wall_time_median_s']:>8.3f} {span:>15} {r['speed_up']:>7.2f}x"
-                         + quality_cells(r))
+                         f"{share:>8} {r['wall_time_median_s']:>8.3f} {span:>15} {r['speed_up']:>7.2f}x "
+                         f"{r['generation_time_median_s']:>7.3f} {r['generation_speed_up']:>5.2f}x" + quality_cells(r))
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
         lines.append(f"(cspd k=N: the draft runs N steps per target verification; accepted = share of drafted "
                      f"tokens kept; ar T steps: the target alone with as many steps as cspd's target forwards; "
-                     f"{settings}; wall = median over repetitions, all images)")
+                     f"{settings}; wall = median over repetitions, all images, the VAE's decoding included; gen = the same "
+                     "for token generation alone)")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -93,5 +95,6 @@ def bench_mar(pipe: MARPipeline, labels: Sequence[int], *, seed: int = 0, num_dr
                                                   "step_compression", "position_attempts", "position_accepts",
                                                   "per_position_acceptance"),
                         extra=lambda name: quality.get(name, {}))
+    add_generation_speed_up(rows)
     grid = rows_grid(images, items, grid_columns)
     return MARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)

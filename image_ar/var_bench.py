@@ -25,7 +25,8 @@ import torch
 from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 
-from .bench_report import REFERENCE, ImageReport, judge_rows, quality_columns, rows_grid, rows_without, run_pipeline_rows
+from .bench_report import (REFERENCE, ImageReport, add_generation_speed_up, judge_rows, quality_columns, rows_grid,
+                           rows_without, run_pipeline_rows)
 from .judge import DEFAULT_JUDGE
 from .var_pipeline import VARPipeline
 
@@ -107,9 +108,7 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
     if not torch.cuda.is_available() or pipe.device.type != "cuda":
         notes.append("memory MB = the weights the row keeps loaded + its largest KV cache of one image, computed from "
                      "the shapes (the CPU has no peak allocation counter)")
-    base = next(r for r in rows if r["method"] == REFERENCE)["generation_time_median_s"]
-    for r in rows:
-        r["generation_speed_up"] = base / r["generation_time_median_s"] if r["generation_time_median_s"] else 0.0
+    add_generation_speed_up(rows)
     grid = rows_grid(images, items, grid_columns)
     return VARBenchReport(title=title, rows=rows, settings=report.settings, notes=notes, grid=grid)
 
