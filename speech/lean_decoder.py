@@ -28,8 +28,9 @@ from torch import nn
 from ..errors import MMSpecError
 
 
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+def _linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    # An int8 layer of a model at compute type int8 (`precision.RowInt8Linear`) runs itself.
+    return F.linear(x, layer.weight, layer.bias) if isinstance(layer, nn.Linear) else layer(x)
 
 
 def _norm(x: torch.Tensor, layer: nn.LayerNorm) -> torch.Tensor:
@@ -82,10 +83,10 @@ class LeanWhisperDecoder:
         cross = []
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
-            # Once per utterance over every frame, in full precision and laid out as transformers' Whisper lays them
-            # out (contiguous [B, H, T, D/H]): a target with these very layers can take them as its own (a
+            # Once per utterance over every frame, by the layers as the model runs them (at its compute type) and
+            # laid out as transformers' Whisper lays them out (contiguous [B, H, T, D/H]): a target with these very layers can take them as its own (a
             # self-drafter hands them over, see WhisperTarget.reuse_cross_attention), and attention reads them faster.
-            cross.append(tuple(self._split(F.linear(encoder_states, proj.weight, proj.bias)).contiguous()
+            cross.append(tuple(self._split(_linear(encoder_states, proj)).contiguous()
                                for proj in (attn.k_proj, attn.v_proj)))
         return LeanDecoderState(cross=cross, self_kv=[None] * len(cross))
 

@@ -74,6 +74,7 @@ from .fast_decoder import CTCFastDecoder
 from .feature_drafter import WhisperFeatureDrafterModel
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
+from .precision import apply_compute_type, check_compute_type, compute_type_of
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
 from .subtitles import Segment
@@ -187,6 +188,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         max_memory: dict[Any, Any] | None = None,
         offload_folder: str | os.PathLike | None = None,
         drafter_device: str | torch.device | None = None,
+        compute_type: str | None = None,
         **kwargs: Any,
     ) -> "TranscriptionPipeline":
         """Load a Whisper model + processor (zoo name, local folder, saved pipeline or Hub id available offline)
@@ -198,13 +200,19 @@ class TranscriptionPipeline(SpeculativePipeline):
         present, else `ar_fast_decoder/`). `dtype` (or `torch_dtype`, the same) defaults to float32.
         Other keyword arguments go to the constructor (`num_draft_tokens`, ...).
 
+        `compute_type` (as faster-whisper's): "float32" (default), "bfloat16" (the model cast, the same as
+        dtype=torch.bfloat16) or "int8" (int8 products in the encoder's and decoder's linear layers, see
+        `mmspec.speech.precision`; CPU only). Hybrid strict output is identical to greedy decoding of the
+        model at that compute type (its own `generate`), not to float32's.
+
         Placement: `device` (default CPU) holds the whole pipeline. A Whisper model bigger than one device
         is spread by accelerate instead: `device_map` ("auto" or {module name: device}), `max_memory`
         ({"cpu": "20GiB", 0: "10GiB"}; alone it means device_map="auto") and `offload_folder` (for layers
         mapped to "disk") go to its `from_pretrained` (not for CTranslate2 folders); the fast decoder then
         sits on `drafter_device` (default: the model's first device, where its inputs go).
         """
-        dtype = resolve_dtype(dtype, torch_dtype)
+        given = None if dtype is None and torch_dtype is None else resolve_dtype(dtype, torch_dtype)
+        dtype = dtype_for_compute_type(compute_type, given) or torch.float32
         placement = load_options(device, device_map, max_memory, offload_folder)
         device = None if placement else (device or "cpu")
         name = str(model_id_or_path)
@@ -217,12 +225,16 @@ class TranscriptionPipeline(SpeculativePipeline):
                 kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=dtype)
             if placement:  # diffusers' loader moves components whole: load the model dispatched here
                 kwargs["model"] = load_whisper(name, str(saved / "model"), dtype=dtype, **placement)[0]
+            if compute_type == "int8":  # quantised before the fast decoder binds a self-drafter to its layers
+                kwargs["model"] = apply_compute_type(load_whisper(name, str(saved / "model"), dtype=dtype, device=device)[0],
+                                                     "int8")
             pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
             if pipe.fast_decoder is not None and (placement or drafter_device is not None):
                 place_fast_decoder(pipe.fast_decoder, drafter_device, pipe.model)
             return pipe
         path = speech_model_path(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device, **placement)
+        model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
         root = fast_decoder_root(name, path)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
             kind, fast_decoder = fast_decoder, root / FAST_DECODER_FOLDERS[fast_decoder]
@@ -236,6 +248,17 @@ class TranscriptionPipeline(SpeculativePipeline):
         return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
 
     # --- configuration ------------------------------------------------------------------------
+
+    @property
+    def compute_type(self) -> str:
+        """The precision the model runs at: "float32", "bfloat16" or "int8" (see `mmspec.speech.precision`)."""
+        return compute_type_of(self.model)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        if self.compute_type == "int8":
+            raise MMSpecError("an int8 pipeline is quantised when loaded and is not saved as such: save the float32 "
+                              "pipeline and load it with compute_type='int8'")
+        super().save_pretrained(save_directory, **kwargs)
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
         fast = self.fast_decoder
@@ -524,6 +547,17 @@ def check_duration(samples: np.ndarray, sampling_rate: int, what: str = "the aud
 
 
 # --- loading ------------------------------------------------------------------------------------
+
+def dtype_for_compute_type(compute_type: str | None, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype to load the weights in for `compute_type` (None: `dtype` as given); a contradiction is refused."""
+    if compute_type is None:
+        return dtype
+    wanted = torch.bfloat16 if check_compute_type(compute_type) == "bfloat16" else torch.float32
+    if dtype is not None and dtype != wanted:
+        raise MMSpecError(f"compute_type {compute_type!r} runs the model in {str(wanted).removeprefix('torch.')}, "
+                          f"but dtype {str(dtype).removeprefix('torch.')} was asked for: pass one of them")
+    return wanted
+
 
 def default_fast_decoder_folder(model_folder: Path) -> Path | None:
     """The fast decoder a model folder uses by default: its zoo card's measured-fastest kind

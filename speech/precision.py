@@ -1,0 +1,145 @@
+"""Compute types: the precision a Whisper model runs at, chosen by the user (as faster-whisper's `compute_type`).
+
+  float32   the weights as loaded, float32 arithmetic (the default).
+  bfloat16  the whole model cast to bfloat16 (weights, activations and the output head).
+  int8      every linear layer of the encoder and of the decoder layers runs as int8 x int8 products:
+            weights quantised once, symmetrically, one scale per output row; activations quantised on
+            the fly, one scale per input row (per token / per frame); exact int32 accumulation
+            (`torch._int_mm`), then rescaled to float32 and the bias added. Layer norms, attention,
+            convolutions, embeddings and the output head stay float32 (the head's greedy choices come
+            from the certified bfloat16 head on a CPU, see `mmspec.kernels.certified_head`).
+
+Each compute type is a different model, with its own greedy output: "exact" (hybrid strict) means
+identical to the greedy `generate` of the same model at the same compute type, never to float32's.
+
+Why per-row activation scales: a verification forward scores k + 1 positions at once where greedy
+`generate` scores one. With one scale per input row and integer accumulation, every output row of an
+int8 layer depends on its own input row only, bit for bit, whatever else is in the batch; a per-tensor
+scale (`torch.ao`'s dynamic quantisation) would make a position's result depend on the drafts beside it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+from ..errors import MMSpecError
+
+COMPUTE_TYPES = ("float32", "int8", "bfloat16")
+DEFAULT_COMPUTE_TYPE = "float32"
+
+
+def check_compute_type(compute_type: str | None) -> str:
+    """The compute type by name (None: float32); one clear error for anything else."""
+    if compute_type is None:
+        return DEFAULT_COMPUTE_TYPE
+    if compute_type not in COMPUTE_TYPES:
+        raise MMSpecError(f"unknown compute type {compute_type!r}; choose from {', '.join(COMPUTE_TYPES)}")
+    return compute_type
+
+
+def int8_products_available(device: torch.device | str) -> bool:
+    """Whether int8 x int8 -> int32 products run here (PyTorch's CPU kernel)."""
+    return torch.device(device).type == "cpu" and hasattr(torch, "_int_mm")
+
+
+class RowInt8Linear(nn.Module):
+    """A linear layer as int8 products: `y = (q(x) @ Wq.T) * sx * sw + b` (see the module docstring).
+
+    Made from an `nn.Linear` (float weights, copied; the original is not changed). Input [..., in] in any
+    float dtype; output [..., out] in float32.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("qweight", qweight.contiguous())  # [out, in]; the kernel reads its transpose
+        self.register_buffer("weight_scales", scales)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    @staticmethod
+    def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """int8 rows of x [M, in] (symmetric, one scale per row) and the scales [M]."""
+        scales = x.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        return torch.round(x / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        q, row_scales = self.quantise_rows(rows)
+        y = torch._int_mm(q, self.qweight.t()).float() * (row_scales[:, None] * self.weight_scales[None, :])
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights x int8 rows"
+
+
+def reference_row_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What `RowInt8Linear` computes, in plain float64 arithmetic (for tests): the same roundings, exact sums."""
+    w_scales = weight.double().abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    wq = torch.round(weight.double() / w_scales[:, None]).clamp(-127, 127)
+    rows = x.reshape(-1, x.shape[-1]).double()
+    x_scales = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    xq = torch.round(rows / x_scales[:, None]).clamp(-127, 127)
+    y = (xq @ wq.T) * x_scales[:, None] * w_scales[None, :]
+    y = y if bias is None else y + bias.double()
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def quantisable_linears(model: PreTrainedModel) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, linear) of every linear layer inside the encoder's and the decoder's layers."""
+    found = []
+    for stack in (model.get_encoder(), model.get_decoder()):
+        for layer in stack.layers:
+            for parent in layer.modules():
+                for name, child in parent.named_children():
+                    if isinstance(child, nn.Linear):
+                        found.append((parent, name, child))
+    return found
+
+
+def quantise_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` with its encoder and decoder layers' linears replaced by `RowInt8Linear` (in place; returned)."""
+    device = next(model.parameters()).device
+    if not int8_products_available(device):
+        raise MMSpecError(f"compute type int8 runs on a CPU (PyTorch's int8 product kernel); the model is on {device}: "
+                          "use float32 or bfloat16 there")
+    for parent, name, linear in quantisable_linears(model):
+        setattr(parent, name, RowInt8Linear(linear))
+    return model
+
+
+def apply_compute_type(model: PreTrainedModel, compute_type: str | None) -> PreTrainedModel:
+    """`model` at `compute_type` (in place; returned): bfloat16 casts it, int8 quantises its layers' linears."""
+    compute_type = check_compute_type(compute_type)
+    current = compute_type_of(model)
+    if current == compute_type:
+        return model
+    if current != "float32":
+        raise MMSpecError(f"the model already runs at compute type {current}; load it again for {compute_type}")
+    if compute_type == "bfloat16":
+        model = model.to(torch.bfloat16)
+    elif compute_type == "int8":
+        model = quantise_int8(model)
+    return model
+
+
+def compute_type_of(model: PreTrainedModel) -> str:
+    """The compute type a model runs at: int8 if its layers were quantised here, else its float dtype's."""
+    if any(isinstance(m, RowInt8Linear) for m in model.modules()):
+        return "int8"
+    dtype = next(model.parameters()).dtype
+    return {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def linear_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A linear layer's output: `F.linear` on an `nn.Linear`'s weights, else the module itself (an int8 layer)."""
+    if isinstance(layer, nn.Linear):
+        return F.linear(x, layer.weight, layer.bias)
+    return layer(x)
