@@ -7,7 +7,8 @@
             the fly, one scale per input row (per token / per frame); exact int32 accumulation
             (`torch._int_mm`), then rescaled to float32 and the bias added. Layer norms, attention,
             convolutions, embeddings and the output head stay float32 (the head's greedy choices come
-            from the certified bfloat16 head on a CPU, see `mmspec.kernels.certified_head`).
+            from the certified bfloat16 head on a CPU, see `mmspec.kernels.certified_head`). The decoder's
+            attention runs query row by query row (`ROW_ATTENTION`, below).
 
 Each compute type is a different model, with its own greedy output: "exact" (hybrid strict) means
 identical to the greedy `generate` of the same model at the same compute type, never to float32's.
@@ -16,6 +17,14 @@ Why per-row activation scales: a verification forward scores k + 1 positions at 
 `generate` scores one. With one scale per input row and integer accumulation, every output row of an
 int8 layer depends on its own input row only, bit for bit, whatever else is in the batch; a per-tensor
 scale (`torch.ao`'s dynamic quantisation) would make a position's result depend on the drafts beside it.
+Attention is the other place where rows meet: SDPA over several query rows rounds differently from SDPA
+over one, and an activation that rounds to the other side of an int8 step turns a last-bit difference
+into a visible one (a tied choice between "." and "," then flips). So an int8 model's decoder attends
+row by row (`row_attention`, registered with transformers' `AttentionInterface`, not patched in): each
+query row is one SDPA call over exactly the keys it may see, the very call greedy decoding makes when it
+reaches that position. Every decoder row then comes out bit for bit as in one-token-at-a-time decoding,
+whatever the verification batches together; only the head's near-ties (float32 rounding of the last
+product, as at float32) remain.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..errors import MMSpecError
 
@@ -92,6 +102,32 @@ def reference_row_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+ROW_ATTENTION = "mmspec_row_sdpa"
+
+
+def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: object) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, one query row at a time in a decoder (see the module docstring); the
+    encoder's attention, and any single-row call, is plain SDPA."""
+    rows = query.shape[2]
+    if rows == 1 or not getattr(module, "is_decoder", False):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # type: ignore[arg-type]
+    causal = kwargs.pop("is_causal", None)
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    keys = key.shape[2]
+    outputs = []
+    for row in range(rows):
+        seen = keys - rows + row + 1 if causal else keys  # the keys this row's position may attend to
+        mask = None if attention_mask is None else attention_mask[:, :, row:row + 1, :seen]
+        out, _ = sdpa_attention_forward(module, query[:, :, row:row + 1], key[:, :, :seen].contiguous(),  # type: ignore[arg-type]
+                                        value[:, :, :seen].contiguous(), mask, **kwargs)
+        outputs.append(out)
+    return torch.cat(outputs, dim=1), None  # [batch, rows, heads, head dim], as sdpa_attention_forward returns
+
+
+AttentionInterface.register(ROW_ATTENTION, row_attention)
+
+
 def quantisable_linears(model: PreTrainedModel) -> list[tuple[nn.Module, str, nn.Linear]]:
     """(parent, attribute, linear) of every linear layer inside the encoder's and the decoder's layers."""
     found = []
@@ -112,6 +148,7 @@ def quantise_int8(model: PreTrainedModel) -> PreTrainedModel:
                           "use float32 or bfloat16 there")
     for parent, name, linear in quantisable_linears(model):
         setattr(parent, name, RowInt8Linear(linear))
+    model.set_attn_implementation(ROW_ATTENTION)
     return model
 
 
