@@ -1,7 +1,8 @@
 """Compute types: the precision a Whisper model runs at, chosen by the user (as faster-whisper's `compute_type`).
 
   float32   the weights as loaded, float32 arithmetic (the default).
-  bfloat16  the whole model cast to bfloat16 (weights, activations and the output head).
+  bfloat16  the whole model cast to bfloat16 (weights, activations and the output head); the decoder's
+            attention runs query row by query row (`ROW_ATTENTION`, below).
   int8      every linear layer of the encoder and of the decoder layers runs as int8 x int8 products:
             weights quantised once, symmetrically, one scale per output row; activations quantised on
             the fly, one scale per input row (per token / per frame); exact int32 accumulation
@@ -24,7 +25,10 @@ row by row (`row_attention`, registered with transformers' `AttentionInterface`,
 query row is one SDPA call over exactly the keys it may see, the very call greedy decoding makes when it
 reaches that position. Every decoder row then comes out bit for bit as in one-token-at-a-time decoding,
 whatever the verification batches together; only the head's near-ties (float32 rounding of the last
-product, as at float32) remain.
+product, as at float32) remain. A bfloat16 model's products were found row-independent on this CPU too,
+so it attends row by row as well. At float32 the products themselves round differently with the number
+of rows (the BLAS picks other kernels), so row-by-row attention would not make it exact; it keeps SDPA,
+and its exactness stays what the tests and benches measure.
 """
 
 from __future__ import annotations
@@ -162,6 +166,7 @@ def apply_compute_type(model: PreTrainedModel, compute_type: str | None) -> PreT
         raise MMSpecError(f"the model already runs at compute type {current}; load it again for {compute_type}")
     if compute_type == "bfloat16":
         model = model.to(torch.bfloat16)
+        model.set_attn_implementation(ROW_ATTENTION)
     elif compute_type == "int8":
         model = quantise_int8(model)
     return model
