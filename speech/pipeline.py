@@ -74,9 +74,9 @@ from .fast_decoder import CTCFastDecoder
 from .feature_drafter import WhisperFeatureDrafterModel
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
-from .precision import apply_compute_type, check_compute_type, compute_type_of
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
+from .precision import apply_compute_type, check_compute_type, compute_type_of
 from .subtitles import Segment
 from .target import WhisperTarget, check_language_and_task
 

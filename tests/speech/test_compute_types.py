@@ -20,7 +20,7 @@ from mmspec.speech.precision import (
 from .conftest import MAX_NEW, assert_same
 from .test_pipeline import speechy, write_wav
 from .tiny_asr import make_asr_folder
-from .tiny_whisper import EOT, features, tiny_whisper
+from .tiny_whisper import features, tiny_whisper
 
 SEEDS = range(6)
 
