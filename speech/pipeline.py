@@ -78,7 +78,7 @@ from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, s
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
 from .precision import apply_compute_type, check_compute_type, compute_type_of
 from .subtitles import Segment
-from .target import WhisperTarget, check_language_and_task
+from .target import WhisperTarget, check_language_and_task, encoder_outputs_of
 
 FAST_DECODER_FOLDER = "fast_decoder"
 FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER}  # kind -> subfolder, default first
@@ -102,14 +102,16 @@ class ChunkTranscript:
     tokens: list[int]
     stats: SpecStats
     decoder_passes: int
+    encoder_time_s: float = 0.0  # the encoder's forward on this window (not in `stats`' prefill)
 
 
 @dataclass
 class TranscriptionOutput(TextPipelineOutput):
     """What a transcription call produced, and how (stats summed over chunks): `text`, `method`, `model`,
     `stats`, then `mode`, `decoder_passes`, `chunks` (the windows as decoded), `total_time_s` (the whole call:
-    audio decoding, features, encoder and decoding), `note` (e.g. why the text is empty) and `segments`
-    (`Segment(start_s, end_s, text)`, the stitched transcript with times, for subtitles)."""
+    audio decoding, features, encoder and decoding), `note` (e.g. why the text is empty), `segments`
+    (`Segment(start_s, end_s, text)`, the stitched transcript with times, for subtitles), `encoder_time_s`
+    (the encoder's forwards, summed over windows; `stats`' prefill is the decoder's) and `compute_type`."""
 
     mode: str
     decoder_passes: int
@@ -117,6 +119,8 @@ class TranscriptionOutput(TextPipelineOutput):
     total_time_s: float = 0.0
     note: str | None = None
     segments: list[Segment] = field(default_factory=list)
+    encoder_time_s: float = 0.0
+    compute_type: str = "float32"
 
 
 class TranscriptionPipeline(SpeculativePipeline):
@@ -418,7 +422,8 @@ class TranscriptionPipeline(SpeculativePipeline):
         return TranscriptionOutput(
             text=text, method=method, mode=mode, model=self.model_name, stats=stats,
             decoder_passes=sum(c.decoder_passes for c in chunks), chunks=chunks, segments=segments,
-            total_time_s=time.perf_counter() - started, note=note,
+            total_time_s=time.perf_counter() - started, note=note, encoder_time_s=sum(c.encoder_time_s for c in chunks),
+            compute_type=self.compute_type,
         )
 
     def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
@@ -519,6 +524,9 @@ class TranscriptionPipeline(SpeculativePipeline):
         hook = self.model.get_decoder().register_forward_hook(count)
         try:
             inputs: dict[str, Any] = {"input_features": self.features(piece)}
+            encoding = time.perf_counter()
+            encoder_outputs_of(self.model, inputs)  # once, timed on its own: the decoding reuses it
+            encoder_time = time.perf_counter() - encoding
             prompt = target.prompt_ids(inputs)  # may detect the language (one decoder pass, counted)
             wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
             limit = target.max_new_tokens_for(prompt.shape[1], wanted)
@@ -527,7 +535,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             hook.remove()
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes)
+        return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes, encoder_time)
 
 
 def listed_audio(audio: Any) -> list[Any] | None:

@@ -4,6 +4,12 @@
     mmspec transcribe talk.mp3 --format srt --out talk.srt     # subtitles, written atomically
     mmspec transcribe recordings/ --format vtt --out subs/     # every audio file of a folder, one output each
     mmspec transcribe recordings/ --out transcripts.jsonl      # one JSON line per file, resumable (folder_runs)
+    mmspec transcribe talk.mp3 --compute-type int8             # int8 products (exact: equals the int8 model's greedy)
+
+By default the fastest exact method the model has runs: hybrid strict with its shipped fast decoder (for
+whisper-tiny.en the self-drafter, also when the model is given as its package's folder), else greedy.
+Start-up (importing the libraries, loading the model) is its own line on stderr, apart from the stats,
+whose prefill is the decoder's (the encoder has its own figure).
 
 In folder mode a file that fails (corrupt, empty, not audio, too short) is reported on its own line
 and the others still run; the exit status is 2 when any failed.
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,9 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "decoder exists, else ar)")
     parser.add_argument("--mode", choices=LazyChoices("mmspec.speech.hybrid", "MODES"), default="strict", metavar="MODE",
                         help="strict = identical to greedy decoding; relaxed = accept highly ranked drafts (hybrid only)")
+    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+                        metavar="TYPE", help="float32 (default), int8 (int8 products in the encoder and decoder layers; "
+                                             "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
@@ -55,9 +65,11 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
 
+    imported = time.perf_counter() - started
     set_threads(args)
     placement = placement_options(args)
     source = Path(args.path)
@@ -77,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)
-    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder, **placement)
+    loading = time.perf_counter()
+    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder,
+                                                 compute_type=args.compute_type, **placement)
+    startup = time.perf_counter() - started
+    print(f"mmspec: start-up {startup:.2f} s (import {imported:.2f} s, load {time.perf_counter() - loading:.2f} s; "
+          f"compute type {pipe.compute_type})", file=sys.stderr)
     pipe.check_method(args.method)  # an unavailable method fails once, before any audio
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
@@ -88,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, records_for=lambda paths: transcript_records(pipe, paths, args))
     if not source.is_dir():
         out = transcribe_one(pipe, source, args, progress=not args.json)
-        emit(out, fmt, args.out, source)
-        print(f"{out.stats.summary()}; {out.decoder_passes} decoder passes over {len(out.chunks)} chunk(s)", file=sys.stderr)
+        emit(out, fmt, args.out, source, startup_s=startup)
+        print(f"{out.stats.summary()}; encoder {out.encoder_time_s * 1e3:.0f} ms; {out.decoder_passes} decoder passes over "
+              f"{len(out.chunks)} chunk(s)", file=sys.stderr)
         return 0
     return transcribe_folder(pipe, files, Path(args.out), fmt, args)
 
@@ -117,11 +135,12 @@ def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bo
     return out
 
 
-def rendered(out: Any, fmt: str, source: Path) -> str:
+def rendered(out: Any, fmt: str, source: Path, **extra: Any) -> str:
     from ..speech.subtitles import render
 
     stats = stats_json(out.stats, decoder_passes=out.decoder_passes, chunks=len(out.chunks),
-                       transcription_time_s=out.total_time_s)
+                       transcription_time_s=out.total_time_s, encoder_time_s=out.encoder_time_s,
+                       compute_type=out.compute_type, **extra)
     return render(out.segments, fmt, file=str(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
                   note=out.note, stats=stats)
 
@@ -163,10 +182,10 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
     return results  # type: ignore[return-value]  # every slot is filled
 
 
-def emit(out: Any, fmt: str, destination: str | None, source: Path) -> None:
+def emit(out: Any, fmt: str, destination: str | None, source: Path, **extra: Any) -> None:
     from ..speech.subtitles import write_atomically
 
-    text = rendered(out, fmt, source)
+    text = rendered(out, fmt, source, **extra)
     if destination is None:
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
     else:
