@@ -331,7 +331,7 @@ def bench_speech(
         raise MMSpecError("--chain drafts with an AR fast decoder or a feature drafter: pass --ar-fast-decoder or "
                           "--feature-drafter (or use a model that ships one)")
     model.eval()
-    notes = list(notes or [])
+    given_notes, notes = list(notes or []), []
     if ctc_fast_decoder is not None:
         check_fast_decoder(ctc_fast_decoder, model)
     if ar_fast_decoder is not None:
@@ -385,7 +385,7 @@ def bench_speech(
         finally:
             for counter in counters:
                 counter.close()
-    return _report(title, harness, methods, items, repeats, notes, model)
+    return _report(title, harness, methods, items, repeats, notes + given_notes, model)
 
 
 def _report(title: str, harness: BenchReport, methods: dict[str, _Method | _PeerMethod], items: list[SpeechItem], repeats: int,
