@@ -318,9 +318,11 @@ def bench_speech(
     title: str = "bench speech",
     peers: Sequence[Any] = (),
     notes: list[str] | None = None,
+    only: Sequence[str] | None = None,
 ) -> SpeechBenchReport:
     """Run every available method over `clips` (see the module docstring) and report them side by side;
-    `peers` (loaded `peers.FasterWhisperPeer`s) run as rows of their own, interleaved with mmspec's."""
+    `peers` (loaded `peers.FasterWhisperPeer`s) run as rows of their own, interleaved with mmspec's; `only`: the
+    rows to run (the reference always runs), None for all."""
     if not clips:
         raise MMSpecError("no clips to benchmark")
     if repeats < 1:
@@ -377,7 +379,12 @@ def bench_speech(
             name: _Method(name, model, processor, decoder_counter, decode, own) for name, (decode, own) in decoders.items()}
         for peer in peers:
             methods[peer.name] = _PeerMethod(peer, processor)
-        if ar_fast_decoder is not None:
+        if only is not None:
+            unknown = sorted(set(only) - set(methods))
+            if unknown:
+                raise MMSpecError(f"no row {', '.join(map(repr, unknown))} in this bench; its rows: {', '.join(methods)}")
+            methods = {name: m for name, m in methods.items() if name in only or name == REFERENCE}
+        if "hf-assisted-ar" in methods and ar_fast_decoder is not None:
             methods["hf-assisted-ar"].assistant_on_counted_decoder = ar_fast_decoder.shares_target_decoder
         try:
             with torch.inference_mode():
@@ -466,12 +473,14 @@ def run_speech_bench(
     feature_drafter: str | Path | None = None,
     compute_type: str | None = None,
     peers: bool = True,
+    only: Sequence[str] | None = None,
 ) -> Any:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
     (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`).
 
     `compute_type`: the precision of mmspec's rows (`speech/precision.py`; default float32). `peers`: add the
-    faster-whisper rows when faster_whisper imports and the model is a CTranslate2 folder (`speech/peers.py`)."""
+    faster-whisper rows when faster_whisper imports and the model is a CTranslate2 folder (`speech/peers.py`).
+    `only`: the rows to run (plus the reference), e.g. ("hybrid-strict-ar", "faster-whisper-int8")."""
     from .models import fast_decoder_root, speech_model_path
 
     if n < 1:
@@ -509,7 +518,8 @@ def run_speech_bench(
                                     repeats=repeats, progress=progress, title=title)
     peer_rows, notes = peer_models(path, model, peers)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
-                        feature_drafter=feature, repeats=repeats, progress=progress, title=title, peers=peer_rows, notes=notes)
+                        feature_drafter=feature, repeats=repeats, progress=progress, title=title, peers=peer_rows, notes=notes,
+                        only=only)
 
 
 def peer_models(path: str, model: PreTrainedModel, wanted: bool) -> tuple[list[Any], list[str]]:

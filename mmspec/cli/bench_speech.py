@@ -32,6 +32,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                              "int8 or bfloat16")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="leave out the faster-whisper rows (run by default when faster_whisper is installed)")
+    parser.add_argument("--rows", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()), default=None,
+                        metavar="NAME[,NAME...]", help="run only these rows (plain-greedy, the reference, always runs), "
+                                                        "e.g. greedy-loop,hybrid-strict-ar,faster-whisper-int8")
     parser.set_defaults(func=run)
 
 
@@ -42,6 +45,6 @@ def run(args: argparse.Namespace) -> int:
     report = run_speech_bench(args.model, data=args.data, n=args.num_samples, repeats=args.repeats, fast_decoder=args.fast_decoder,
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json, batch_sizes=args.batch_size,
                               chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter,
-                              compute_type=args.compute_type, peers=args.peers)
+                              compute_type=args.compute_type, peers=args.peers, only=args.rows)
     emit(report, args)
     return 0
