@@ -43,6 +43,11 @@ Conventions and decisions:
     its `sampling_rate`, or a `{"array", "sampling_rate"}` dict).
   - `decoder_passes` counts forward passes of the big decoder, Whisper's one-step language
     detection included; fast-decoder passes are `stats.drafter_forwards`.
+  - Compute types (`compute_type=` on `from_pretrained`; `precision.py`): float32 (default), bfloat16,
+    int8. Each is its own model: `strict` output is identical to greedy decoding of the model at that
+    compute type, and the int8 and bfloat16 decoders are row-exact (the same bits whatever a verification
+    pass holds). The encoder runs once per window, timed apart (`encoder_time_s`): `stats`' prefill is the
+    decoder's.
 """
 
 from __future__ import annotations

@@ -127,6 +127,8 @@ def test_the_pipeline_loads_each_compute_type_and_hybrid_equals_its_greedy(tmp_p
         hybrid = [pipe(c, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False).chunks[0].tokens for c in clips]
         plain = [pipe(c, method="ar", max_new_tokens=MAX_NEW, progress_bar=False).chunks[0].tokens for c in clips]
         assert hybrid == plain
+        batched = pipe(clips, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False, batch_size=2)
+        assert [o.chunks[0].tokens for o in batched] == plain  # a batch decodes each recording as alone
         transcripts[compute_type] = plain
     assert transcripts["int8"] != transcripts["float32"] or transcripts["bfloat16"] != transcripts["float32"]
 
