@@ -71,7 +71,9 @@ from ..pipeline_batches import batching_refusal, check_batch_size, check_batchin
 from ..pipelines import (
     DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
 )
+from ..kernels.certified_head import certified_head_available, certified_head_for
 from ..stats import SpecStats
+from ..targets import Target
 from ..zoo import cannot_load, folder_card
 from .audio import AudioSource, load_audio
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
@@ -240,7 +242,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
             if pipe.fast_decoder is not None and (placement or drafter_device is not None):
                 place_fast_decoder(pipe.fast_decoder, drafter_device, pipe.model)
-            return pipe
+            return pipe.prepare_decoding()
         path = speech_model_path(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device, **placement)
         model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
@@ -254,9 +256,22 @@ class TranscriptionPipeline(SpeculativePipeline):
             fast_decoder = default_fast_decoder_folder(root)
         if fast_decoder is not None:
             fast_decoder = place_fast_decoder(_loaded_fast_decoder(fast_decoder).to(dtype=dtype), drafter_device, model)
-        return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
+        return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs).prepare_decoding()
 
     # --- configuration ------------------------------------------------------------------------
+
+    def prepare_decoding(self) -> "TranscriptionPipeline":
+        """Make now what the first transcription would make on first use: the certified head's bfloat16 copy
+        (greedy verification on a CPU) and the fast decoder's drafting rows and int8 copies. Loading then holds
+        that cost (the CLI's start-up line), not the first transcription's prefill. Returns the pipeline."""
+        head = self.model.get_output_embeddings()
+        if isinstance(head, torch.nn.Linear) and head.bias is None and certified_head_available(head.weight) \
+                and head.weight.numel() >= Target.certified_head_min_size:
+            certified_head_for(head.weight)
+        fast = self.fast_decoder
+        if isinstance(fast, ARFastDecoder) and not fast.proj_out.weight.is_meta and fast.proj_out.weight.device.type == "cpu":
+            fast.lean_runner(fast.draft_head()[0])
+        return self
 
     @property
     def compute_type(self) -> str:
