@@ -145,9 +145,10 @@ class LeanWhisperDecoder:
         """Logits of final-normed `hidden` [..., D]: over the head rows if given, else the whole output projection."""
         if self.head is not None:
             return self.head(hidden)
+        # (a bfloat16 model keeps a float32 head: the hidden state meets the head's dtype)
         if self.head_weight is not None and self.head_weight is not self.proj_out.weight:
-            return F.linear(hidden, self.head_weight)
-        return F.linear(hidden, self.proj_out.weight, self.proj_out.bias)
+            return F.linear(hidden.to(self.head_weight.dtype), self.head_weight)
+        return F.linear(hidden.to(self.proj_out.weight.dtype), self.proj_out.weight, self.proj_out.bias)
 
     def step(self, state: LeanDecoderState, tokens: torch.LongTensor) -> torch.Tensor:
         """Feed tokens [B, n] (the prompt at first, then one token); logits [B, V] at the last position."""

