@@ -62,8 +62,9 @@ def test_installed_distributions_alone_make_the_zoo(tmp_path, monkeypatch, no_so
 def test_a_zoo_model_not_installed_names_its_distribution(name, distribution, source, no_source_zoo):
     with pytest.raises(MMSpecError) as caught:
         resolve(name)
-    assert str(caught.value) == (f"zoo model {name!r} ships in the package {distribution}, which is not installed: "
-                                 f"pip install {distribution} (in a clone of mmspec: pip install ./{source})")
+    assert str(caught.value) == (f"cannot load the model {name!r}: it is a zoo model of the package {distribution}, "
+                                 f"which is not installed: pip install {distribution} (in a clone of mmspec: "
+                                 f"pip install ./{source})")
 
 
 def test_a_name_no_distribution_ships_is_still_looked_up_as_a_hub_id(no_source_zoo):

@@ -140,7 +140,7 @@ def announce_zoo_default(name: str, what: str, trained_on: str) -> None:
     from ..zoo.distributions import not_installed
 
     if name not in {e.name for e in entries()}:
-        missing = not_installed(name)
+        missing = not_installed(name, what)
         if missing is not None:
             raise MMSpecError(f"{missing}; or pass --model ID|PATH")
         raise MMSpecError(f"the toy {what} {name!r} is not in this install's zoo; pass --model ID|PATH")

@@ -107,7 +107,7 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
             return str(derived_path(ZooEntry(name=path.name, path=path, card=card), found))
         hub.refuse_pickle_only(path, role)
         return text
-    missing = not_installed(text)
+    missing = not_installed(text, role)
     if missing is not None:
         raise missing
     hub.check_hub_id(text, role, f"not a zoo model (known: {known_names()})")

@@ -52,11 +52,12 @@ def distribution_of(model: str) -> ZooDistribution | None:
     return next((d for d in DISTRIBUTIONS if model in d.models), None)
 
 
-def not_installed(model: str) -> MMSpecError | None:
+def not_installed(model: str, role: str = "model") -> MMSpecError | None:
     """The one-line error for a zoo model whose distribution is not installed (None for a name no zoo
-    distribution ships)."""
+    distribution ships); `role` says what it was to be ("captioner", "drafter")."""
     distribution = distribution_of(model)
     if distribution is None:
         return None
-    return MMSpecError(f"zoo model {model!r} ships in the package {distribution.name}, which is not installed: "
-                       f"pip install {distribution.name} (in a clone of mmspec: pip install ./{distribution.source})")
+    return MMSpecError(f"cannot load the {role} {model!r}: it is a zoo model of the package {distribution.name}, which "
+                       f"is not installed: pip install {distribution.name} (in a clone of mmspec: pip install "
+                       f"./{distribution.source})")
