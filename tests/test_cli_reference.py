@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,8 @@ def current() -> str:
 
 def test_cli_reference_is_current(current: str) -> None:
     assert DOC.read_text(encoding="utf-8") == current, (
-        "docs/cli.md is out of date: run `python -m mmspec.cli.reference > docs/cli.md`")
+        "docs/cli.md is out of date: run `python -m mmspec.cli.reference > docs/cli.md`"
+    )
 
 
 def test_reference_lists_every_leaf_flag(current: str) -> None:

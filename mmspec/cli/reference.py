@@ -83,14 +83,17 @@ def _section(path: str, summary: str, parser: argparse.ArgumentParser, level: in
         lines += ["| sub-command | what it does |", "|---|---|"]
         lines += [f"| `{path} {name}` | {_cell(text)} |" for name, text, _ in children]
         lines.append("")
-    rows = [a for a in parser._actions
-            if a.help is not argparse.SUPPRESS and not isinstance(a, argparse._SubParsersAction)]
+    rows = [
+        a for a in parser._actions if a.help is not argparse.SUPPRESS and not isinstance(a, argparse._SubParsersAction)
+    ]
     if rows:
         lines += ["| argument | default | help |", "|---|---|---|"]
         for action in rows:
             default = _default(action)
-            lines.append(f"| `{_cell(_names(action))}` | {f'`{_cell(default)}`' if default else ''} "
-                         f"| {_cell(_help(parser, action))} |")
+            lines.append(
+                f"| `{_cell(_names(action))}` | {f'`{_cell(default)}`' if default else ''} "
+                f"| {_cell(_help(parser, action))} |"
+            )
         lines.append("")
     for name, text, child in children:
         lines += _section(f"{path} {name}", text, child, min(level + 1, 4))
