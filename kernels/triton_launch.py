@@ -1,16 +1,15 @@
 """What the Triton kernels of `rejection` and `tree_verify` share: when to use Triton, how a kernel is
 built, and the caller-drawn noise that makes their sampling reproducible from a `torch.Generator`.
 
-Kernels are plain Python functions turned into Triton kernels when first launched, not decorated at
-import: `triton.jit` reads `TRITON_INTERPRET` when it runs, so building lazily lets one process run a
-kernel compiled on CUDA tensors and interpreted on CPU tensors (tests), whatever the variable said
-when the module was imported. The kernels call no helper functions for the same reason (a compiled
-kernel can only call jitted helpers, an interpreted one only plain ones).
+Kernels live in their own modules as plain functions, made Triton kernels on first launch, so that
+the references and dispatchers import without Triton. Triton runs kernels on CPU tensors in its
+interpreter only when TRITON_INTERPRET=1 was set before Triton was first imported (its own library
+functions are built at import, compiled or interpreted); the test suite sets it on machines without
+CUDA (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ try:
 except ImportError:  # a CPU-only install without Triton: the torch references serve every call
     triton = None
 
-_BUILT: dict[tuple[Callable[..., Any], bool], Any] = {}
+_BUILT: dict[Callable[..., Any], Any] = {}
 
 # Floats are summed as integers in units of 2**-FIXED_POINT_BITS: integer sums do not depend on the order
 # of the additions, so a kernel and its torch reference get the same bits (2**-56 resolution; a sum of
@@ -32,18 +31,21 @@ FIXED_POINT_BITS = 56
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter now (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    """Whether Triton was loaded by its CPU interpreter (TRITON_INTERPRET=1 before Triton's first import)."""
+    if triton is None:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(triton.language.max, InterpretedFunction)
 
 
 def built(fn: Callable[..., Any]) -> Any:
-    """`fn` as a Triton kernel for the current mode (compiled, or interpreted under TRITON_INTERPRET=1)."""
+    """`fn` as a Triton kernel (compiled, or interpreted when Triton was loaded by its interpreter)."""
     if triton is None:
         raise MMSpecError("this fast path needs Triton (pip install triton)")
-    key = (fn, interpreting())
-    if key not in _BUILT:
-        _BUILT[key] = triton.jit(fn)
-    return _BUILT[key]
+    if fn not in _BUILT:
+        _BUILT[fn] = triton.jit(fn)
+    return _BUILT[fn]
 
 
 def runs_triton(like: torch.Tensor, requested: bool | None) -> bool:
@@ -57,7 +59,8 @@ def runs_triton(like: torch.Tensor, requested: bool | None) -> bool:
     if requested and triton is None:
         raise MMSpecError("use_triton=True needs Triton (pip install triton)")
     if requested and not like.is_cuda and not interpreting():
-        raise MMSpecError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 (Triton's interpreter)")
+        raise MMSpecError("Triton kernels on CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before "
+                          "anything imports Triton")
     return requested
 
 
