@@ -190,8 +190,8 @@ def test_kernels_compile_for_cuda_without_a_gpu():
     """The compiled (not interpreted) kernels build for sm_90: their types and control flow are valid Triton."""
     pytest.importorskip("triton.backends.nvidia")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.triton_compile", "rejection"], capture_output=True, text=True,
-                         env=env, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    run = subprocess.run([sys.executable, "-m", "tests.triton_compile", "rejection"], check=False, capture_output=True,
+                         text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count(": ok") == 4
 
@@ -304,7 +304,7 @@ def p_value(tokens: torch.Tensor, probs: torch.Tensor) -> float:
 @pytest.mark.parametrize("with_q", [True, False])
 def test_sampled_output_law_is_the_target(with_q):
     """The first committed token follows p_0, and the second (where the first draft was accepted) p_1."""
-    p, drafts, first, second = law_draws(40_000, with_q=with_q)
+    p, _, first, second = law_draws(40_000, with_q=with_q)
     assert p_value(first, p[0]) > 1e-3
     assert len(second) > 5_000 and p_value(second, p[1]) > 1e-3
 
