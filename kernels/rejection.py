@@ -104,7 +104,7 @@ def greedy_chain_verify(draft_tokens: torch.Tensor, target: torch.Tensor, length
                         *, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy chain verification: Triton on CUDA tensors, the torch reference elsewhere (see the module
     docstring for shapes). Returns (num_accepted [B], next_token [B])."""
-    if not runs_triton(target, use_triton):
+    if not runs_triton(target, use_triton) or draft_tokens.numel() == 0:  # no drafts: no kernel over empty tensors
         return greedy_chain_reference(draft_tokens, target, lengths)
     check_greedy_target(draft_tokens, target)
     batch, k = draft_tokens.shape
@@ -112,10 +112,9 @@ def greedy_chain_verify(draft_tokens: torch.Tensor, target: torch.Tensor, length
     vocab = int(target.shape[2]) if from_logits else 1
     num_accepted = torch.empty(batch, dtype=torch.long, device=target.device)
     next_token = torch.empty(batch, dtype=torch.long, device=target.device)
-    if batch:
-        built(rejection_kernels().greedy_chain_kernel)[(batch,)](
-            draft_tokens.long().contiguous(), resolved_lengths(draft_tokens, lengths), target.contiguous(),
-            num_accepted, next_token, k, vocab, FROM_LOGITS=from_logits, BLOCK=block_size(vocab))
+    built(rejection_kernels().greedy_chain_kernel)[(batch,)](
+        draft_tokens.long().contiguous(), resolved_lengths(draft_tokens, lengths), target.contiguous(),
+        num_accepted, next_token, k, vocab, FROM_LOGITS=from_logits, BLOCK=block_size(vocab))
     return num_accepted, next_token
 
 
@@ -200,7 +199,7 @@ def sampled_chain_verify(
         uniforms = draw_uniforms((batch, k), generator, device)
     if exponentials is None:
         exponentials = draw_exponentials((batch, int(target_probs.shape[-1])), generator, device)
-    if not runs_triton(target_probs, use_triton):
+    if not runs_triton(target_probs, use_triton) or k == 0 or batch == 0:  # no kernel over empty tensors
         return sampled_chain_reference(draft_tokens, target_probs, draft_probs, uniforms, exponentials, lengths=lengths,
                                        accept_target=accept_target, accept_draft=accept_draft,
                                        residual_excluded=residual_excluded)
@@ -209,8 +208,6 @@ def sampled_chain_verify(
     vocab = int(target_probs.shape[-1])
     num_accepted = torch.empty(batch, dtype=torch.long, device=device)
     next_token = torch.empty(batch, dtype=torch.long, device=device)
-    if batch == 0:
-        return num_accepted, next_token
     p = target_probs.contiguous()
     excluded = residual_excluded.to(torch.bool).contiguous().view(torch.uint8) if residual_excluded is not None else None
     built(rejection_kernels().sampled_chain_kernel)[(batch,)](

@@ -110,15 +110,17 @@ def greedy_tree_verify(tokens: torch.Tensor, parents: torch.Tensor, target: torc
     counts = check_tree(tokens, parents, num_nodes)
     batch, size = tokens.shape
     check_rows("target", target, (batch, size + 1))
+    if tokens.numel() == 0:  # no nodes (or no trees): the target's choice after the root, without a kernel
+        choice = (target.argmax(-1) if target.dtype.is_floating_point else target).long()
+        return tokens.long(), torch.zeros_like(choice[:, 0]), choice[:, 0]
     from_logits = target.dtype.is_floating_point
     vocab = int(target.shape[2]) if from_logits else 1
     path = torch.full((batch, size), -1, dtype=torch.long, device=target.device)
     num_accepted = torch.empty(batch, dtype=torch.long, device=target.device)
     next_token = torch.empty(batch, dtype=torch.long, device=target.device)
-    if batch:
-        built(tree_kernels().greedy_tree_kernel)[(batch,)](
-            tokens.long().contiguous(), parents.long().contiguous(), counts, target.contiguous(), path, num_accepted,
-            next_token, size, vocab, FROM_LOGITS=from_logits, BLOCK_N=node_block(size), BLOCK=block_size(vocab))
+    built(tree_kernels().greedy_tree_kernel)[(batch,)](
+        tokens.long().contiguous(), parents.long().contiguous(), counts, target.contiguous(), path, num_accepted,
+        next_token, size, vocab, FROM_LOGITS=from_logits, BLOCK_N=node_block(size), BLOCK=block_size(vocab))
     return path, num_accepted, next_token
 
 
@@ -207,6 +209,10 @@ def sampled_tree_verify(
         exponentials = draw_exponentials((batch, vocab), generator, device)
     if not runs_triton(target_probs, use_triton):
         return sampled_tree_reference(tokens, parents, target_probs, draft_probs, uniforms, exponentials, num_nodes)
+    if tokens.numel() == 0:  # no nodes (or no trees): a draw after the root, without a kernel
+        check_rows("exponentials", exponentials, (batch, vocab))
+        token = race_scores(target_probs[:, 0].float(), exponentials.float()).argmax(-1)
+        return tokens.long(), torch.zeros_like(token), token
     check_rows("target_probs", target_probs, (batch, size + 1))
     check_rows("draft_probs", draft_probs, (batch, size, vocab))
     check_rows("uniforms", uniforms, (batch, size))
@@ -214,8 +220,6 @@ def sampled_tree_verify(
     path = torch.full((batch, size), -1, dtype=torch.long, device=device)
     num_accepted = torch.empty(batch, dtype=torch.long, device=device)
     next_token = torch.empty(batch, dtype=torch.long, device=device)
-    if batch == 0:
-        return path, num_accepted, next_token
     p = target_probs.contiguous()
     work = torch.empty((2, batch, vocab), dtype=torch.float32, device=device)  # a node's current p and q
     built(tree_kernels().sampled_tree_kernel)[(batch,)](
