@@ -27,6 +27,10 @@ Relaxed acceptance runs in the same kernel through three optional inputs:
                                      the drafted token's merged neighbours); when that leaves no mass, p_i
                                      without them, then p_i, as `mmspec.rules.accept_and_residual` does
 
+Draws: the core's rules (`mmspec.rules`) draw the appended token with `torch.multinomial`; these kernels use
+the exponential race, so with one seed they make the same acceptance decisions (the uniforms come first in
+both) but may append a different token, from the same distribution (the tests check both).
+
 A row whose residual max(p_i - q_i, 0) has no mass (p == q up to rounding) draws from p_i, as the core does.
 A padding slot is never accepted, and after a row's last real draft the token comes from p at that slot
 (its bonus). Kernels: one program per row, no host synchronisation, no data-dependent shapes (CUDA-graph
