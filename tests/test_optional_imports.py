@@ -46,14 +46,14 @@ def test_a_missing_library_names_its_extra(monkeypatch):
 
 def test_a_missing_package_above_the_module_is_named_by_its_pip_name(monkeypatch):
     monkeypatch.setitem(sys.modules, "essential_generators", None)
-    with pytest.raises(MissingExtraError, match=r"needs essential-generators, which is not installed: pip install 'mmspec\[recipes\]'"):
+    with pytest.raises(MissingExtraError, match=r"needs essential-generators, .*: pip install 'mmspec\[recipes\]'"):
         require("essential_generators.markov_textgen", "recipes", "the Markov text source")
 
 
 def test_an_installed_library_that_fails_to_import_is_not_called_missing(tmp_path, monkeypatch):
     (tmp_path / "broken_library.py").write_text("import a_module_nobody_has_4821\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(MMSpecError, match="needs broken-library, which is installed but cannot be imported: No module") as caught:
+    with pytest.raises(MMSpecError, match="needs broken-library, which is installed but cannot be imported") as caught:
         require("broken_library", "vision", "the thing")
     assert not isinstance(caught.value, MissingExtraError)
 
@@ -62,8 +62,9 @@ def test_an_installed_library_that_fails_to_import_is_not_called_missing(tmp_pat
 
 
 def test_writing_and_decoding_video_without_av(monkeypatch, tmp_path):
-    from mmspec.media import write_video
     from mmspec.vision import load_video
+
+    from mmspec.media import write_video
 
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(MissingExtraError, match=r"writing a video needs av, .*mmspec\[vision\]"):
@@ -99,6 +100,7 @@ def test_mar_and_the_judge_without_timm(monkeypatch, tmp_path):
 def test_the_captioners_processor_without_torchvision_names_the_vision_extra(monkeypatch):
     """transformers' video processors need torchvision; its own error would say nothing of mmspec's extras."""
     from mmspec.vision.pipeline import CaptionPipeline
+
     from mmspec.zoo import entries
 
     if "shapes-video-captioner" not in {entry.name for entry in entries()}:
@@ -106,7 +108,7 @@ def test_the_captioners_processor_without_torchvision_names_the_vision_extra(mon
     monkeypatch.setitem(sys.modules, "torchvision", None)
     for name in [m for m in sys.modules if m.startswith("transformers") and "video_processing" in m]:
         monkeypatch.delitem(sys.modules, name)  # a video processor already loaded would not look for torchvision again
-    with pytest.raises(MissingExtraError, match=r"the processor of 'shapes-video-captioner' needs torchvision, .*mmspec\[vision\]"):
+    with pytest.raises(MissingExtraError, match=r"processor of 'shapes-video-captioner' needs torchvision.*\[vision\]"):
         CaptionPipeline.from_pretrained("shapes-video-captioner")
 
 
@@ -131,9 +133,9 @@ def test_import_mmspec_and_every_help_need_no_extra():
         import contextlib, io
         import mmspec
         from mmspec.cli import main
-        helps = [[], ["generate"], ["caption"], ["transcribe"], ["generate-image"], ["bench", "text"], ["bench", "vision"],
-                 ["bench", "speech"], ["bench", "image"], ["bench", "overhead"], ["train-fast-decoder"], ["train-drafter"],
-                 ["zoo", "list"], ["demo"]]
+        helps = [[], ["generate"], ["caption"], ["transcribe"], ["generate-image"], ["bench", "text"],
+                 ["bench", "vision"], ["bench", "speech"], ["bench", "image"], ["bench", "overhead"],
+                 ["train-fast-decoder"], ["train-drafter"], ["zoo", "list"], ["demo"]]
         for words in helps:
             with contextlib.redirect_stdout(io.StringIO()):
                 assert main([*words, "--help"]) == 0, words
