@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import folder_runs
+from . import folder_runs, outputs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
 from .placement import add_placement_flags, placement_options
 
@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
     fmt = output_format(args)
+    if args.out is not None and jsonl is None:  # before the model loads: an output that cannot be written fails now
+        outputs.refuse_inputs(args.out, files)
+        (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)
@@ -113,7 +116,7 @@ def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bo
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
                progress_bar=progress)
     if out.note:
-        print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+        print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
 
 
@@ -122,7 +125,7 @@ def rendered(out: Any, fmt: str, source: Path) -> str:
 
     stats = stats_json(out.stats, decoder_passes=out.decoder_passes, chunks=len(out.chunks),
                        transcription_time_s=out.total_time_s)
-    return render(out.segments, fmt, file=str(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
+    return render(out.segments, fmt, file=outputs.printable(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
                   note=out.note, stats=stats)
 
 
@@ -156,7 +159,7 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:
-                print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+                print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
             record = json.loads(rendered(out, "json", path))
             record.pop("file", None)
             results[index] = record
@@ -182,19 +185,20 @@ def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, arg
         raise MMSpecError(f"--out {str(out_dir)!r} is a file; a folder of audio needs an output folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
+    names = outputs.distinct_names(files, fmt)
     for index, path in enumerate(files, 1):
-        print(f"mmspec: [{index}/{len(files)}] {path.name}", file=sys.stderr)
-        target = out_dir / f"{path.stem}.{fmt}"
+        print(f"mmspec: [{index}/{len(files)}] {outputs.printable(path.name)}", file=sys.stderr)
+        target = out_dir / names[path]
         try:
             out = transcribe_one(pipe, path, args, progress=True)
             write_atomically(target, rendered(out, fmt, path))
             results.append({"file": str(path), "output": str(target), "error": None})
         except MMSpecError as error:
-            print(f"mmspec: error: {path.name}: {error}", file=sys.stderr)
+            print(f"mmspec: error: {outputs.printable(path.name)}: {error}", file=sys.stderr)
             results.append({"file": str(path), "output": None, "error": str(error)})
     failed = [r for r in results if r["error"]]
     print(f"mmspec: transcribed {len(results) - len(failed)} of {len(results)} file(s) into {out_dir}"
-          + (f"; failed: {', '.join(Path(r['file']).name for r in failed)}" if failed else ""), file=sys.stderr)
+          + (f"; failed: {', '.join(outputs.printable(Path(r['file']).name) for r in failed)}" if failed else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(results, indent=2))
     return 2 if failed else 0
