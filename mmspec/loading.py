@@ -1,0 +1,28 @@
+"""`from_pretrained` that refuses a checkpoint whose weights do not cover its config.
+
+transformers initialises any parameter the weights lack at random and only logs it (a config saying 64
+layers over weights holding 1 loads 63 random layers, and the model then emits confident garbage).
+Missing weights are an error here, named with a few of the absent parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import MMSpecError
+
+
+def from_pretrained_complete(model_class: Any, where: str, what: str, **kwargs: Any) -> Any:
+    """`model_class.from_pretrained(where, **kwargs)`; MMSpecError if the folder's weights lack parameters its
+    config names (`what` names the model in the message)."""
+    model, info = model_class.from_pretrained(where, output_loading_info=True, **kwargs)
+    check_loading_info(info, where, what)
+    return model
+
+
+def check_loading_info(info: dict[str, Any], where: str, what: str) -> None:
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise MMSpecError(f"the {what} {str(where)!r} lacks weights for {len(missing)} parameter(s) its config.json "
+                          f"names ({shown}): its weights do not match its config; they would be random")
