@@ -111,6 +111,8 @@ def _existing_file(source: str | Path) -> Path:
         raise MMSpecError(f"audio file {str(path)!r} does not exist")
     if path.is_dir():
         raise MMSpecError(f"{str(path)!r} is a folder, not an audio file")
+    if not path.is_file():  # /dev/zero would read forever, and stat() says 0 bytes
+        raise MMSpecError(f"{str(path)!r} is not a regular file (a device, pipe or socket)")
     if path.stat().st_size == 0:
         raise MMSpecError(f"audio file {str(path)!r} is empty (0 bytes)")
     return path

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ..errors import MMSpecError
 from . import (
@@ -40,6 +41,10 @@ BENCHES = (bench_text, bench_vision, bench_speech, bench_overhead, bench_image)
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors, `mmspec: error: ...` like every other error, and exit status 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--device` must not be read as `--device-map`
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"mmspec: error: {message} (see {self.prog} --help)\n")

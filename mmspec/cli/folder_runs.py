@@ -35,9 +35,13 @@ VIDEO_SUFFIXES = {".mp4", ".m4v", ".mkv", ".mov", ".avi", ".webm", ".mpg", ".mpe
 
 def file_or_folder(text: str) -> str:
     """argparse type: an existing, readable file or folder."""
+    from . import checks
+
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"file not found: {text!r}")
+        raise argparse.ArgumentTypeError(checks.not_found(text))
+    if checks.not_regular(text):
+        raise argparse.ArgumentTypeError(checks.not_regular(text))
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
     return text

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import folder_runs, outputs
+from . import checks, folder_runs, outputs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
 from .placement import add_placement_flags, placement_options
 
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     placement = placement_options(args)
     source = Path(args.path)
     if not source.exists():
-        raise MMSpecError(f"audio file {args.path!r} does not exist")
+        raise MMSpecError(f"audio file {args.path!r} does not exist" if not source.is_symlink() else checks.not_found(args.path))
+    if checks.not_regular(args.path):
+        raise MMSpecError(checks.not_regular(args.path))
     jsonl = None
     if args.out is not None and Path(args.out).suffix.lower() == ".jsonl":
         if args.format not in (None, "json"):

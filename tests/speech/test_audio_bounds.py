@@ -42,3 +42,8 @@ def test_a_header_claiming_an_absurd_rate_is_refused(tmp_path):
     path = write_float_wav(tmp_path / "slow.wav", speechy(0.5)[:10000], rate=1)
     with pytest.raises(MMSpecError, match="1 Hz"):
         load_audio(path)
+
+
+def test_a_device_file_is_not_read_as_audio():
+    with pytest.raises(MMSpecError, match="not a regular file"):
+        load_audio("/dev/zero")
