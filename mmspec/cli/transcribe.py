@@ -49,6 +49,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
                              "(required), one FILE_STEM.FORMAT per audio file, or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --out FILE.jsonl: run again the files whose line records an error")
     folder_runs.add_batch_size_flag(parser)
     add_placement_flags(parser)
     parser.set_defaults(func=run)
@@ -69,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and Path(args.out).suffix.lower() == ".jsonl":
         if args.format not in (None, "json"):
             raise MMSpecError(f"--out {args.out!r} holds JSON lines; --format {args.format} does not apply")
-        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES)
+        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES, args.retry_failed)
+    elif args.retry_failed:
+        raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
     files = audio_files(source) if source.is_dir() else [source]

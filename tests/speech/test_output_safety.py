@@ -107,3 +107,19 @@ def test_a_file_name_that_is_not_utf8_does_not_stop_the_folder(asr_folder, tmp_p
         assert "3 of 3 file(s) already in" in capsys.readouterr().err
     else:
         assert sorted(os.listdir(out)) == sorted(["a.json", os.fsdecode(b"b_\xff\xfe.json"), "c.json"])
+
+
+def test_retry_failed_runs_the_error_lines_again(asr_folder, tmp_path, capsys):  # noqa: F811
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    write_wav(audio / "a.wav", speechy(0.8))
+    (audio / "b.wav").write_bytes(b"RIFF not audio")
+    results = tmp_path / "r.jsonl"
+    assert main(["transcribe", str(audio), "--model", str(asr_folder), *FLAGS, "--out", str(results)]) == 2
+    capsys.readouterr()
+    assert main(["transcribe", str(audio), "--model", str(asr_folder), *FLAGS, "--out", str(results),
+                 "--retry-failed"]) == 2
+    assert "1 of 2 file(s) already in" in capsys.readouterr().err  # b.wav ran again
+    code = main(["transcribe", str(audio), "--model", str(asr_folder), *FLAGS, "--out", str(tmp_path / "subs"),
+                 "--retry-failed"])
+    assert code == 2 and "--retry-failed applies to --out FILE.jsonl" in capsys.readouterr().err
