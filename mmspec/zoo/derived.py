@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
+from ..paths import inside
 
 WEIGHTS = "model.safetensors"
 # Where a vision-language checkpoint keeps its language model: under the names transformers' classes hold in
@@ -51,6 +52,7 @@ def cache_root() -> Path:
 
 def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) -> Path:
     """The folder a derived zoo entry `name` loads from; `folder` holds its card, `parent` the model it comes from."""
+    check_paths(name, folder, spec, parent)
     if "folder" in spec:
         part = parent / str(spec["folder"])
         if not any(part.glob("*.safetensors")):
@@ -63,6 +65,21 @@ def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) 
         return overlay_folder(name, folder, parent, spec)
     raise MMSpecError(f"the model card of {name!r} has a derived_from without 'folder', 'language_model' or "
                       f"'overlay': {spec}")
+
+
+def check_paths(name: str, folder: Path, spec: dict[str, Any], parent: Path) -> None:
+    """Every path the card names stays inside its folder: the part and the brought folders in `parent`'s, the
+    overlay in the card's own."""
+    card = f"the model card of {name!r}: derived_from"
+    if "folder" in spec:
+        inside(parent, spec["folder"], f"{card}.folder")
+    if "overlay" in spec:
+        inside(folder, spec["overlay"], f"{card}.overlay")
+    folders = spec.get("folders", [])
+    if not isinstance(folders, list):
+        raise MMSpecError(f"{card}.folders must be a list of folder names, got {folders!r}")
+    for part in folders:
+        inside(parent, part, f"{card}.folders")
 
 
 def file_digest(path: Path, digest=None):
