@@ -7,6 +7,7 @@ import argparse
 from ..errors import MMSpecError
 from . import checks
 from .atomic import atomic_write
+from .image_batches import check_batch_fits
 from .common import (
     IMAGE_SUFFIXES,
     SharedFlags,
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     pipe = on_device(SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter), args)
     if family is None:  # known only now that the model is loaded
         refuse_family_flags(args, getattr(pipe, "family", None) or "llamagen", name)
+    if args.batch_size is not None:  # before any image is made
+        check_batch_fits(pipe, args.batch_size, device=getattr(args, "device", None))
     if getattr(pipe, "family", None) == "var":
         return run_var(pipe, name, args)
     if getattr(pipe, "family", None) == "mar":
