@@ -12,6 +12,7 @@ from .common import (
     IMAGE_SUFFIXES,
     SharedFlags,
     add_size_flag,
+    announce_toy,
     announce_zoo_default,
     check_device,
     emit,
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, argparse.ArgumentTypeError):
             raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
     gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
+    announce_toy(args.model, "image model")
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
