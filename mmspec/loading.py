@@ -2,7 +2,8 @@
 
 transformers initialises any parameter the weights lack at random and only logs it (a config saying 64
 layers over weights holding 1 loads 63 random layers, and the model then emits confident garbage).
-Missing weights are an error here, named with a few of the absent parameters.
+Missing weights are an error here, named with a few of the absent parameters; so is a device map that
+names modules the model does not have (accelerate would ignore them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,19 @@ def from_pretrained_complete(model_class: Any, where: str, what: str, **kwargs: 
     config names (`what` names the model in the message)."""
     model, info = model_class.from_pretrained(where, output_loading_info=True, **kwargs)
     check_loading_info(info, where, what)
+    check_device_map_names(model, kwargs.get("device_map"), where)
     return model
+
+
+def check_device_map_names(model: Any, device_map: Any, where: str) -> None:
+    """A device map naming a module the model lacks (a typo, another model's layout) is an error, not ignored."""
+    if not isinstance(device_map, dict):
+        return
+    modules = {name for name, _ in model.named_modules()}
+    unknown = sorted(name for name in device_map if name and name not in modules)
+    if unknown:
+        raise MMSpecError(f"the device map names module(s) {', '.join(map(repr, unknown[:5]))} that {str(where)!r} "
+                          "does not have: name modules of this model (e.g. model.layers.0)")
 
 
 def check_loading_info(info: dict[str, Any], where: str, what: str) -> None:

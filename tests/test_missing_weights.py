@@ -37,3 +37,12 @@ def test_a_causal_lm_folder_with_layers_missing_from_its_weights_is_refused(tmp_
     grow_layers(tmp_path, "num_hidden_layers", 5)
     with pytest.raises(MMSpecError, match="weights for"):
         load_causal_lm(str(tmp_path))
+
+
+def test_a_device_map_naming_a_module_the_model_lacks_is_refused(tmp_path):
+    tiny_whisper().save_pretrained(tmp_path)
+    tiny_processor().save_pretrained(tmp_path)
+    whole = {"model.encoder": "cpu", "model.decoder": "cpu", "proj_out": "cpu"}
+    load_whisper("tiny", str(tmp_path), device=None, device_map=whole)  # every module named: loads
+    with pytest.raises(MMSpecError, match="model.decoder.layers.9"):
+        load_whisper("tiny", str(tmp_path), device=None, device_map={**whole, "model.decoder.layers.9": "cpu"})
