@@ -39,3 +39,15 @@ def check_loading_info(info: dict[str, Any], where: str, what: str) -> None:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise MMSpecError(f"the {what} {str(where)!r} lacks weights for {len(missing)} parameter(s) its config.json "
                           f"names ({shown}): its weights do not match its config; they would be random")
+
+
+def check_finite(model: Any, where: str, what: str) -> None:
+    """A model whose weights hold NaN or infinity is refused: its probabilities would reach a sampler."""
+    import torch
+
+    with torch.no_grad():
+        bad = [name for name, tensor in model.state_dict().items()
+               if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise MMSpecError(f"the {what} {str(where)!r} holds weights that are not finite (NaN or infinity) in "
+                          f"{', '.join(bad[:3])}{' and more' if len(bad) > 3 else ''}: a broken training run or file")
