@@ -70,4 +70,4 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
         yield (R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus,
                R.table_rows(views))
     except MMSpecError as error:
-        raise gr.Error(page_message(error, path)) from None
+        raise gr.Error(page_message(error, path), duration=None) from None

@@ -45,7 +45,7 @@ def _choices_of(name: str) -> tuple[Any, Any]:
     try:
         pipe = image_pipeline(name)
     except MMSpecError as error:
-        raise gr.Error(str(error)) from None
+        raise gr.Error(str(error), duration=None) from None
     classes = list(pipe.class_names or [])
     return (gr.Dropdown(choices=classes, value=classes[0] if classes else None),
             gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method))
@@ -106,4 +106,4 @@ def generate(model: str, label: str, method: str, seed: float, progress: gr.Prog
             text += "\n\nThe step map needs the image pipeline's per-round callback (`callback_on_round`), which it lacks."
         return _enlarged(out.images[0]), picture, text
     except MMSpecError as error:
-        raise gr.Error(str(error)) from None
+        raise gr.Error(str(error), duration=None) from None
