@@ -4,9 +4,10 @@
     accelerate launch --multi_gpu --num_processes 2 -m mmspec caption videos/ --out captions.jsonl   # CPU too
     torchrun --nproc_per_node 2 -m mmspec caption videos/ --out captions.jsonl
 
-One line per file (`{"file": NAME, ..., "error": null}` or `{"file": NAME, "error": MESSAGE}`), written and
-fsync'd as soon as that file finishes; a re-run skips files already recorded (`--retry-failed`: those that
-failed too). Under a distributed launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left
+One line per file (`{"file": NAME, ..., "error": null}` or `{"file": NAME, "error": MESSAGE}`, each with the
+file's `"source"`: resolved path, size, modification time), written and fsync'd as soon as that file
+finishes; a re-run skips files already recorded with the same source (another folder's file of the same
+name, or a file changed since, runs again; `--retry-failed`: the failed ones too). Under a distributed launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left
 to do between the processes; each appends to its own part file and the main process merges the parts into
 the results file, ordered by file name, so the result equals a one-process run.
 
