@@ -3,6 +3,8 @@ trusted, and a disk that fills while writing is one clear error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mmspec.errors import MMSpecError
@@ -17,16 +19,16 @@ needs_zoo = pytest.mark.skipif(not any(e.name == "shapes-caption-lm" for e in en
 def test_a_corrupt_cache_entry_is_rebuilt(tmp_path, monkeypatch, damage):
     monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
     folder = resolve("shapes-caption-lm")
-    weights = (folder + "/" + WEIGHTS)
-    good = open(weights, "rb").read()
+    weights = Path(folder) / WEIGHTS
+    good = weights.read_bytes()
     bad = bytearray(good)
     if damage == "flip":
         bad[len(bad) // 2] ^= 0xFF
     else:
         del bad[len(bad) // 2:]
-    open(weights, "wb").write(bytes(bad))
+    weights.write_bytes(bytes(bad))
     assert resolve("shapes-caption-lm") == folder
-    assert open(weights, "rb").read() == good
+    assert weights.read_bytes() == good
 
 
 def test_a_disk_that_fills_while_writing_is_one_error(tmp_path, monkeypatch):

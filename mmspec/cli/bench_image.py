@@ -7,7 +7,6 @@ import argparse
 from ..errors import MMSpecError
 from . import checks
 from .atomic import atomic_write
-from .image_batches import check_batch_fits
 from .common import (
     IMAGE_SUFFIXES,
     SharedFlags,
@@ -19,6 +18,7 @@ from .common import (
     on_device,
     set_threads,
 )
+from .image_batches import check_batch_fits
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -89,7 +89,11 @@ def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
 
 def run(args: argparse.Namespace) -> int:
     from ..image_ar.bench import bench_image, default_methods
-    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
+    from ..image_ar.pipeline import (
+        DEFAULT_IMAGE_MODEL,
+        SpeculativeImagePipeline,
+        image_family,
+    )
     from ..image_ar.rules import LANTERN_DELTA, LANTERN_K
     from ..sampling import SamplingConfig
 

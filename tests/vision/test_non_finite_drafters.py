@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from mmspec.vision.msd import MSDDrafterModel, load_msd_drafter
 
 from mmspec.errors import MMSpecError
-from mmspec.vision.msd import MSDDrafterModel, load_msd_drafter
 
 from .tiny_vlms import llava
 
@@ -20,7 +20,7 @@ def test_a_drafter_with_non_finite_weights_is_refused_at_load(tmp_path, bad):
     model = MSDDrafterModel.from_target_config(llava().model.config.get_text_config())
     model.save_pretrained(tmp_path / "good")
     load_msd_drafter(tmp_path / "good")  # finite: loads
-    name, parameter = next(iter(model.named_parameters()))
+    _, parameter = next(iter(model.named_parameters()))
     with torch.no_grad():
         parameter.view(-1)[0] = bad
     model.save_pretrained(tmp_path / "bad")
