@@ -112,6 +112,8 @@ def _existing_file(source: str | Path) -> Path:
         raise MMSpecError(f"audio file {str(path)!r} does not exist")
     if path.is_dir():
         raise MMSpecError(f"{str(path)!r} is a folder, not an audio file")
+    if not path.is_file():  # /dev/zero would read forever, and stat() says 0 bytes
+        raise MMSpecError(f"{str(path)!r} is not a regular file (a device, pipe or socket)")
     if path.stat().st_size == 0:
         raise MMSpecError(f"audio file {str(path)!r} is empty (0 bytes)")
     return path
@@ -133,6 +135,7 @@ def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
             if not container.streams.audio:
                 raise MMSpecError(f"{str(path)!r} has no audio track")
             stream = container.streams.audio[0]
+            _check_rate(stream.sample_rate, path)
             # Planar float at the target rate, original channel layout; channels are then averaged
             # (FFmpeg's own downmix would scale a stereo signal by 1/sqrt(2) instead).
             resampler = av.AudioResampler(format="fltp", rate=sampling_rate)
@@ -148,7 +151,24 @@ def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
     audio = buffer.samples()
     if audio.size == 0:
         raise MMSpecError(f"audio {str(path)!r} holds no samples")
-    return _finite(audio, str(path))
+    return _peak_in_range(_finite(audio, str(path)), str(path))
+
+
+MIN_FILE_RATE = 1000  # Hz; below any real recording: a header claiming less would blow a small file up at 16 kHz
+
+
+def _check_rate(rate: int | None, path: Path) -> None:
+    if rate and rate < MIN_FILE_RATE:  # 0 or None: the container does not say
+        raise MMSpecError(f"audio {str(path)!r} says it is sampled at {rate} Hz (below {MIN_FILE_RATE} Hz): "
+                          "a broken header, not a recording")
+
+
+def _peak_in_range(audio: np.ndarray, what: str) -> np.ndarray:
+    """A float file's samples far outside [-1, 1] are refused, as the same array is (`_float_scale`)."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak > FLOAT_PEAK_LIMIT:
+        raise MMSpecError(f"float audio samples must lie in [-1, 1], those of {what} reach {peak:.4g}")
+    return audio
 
 
 class _SampleBuffer:

@@ -67,6 +67,7 @@ from ..decoding import SpeculativeDecoder
 from ..devices import as_device, input_device, load_options, place_drafter
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError, first_line
+from ..loading import from_pretrained_complete
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, per_item
 from ..pipelines import (
     DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
@@ -617,7 +618,7 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32, devic
         config = AutoConfig.from_pretrained(path)
         if config.model_type != "whisper":
             raise MMSpecError(f"{name!r} is a {config.model_type!r} model, not a Whisper speech model")
-        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype, **placement)
+        model = from_pretrained_complete(WhisperForConditionalGeneration, path, "ASR model", dtype=dtype, **placement)
         model = (model if placement else model.to(device or "cpu")).eval()
     except MMSpecError:
         raise

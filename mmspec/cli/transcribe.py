@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import folder_runs
+from . import checks, folder_runs, outputs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
 from .placement import add_placement_flags, placement_options
 
@@ -57,8 +57,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
-                             "(required), one FILE_STEM.FORMAT per audio file, or a FILE.jsonl: one JSON line per audio "
+                             "(required), one FILE_STEM.FORMAT per audio file (FILE_NAME.FORMAT where stems collide), or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --out FILE.jsonl: run again the files whose line records an error")
     folder_runs.add_batch_size_flag(parser)
     add_placement_flags(parser)
     parser.set_defaults(func=run)
@@ -74,18 +76,25 @@ def run(args: argparse.Namespace) -> int:
     placement = placement_options(args)
     source = Path(args.path)
     if not source.exists():
-        raise MMSpecError(f"audio file {args.path!r} does not exist")
+        raise MMSpecError(f"audio file {args.path!r} does not exist" if not source.is_symlink() else checks.not_found(args.path))
+    if checks.not_regular(args.path):
+        raise MMSpecError(checks.not_regular(args.path))
     jsonl = None
     if args.out is not None and Path(args.out).suffix.lower() == ".jsonl":
         if args.format not in (None, "json"):
             raise MMSpecError(f"--out {args.out!r} holds JSON lines; --format {args.format} does not apply")
-        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES)
+        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES, args.retry_failed)
+    elif args.retry_failed:
+        raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
     fmt = output_format(args)
+    if args.out is not None and jsonl is None:  # before the model loads: an output that cannot be written fails now
+        outputs.refuse_inputs(args.out, files)
+        (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)
@@ -131,7 +140,7 @@ def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bo
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
                progress_bar=progress)
     if out.note:
-        print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+        print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
 
 
@@ -141,7 +150,7 @@ def rendered(out: Any, fmt: str, source: Path, **extra: Any) -> str:
     stats = stats_json(out.stats, decoder_passes=out.decoder_passes, chunks=len(out.chunks),
                        transcription_time_s=out.total_time_s, encoder_time_s=out.encoder_time_s,
                        compute_type=out.compute_type, **extra)
-    return render(out.segments, fmt, file=str(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
+    return render(out.segments, fmt, file=outputs.printable(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
                   note=out.note, stats=stats)
 
 
@@ -175,7 +184,7 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:
-                print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+                print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
             record = json.loads(rendered(out, "json", path))
             record.pop("file", None)
             results[index] = record
@@ -201,19 +210,20 @@ def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, arg
         raise MMSpecError(f"--out {str(out_dir)!r} is a file; a folder of audio needs an output folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
+    names = outputs.distinct_names(files, fmt)
     for index, path in enumerate(files, 1):
-        print(f"mmspec: [{index}/{len(files)}] {path.name}", file=sys.stderr)
-        target = out_dir / f"{path.stem}.{fmt}"
+        print(f"mmspec: [{index}/{len(files)}] {outputs.printable(path.name)}", file=sys.stderr)
+        target = out_dir / names[path]
         try:
             out = transcribe_one(pipe, path, args, progress=True)
             write_atomically(target, rendered(out, fmt, path))
             results.append({"file": str(path), "output": str(target), "error": None})
         except MMSpecError as error:
-            print(f"mmspec: error: {path.name}: {error}", file=sys.stderr)
+            print(f"mmspec: error: {outputs.printable(path.name)}: {error}", file=sys.stderr)
             results.append({"file": str(path), "output": None, "error": str(error)})
     failed = [r for r in results if r["error"]]
     print(f"mmspec: transcribed {len(results) - len(failed)} of {len(results)} file(s) into {out_dir}"
-          + (f"; failed: {', '.join(Path(r['file']).name for r in failed)}" if failed else ""), file=sys.stderr)
+          + (f"; failed: {', '.join(outputs.printable(Path(r['file']).name) for r in failed)}" if failed else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(results, indent=2))
     return 2 if failed else 0

@@ -159,9 +159,13 @@ def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..loading import from_pretrained_complete
+
     path = resolve(name_or_path, role)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = from_pretrained_complete(AutoModelForCausalLM, path, role, dtype=torch.float32).eval()
+    except MMSpecError:
+        raise
     except (OSError, ValueError) as error:
         kind = saved_kind(path) if isinstance(error, ValueError) else None
         if kind is not None and "CausalLM" not in kind:  # a model of another kind (transformers: no causal-LM class)
