@@ -86,3 +86,15 @@ def test_a_dispatched_target_with_its_drafters_placed_decodes_as_generate(zoo_li
     out = pipe(video=frames, max_new_tokens=12, method=method, progress_bar=False)
     assert out.sequences[0].tolist() == expected[0].tolist()
     assert out.stats.drafted > 0
+
+
+def test_a_saved_pipeline_places_its_feature_drafters_too(zoo_like_folder, tmp_path):
+    """A saved pipeline is moved whole by its loader first; the drafters are placed after, feature drafters included."""
+    CaptionPipeline.from_pretrained(zoo_like_folder).save_pretrained(tmp_path / "saved")
+    pipe = CaptionPipeline.from_pretrained(tmp_path / "saved", device_map=WHOLE_ON_CPU, drafter_device="meta")
+    assert {"msd", "flash"} <= set(pipe.feature_drafters)
+    for method in ("msd", "flash"):
+        assert {p.device.type for p in pipe.feature_drafters[method].parameters()} == {"meta"}
+        drafter = pipe.drafter_factories()[method]()
+        drafter.bind(pipe.target)
+        assert next(drafter.model.parameters()).device.type == "meta"
