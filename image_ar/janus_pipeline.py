@@ -50,10 +50,10 @@ DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Jan
 def is_janus_folder(folder: os.PathLike | str) -> bool:
     """True when the folder's config.json declares a Janus model."""
     try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a Janus folder (its loader says what it is)
         return False
-    return config.get("model_type") == "janus"
+    return isinstance(config, dict) and config.get("model_type") == "janus"
 
 
 def load_prompt_processor(path: str) -> Any:

@@ -56,7 +56,9 @@ def per_image_rounds(reporter: RoundReporter, tokens_per_image: int) -> Callable
 def load_model(cls: type, path: str, what: str, subfolder: str = "", dtype: torch.dtype = torch.float32, **kwargs: Any):
     try:
         return cls.from_pretrained(path, subfolder=subfolder, dtype=dtype, **kwargs).eval()
-    except (OSError, ValueError, KeyError) as error:
+    # A config.json that is JSON but no config (a list, strings for sizes) fails in the config class: TypeError,
+    # AttributeError.
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         where = f"{path}/{subfolder}" if subfolder else path
         raise MMSpecError(f"cannot load the {what} from {where!r}: {str(error).splitlines()[0]}") from None
 
@@ -75,8 +77,8 @@ def check_guidance_scale(scale: float) -> float:
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
         raise MMSpecError(f"cannot read {path}: {error}") from None
 
 

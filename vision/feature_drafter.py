@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 
-from mmspec.devices import input_device
+from mmspec.devices import as_device, input_device
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
 from mmspec.loading import check_finite
@@ -214,8 +214,14 @@ class TargetFeatureDrafter(Drafter):
     model_class: type = FeatureDrafterModel
     method_name = "feature"
 
-    def __init__(self, model: FeatureDrafterModel | str | Path, lean: bool = True) -> None:
+    def __init__(self, model: FeatureDrafterModel | str | Path, lean: bool = True,
+                 device: str | torch.device | None = None) -> None:
         self.model = as_drafter_model(model, self.model_class, self.method_name)
+        # A device of its own (`drafter_device`): the network stays there, and its methods take the loop's
+        # tensors there and hand their results back (`own_device`). None: it follows the target's LM head.
+        self.device = None if device is None else as_device(device, "drafter_device")
+        if self.device is not None:
+            self.model.to(self.device)
         # The model's decoder layers step through `mmspec.kernels.lean_llama` (False: transformers' forward).
         self.lean = lean
         self.forwards = 0
@@ -246,8 +252,9 @@ class TargetFeatureDrafter(Drafter):
         self.embed_tokens, self.lm_head = parts.embed_tokens, parts.lm_head
         self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
         # Next to the head it feeds: where accelerate runs it when the head is offloaded (its weight then reads meta).
-        hook = getattr(self.lm_head, "_hf_hook", None)
-        self.model.to(getattr(hook, "execution_device", None) or self.lm_head.weight.device)
+        if self.device is None:
+            hook = getattr(self.lm_head, "_hf_hook", None)
+            self.model.to(getattr(hook, "execution_device", None) or self.lm_head.weight.device)
         self.target = target
 
     def _grow_tree(self, root: torch.Tensor, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ..devices import input_device
+from ..devices import as_device, input_device
 from ..drafters import Drafter
 from ..errors import MMSpecError
 from .feature_drafter import FeatureDrafterModel
@@ -87,8 +87,9 @@ def check_compatible(drafter: FeatureDrafterModel, target: PreTrainedModel, wher
 
 
 def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, target: PreTrainedModel,
-                 dtype: torch.dtype | None = None) -> FeatureDrafterModel:
-    """A drafter of `kind` (loaded from a folder, or given) that is checked against `target`, in `dtype` (default the target's)."""
+                 dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> FeatureDrafterModel:
+    """A drafter of `kind` (loaded from a folder, or given) that is checked against `target`, in `dtype` (default the
+    target's), on `device` (default the target's input device)."""
     if isinstance(folder_or_model, FeatureDrafterModel):
         drafter, where = folder_or_model, ""
         if drafter.kind != kind:
@@ -97,20 +98,21 @@ def load_checked(kind: str, folder_or_model: str | Path | FeatureDrafterModel, t
         drafter, where = load_feature_drafter(kind, folder_or_model), str(folder_or_model)
     check_compatible(drafter, target, where)
     # The target's input device: `target.device` reads "meta" when accelerate offloaded its first parameter.
-    return drafter.to(device=input_device(target), dtype=dtype or target.dtype).eval()
+    where = input_device(target) if device is None else as_device(device, "drafter_device")
+    return drafter.to(device=where, dtype=dtype or target.dtype).eval()
 
 
-def runtime_drafter(drafter: FeatureDrafterModel, lean: bool = True) -> Drafter:
+def runtime_drafter(drafter: FeatureDrafterModel, lean: bool = True, device: str | torch.device | None = None) -> Drafter:
     """The draft/verify-loop drafter that runs a trained feature drafter model (`lean`: its layers step through
-    `mmspec.kernels.lean_llama`; False: transformers' forward)."""
+    `mmspec.kernels.lean_llama`; False: transformers' forward), on `device` (None: next to the target's LM head)."""
     if drafter.kind == "msd":
         from .msd import MSDDrafter
 
-        return MSDDrafter(drafter, lean=lean)
+        return MSDDrafter(drafter, lean=lean, device=device)
     if drafter.kind == "flash":
         from .flash import FlashDrafter
 
-        return FlashDrafter(drafter, lean=lean)
+        return FlashDrafter(drafter, lean=lean, device=device)
     raise MMSpecError(f"no runtime for feature drafters of kind {drafter.kind!r}")
 
 

@@ -65,8 +65,9 @@ class FlashDrafter(TargetFeatureDrafter):
     model_class = FlashDrafterModel
     method_name = "FLASH"
 
-    def __init__(self, model: FlashDrafterModel | str | Path, lean: bool = True) -> None:
-        super().__init__(model, lean=lean)
+    def __init__(self, model: FlashDrafterModel | str | Path, lean: bool = True,
+                 device: str | torch.device | None = None) -> None:
+        super().__init__(model, lean=lean, device=device)
         self._committed = 0  # cache entries built from true target features only
         self._fed = 0  # first text position with no entry in the cache
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]

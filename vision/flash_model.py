@@ -54,6 +54,7 @@ from ..errors import MMSpecError
 from ..kernels.lean_llama import lean_layer_supported, llama_layer_forward
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
                               plain_rope_parameters, target_layer_shape, uniform_noise_like)
+from .own_device import on_own_device
 from .rope_positions import mrope_section as target_mrope_section
 from .rope_positions import require_trace_positions, rotary_embedding
 
@@ -243,16 +244,19 @@ class FlashDrafterModel(FeatureDrafterModel):
 
     # ---- building blocks -----------------------------------------------------------------
 
+    @on_own_device
     def text_inputs(self, next_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """EAGLE's input at text position t: fc([e_{t+1}; f_t]), [..., H]."""
         dtype = self.fc.weight.dtype
         return self.fc(torch.cat([next_embeds.to(dtype), features.to(dtype)], dim=-1))
 
+    @on_own_device
     def compress(self, visual_embeds: torch.Tensor) -> torch.Tensor:
         """One image's or video's embeddings [V, H] -> the drafter's visual tokens [m, H] (or [V, H] uncompressed)."""
         visual_embeds = visual_embeds.to(self.queries.dtype)
         return compress_visual(self.queries, visual_embeds) if self.config.compress else visual_embeds
 
+    @on_own_device
     def assemble(
         self, text_hidden: torch.Tensor, embeds: torch.Tensor, visual: torch.Tensor,
         rope_positions: torch.LongTensor | None = None,
@@ -299,6 +303,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         sources.append(tail)
         return torch.cat(hidden), torch.cat(positions, dim=-1), torch.cat(sources)
 
+    @on_own_device
     def forward(
         self,
         hidden: torch.Tensor,
@@ -332,6 +337,7 @@ class FlashDrafterModel(FeatureDrafterModel):
         )
         return out[0] if isinstance(out, tuple) else out
 
+    @on_own_device
     def semi_ar(self, hidden: torch.Tensor) -> torch.Tensor:
         """Layer outputs [..., H] -> predicted features of the next n positions [..., n, H]."""
         first = hidden[..., None, :]

@@ -38,6 +38,7 @@ from mmspec.types import Proposal
 from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
                               eagle_loss, load_drafter_model, plain_rope_parameters, target_layer_shape,
                               uniform_noise_like)
+from .own_device import on_own_device
 from .rope_positions import mrope_section, require_trace_positions, rotary_embedding
 
 
@@ -173,6 +174,7 @@ class MSDDrafterModel(FeatureDrafterModel):
         """A freshly initialised drafter sized for a target whose language model has `text_config`."""
         return cls(MSDConfig.from_text_config(text_config, **options))
 
+    @on_own_device
     def slot_inputs(
         self,
         token_embeds: torch.Tensor,
@@ -185,6 +187,7 @@ class MSDDrafterModel(FeatureDrafterModel):
         fused = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
         return msd_slot_inputs(fused, visual_embeds, visual_mask)
 
+    @on_own_device
     def forward(
         self,
         inputs_embeds: torch.Tensor,
@@ -261,8 +264,9 @@ class MSDDrafter(TargetFeatureDrafter):
     model_class = MSDDrafterModel
     method_name = "MSD"
 
-    def __init__(self, model: MSDDrafterModel | str | Path, lean: bool = True) -> None:
-        super().__init__(model, lean=lean)
+    def __init__(self, model: MSDDrafterModel | str | Path, lean: bool = True,
+                 device: str | torch.device | None = None) -> None:
+        super().__init__(model, lean=lean, device=device)
         self._fed = 0  # true slots in the cache
         self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature

@@ -35,7 +35,7 @@ import torch
 from transformers import AutoProcessor, PreTrainedModel
 
 from ..decoding import SpeculativeDecoder
-from ..devices import load_options, place_drafter
+from ..devices import as_device, load_options, place_drafter
 from ..drafters import NoDrafter
 from ..errors import MMSpecError, first_line
 from ..optional import ensure
@@ -151,8 +151,10 @@ class CaptionPipeline(SpeculativePipeline):
         self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
         self.target = VisionTarget(model)
         self.feature_drafters: dict[str, FeatureDrafterModel] = {
-            kind: load_checked(kind, drafter_or_folder, model, dtype=drafter_dtype) for kind, drafter_or_folder in (feature_drafters or {}).items()
+            kind: load_checked(kind, drafter_or_folder, model, dtype=drafter_dtype, device=drafter_device)
+            for kind, drafter_or_folder in (feature_drafters or {}).items()
         }
+        self.drafter_device = drafter_device  # where the feature drafters run too (None: next to the target's head)
         self.model_folder = model_folder
 
     @classmethod
@@ -198,8 +200,8 @@ class CaptionPipeline(SpeculativePipeline):
             pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name,
                                    feature_drafters=feature_drafter_folders(saved, feature_drafters),
                                    model_folder=saved, **kwargs)
-            if drafter_device is not None and pipe.drafter is not None:  # after `_from_saved` moved the pipeline
-                place_drafter(pipe.drafter, drafter_device, pipe.model)
+            if drafter_device is not None:  # after `_from_saved` moved the pipeline
+                pipe.place_drafters(drafter_device)
             return pipe
         path = resolve(name)
         card = zoo_card(name)
@@ -232,6 +234,14 @@ class CaptionPipeline(SpeculativePipeline):
         """The text drafter (the `drafter` component)."""
         return self.drafter
 
+    def place_drafters(self, device: str | torch.device) -> None:
+        """Put every drafter, text and feature, on `device`; the loop's tensors cross to them and back."""
+        if self.drafter is not None:
+            place_drafter(self.drafter, device, self.model)
+        for network in self.feature_drafters.values():
+            network.to(as_device(device, "drafter_device"))
+        self.drafter_device = device
+
     def extra_modules(self) -> dict[str, torch.nn.Module]:
         return dict(self.feature_drafters)
 
@@ -243,7 +253,8 @@ class CaptionPipeline(SpeculativePipeline):
         }
         for kind in FEATURE_KINDS:
             network = self.feature_drafters.get(kind)
-            factories[kind] = (lambda network=network: runtime_drafter(network)) if network is not None else None
+            factories[kind] = ((lambda network=network: runtime_drafter(network, device=self.drafter_device))
+                               if network is not None else None)
         return factories
 
     def unavailable_reason(self, method: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import batch_files
 from ..errors import MMSpecError
-from . import outputs
+from . import outputs, worker_watch
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mkv", ".mov", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
 
@@ -75,6 +75,12 @@ class FolderRun:
         self.files, self.out, self.retry_failed = files, out, retry_failed
         self.names = [f.name for f in files]
         self.sources = {f: source_of(f) for f in files}
+        # Under a launcher, a heartbeat from now on (before the model loads): the others' waits stay bounded.
+        self._size, self._rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        self._heartbeat = None
+        if self._size > 1:
+            self._heartbeat = worker_watch.Heartbeat(worker_watch.heartbeat_path(out, self._rank),
+                                                     min(5.0, worker_watch.timeout() / 4)).start()
 
     def recorded(self, path: Path, done: dict[str, dict[str, Any]]) -> bool:
         """Whether `done` holds this very file: its name, and (records written since they carry one) its resolved path,
@@ -83,6 +89,13 @@ class FolderRun:
         if record is None or ("source" in record and record["source"] != self.sources[path]):
             return False
         return not (self.retry_failed and record.get("error") is not None)
+
+    def _wait(self, wait: Callable[[], Any], what: str) -> Any:
+        """`wait()` for the other processes, given up with one line naming any that stays silent."""
+        if self._heartbeat is None:
+            return wait()
+        peers = {rank: worker_watch.heartbeat_path(self.out, rank) for rank in range(self._size) if rank != self._rank}
+        return worker_watch.watched(wait, peers, self._size, what)
 
     def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed", as_json: bool = False,
             batch_size: int = 1, records_for: Records | None = None) -> int:
@@ -93,11 +106,11 @@ class FolderRun:
         Returns the exit status: 0, or 2 if any file's record (new or earlier) is an error. `as_json`: also print
         a summary object on stdout (the results file, its number of files, the failed ones).
         """
-        state = _distributed_state()
+        state = self._wait(_distributed_state, "for it to start")
         rank, size = (state.process_index, state.num_processes) if state else (0, 1)
         if rank == 0:  # leftovers of a killed run (a torn line, part files) are folded in before the work is split
             batch_files.merge(self.out, self.names)
-        _barrier(state)
+        self._wait(lambda: _barrier(state), "to split the files")
         done = {r["file"]: r for r in batch_files.read_records(self.out)}
         todo = [f for f in self.files if not self.recorded(f, done)]
         if state is not None:
@@ -122,10 +135,12 @@ class FolderRun:
                     bar.update(len(batch))
         if size > 1:
             print(f"mmspec: process {rank} of {size} {verb} {len(mine)} file(s)", file=sys.stderr)
-        _barrier(state)
+        self._wait(lambda: _barrier(state), "for its files to merge them")
         if rank == 0:
             records = batch_files.merge(self.out, self.names)
-        _barrier(state)  # every process exits with the merged result's status
+        self._wait(lambda: _barrier(state), "for the merge")  # every process exits with the merged result's status
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if rank != 0:
             records = batch_files.read_records(self.out)
         wanted = set(self.names)
