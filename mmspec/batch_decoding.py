@@ -23,7 +23,8 @@ import torch
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy
 from .ragged import RaggedBatch
-from .rules import AcceptanceRule
+from .rule_capabilities import RuleCapabilities, check_proposal
+from .rules import AcceptanceRule, drop_nonfinite_drafts
 from .sampling import SamplingConfig, choose_next
 from .drafters import Drafter
 from .stats import SpecStats
@@ -60,6 +61,7 @@ def decode_batch(
     generator: torch.Generator | None,
     stops: set[int],
     pad_token_id: int,
+    capabilities: RuleCapabilities,
     stats: SpecStats,
     on_tokens: Callable[[int], None] | None,
 ) -> torch.LongTensor:
@@ -93,9 +95,7 @@ def decode_batch(
 
     def judge(proposal: Proposal, step: TargetStep) -> None:
         """Verify one round's drafts against the target's logits [B, k + 1, V] and commit."""
-        if proposal.lengths is not None and not getattr(rule, "ragged_drafts", False):
-            raise MMSpecError("rows drafted different numbers of tokens, which this acceptance rule cannot judge "
-                              "(it has no `ragged_drafts`); use the default rule or a batch of one")
+        check_proposal(capabilities, rule, proposal)
         verdict = rule(proposal, step.logits, sampling, generator)
         accepted = verdict.num_accepted
         slots = torch.arange(proposal.length, device=accepted.device)[None]
@@ -114,7 +114,7 @@ def decode_batch(
         k = min(policy.max_tokens(), max_new_tokens - 1)
         if drafter.drafts_from_prompt and k > 0:
             # As in the batch-1 loop: the first drafts ride along with the prefill (one forward fewer per row).
-            proposal = drafter.propose_batch(batch, k, sampling, generator)
+            proposal = drop_nonfinite_drafts(drafter.propose_batch(batch, k, sampling, generator))
             if not proposal.length or not target.drafts_can_join_prefill(proposal.tokens, model_inputs):
                 proposal = None
                 drafter.prefill_batch(batch, model_inputs)  # forget those drafts; the next round drafts again
@@ -133,7 +133,7 @@ def decode_batch(
         k = min(policy.max_tokens(), room - 1)
         with stats.timer("draft"):
             before = drafter.forwards
-            proposal = drafter.propose_batch(batch, k, sampling, generator)
+            proposal = drop_nonfinite_drafts(drafter.propose_batch(batch, k, sampling, generator))
             count("drafter", drafter.forwards - before)
         with stats.timer("verify"):
             step = target.score_batch(batch, proposal.tokens)

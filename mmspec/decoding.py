@@ -31,7 +31,8 @@ from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
 from .policies import DraftLengthPolicy, FixedDraftLength
-from .rules import AcceptanceRule, default_rule, greedy_match
+from .rule_capabilities import check_proposal, check_rule_shape
+from .rules import AcceptanceRule, default_rule, drop_nonfinite_drafts, greedy_match
 from .sampling import SamplingConfig, choose_next, seeded_generator
 from .stats import SpecStats
 from .targets import Target, TargetStep, as_target
@@ -99,6 +100,8 @@ class SpeculativeDecoder:
             self.target.check_tree_support()
         self.tree = tree
         self.policy = policy or FixedDraftLength(5)
+        if rule is not None:
+            check_rule_shape(rule, tree=tree is not None)
         self.rule = rule
         self.method = method
 
@@ -149,6 +152,7 @@ class SpeculativeDecoder:
         self.on_round = with_proposal(on_round)
         self.streamer = settings.streamer
         rule = self.rule or (default_tree_rule(sampling) if self.tree else default_rule(sampling))
+        capabilities = check_rule_shape(rule, tree=self.tree is not None)
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
         self.target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
         policy = self.policy.fresh()
@@ -191,7 +195,8 @@ class SpeculativeDecoder:
                     if self.drafter.drafts_from_prompt and self.tree is None:
                         # Like transformers' assisted generation: the first drafts ride along with the prefill.
                         k = min(policy.max_tokens(), max_new_tokens - 1)
-                        proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                        proposal = drop_nonfinite_drafts(self.drafter.propose(sequence, k, sampling, generator, policy))
+                        check_proposal(capabilities, rule, proposal)
                         step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
                         sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
                     else:
@@ -205,7 +210,7 @@ class SpeculativeDecoder:
             if batched:
                 sequence = decode_batch(
                     self.target, self.drafter, sequence, padding, model_inputs, max_new_tokens=max_new_tokens, rule=rule, policy=policy,
-                    sampling=sampling, generator=generator, stops=stops, pad_token_id=settings.pad_token_id,
+                    sampling=sampling, generator=generator, stops=stops, pad_token_id=settings.pad_token_id, capabilities=capabilities,
                     stats=stats, on_tokens=on_tokens)
             else:
                 while not done and sequence.shape[1] - prompt_length < max_new_tokens:
@@ -215,7 +220,8 @@ class SpeculativeDecoder:
                         continue
                     k = min(policy.max_tokens(), remaining - 1)
                     with stats.timer("draft"):
-                        proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                        proposal = drop_nonfinite_drafts(self.drafter.propose(sequence, k, sampling, generator, policy))
+                        check_proposal(capabilities, rule, proposal)
                     with stats.timer("verify"):
                         step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
                         sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)

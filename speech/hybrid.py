@@ -49,6 +49,7 @@ from ..drafters.base import Drafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..ragged import RaggedBatch
+from ..rule_capabilities import RuleCapabilities, declare_rule
 from ..rules import AcceptanceRule, greedy_match, leading_true_count
 from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
@@ -330,10 +331,7 @@ def relaxed_top_r_rule(top_r: int = 3, margin: float = 2.0) -> AcceptanceRule:
         next_token = choice.gather(1, num_accepted[:, None]).squeeze(1)
         return Verdict(num_accepted=num_accepted, next_token=next_token)
 
-    relaxed_top_r.ragged_drafts = True  # type: ignore[attr-defined]
-    relaxed_top_r.top_r = top_r  # type: ignore[attr-defined]
-    relaxed_top_r.margin = margin  # type: ignore[attr-defined]
-    return relaxed_top_r
+    return declare_rule(RuleCapabilities(ragged_drafts=True, settings={"top_r": top_r, "margin": margin}))(relaxed_top_r)
 
 
 def hybrid_rule(mode: str = "strict", top_r: int = 3, margin: float = 2.0) -> AcceptanceRule:

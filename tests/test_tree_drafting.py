@@ -10,7 +10,8 @@ from mmspec.drafters import ModelDrafter, PromptLookupDrafter
 from mmspec.targets import as_target
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, reload_from_disk, tiny_llama
 from mmspec.sampling import probabilities, rand, sample
-from mmspec.tree_rules import children_lists, greedy_tree_match, tree_verdict
+from mmspec.tree_rules import TREE_RULE, children_lists, greedy_tree_match, tree_verdict
+from mmspec.rule_capabilities import declare_rule
 from mmspec.trees import DraftTree, TreeConfig, keep_cache_positions
 
 TREES = [TreeConfig(num_nodes=8, top_k=2, depth=4), TreeConfig(num_nodes=20, top_k=4, depth=5),
@@ -75,6 +76,7 @@ def test_greedy_tree_with_repetition_penalty_and_min_length(models):
         assert torch.equal(out.sequences, reference)
 
 
+@declare_rule(TREE_RULE)
 def accept_eldest_child(tree, target_logits, sampling=None, generator=None):
     """Control: follows the drafter's first choice one step even when it is not the target's argmax."""
     verdict = greedy_tree_match(tree, target_logits)
@@ -190,6 +192,7 @@ def test_tree_sampling_with_sampled_children_matches_target(peaked_pair):
                                   num_draws=3000, seed=11)
 
 
+@declare_rule(TREE_RULE)
 def q_not_renormalised_rule(tree, target_logits, sampling, generator):
     """Control: recursive rejection that keeps trying later siblings against the ORIGINAL q (an earlier
     sibling's mass not removed), although they were drawn without replacement."""
