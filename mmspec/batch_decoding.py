@@ -16,21 +16,24 @@ and sampling keeps each row's distribution.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy
 from .ragged import RaggedBatch
-from .rule_capabilities import RuleCapabilities, check_proposal
-from .rules import AcceptanceRule, drop_nonfinite_drafts
-from .sampling import SamplingConfig, choose_next
+from .rule_capabilities import check_proposal
+from .rules import drop_nonfinite_drafts
+from .sampling import choose_next
 from .drafters import Drafter
 from .stats import SpecStats
 from .targets import Target, TargetStep
 from .types import Proposal
 from .trees import TreeConfig
+
+if TYPE_CHECKING:
+    from .decode_state import DecodeState
 
 
 def check_batch_support(target: Target, drafter: Drafter, tree: TreeConfig | None, policy: DraftLengthPolicy) -> None:
@@ -48,27 +51,19 @@ def check_batch_support(target: Target, drafter: Drafter, tree: TreeConfig | Non
 
 
 def decode_batch(
-    target: Target,
-    drafter: Drafter,
+    state: DecodeState,
     sequence: torch.LongTensor,
     attention_mask: torch.Tensor | None,
     model_inputs: dict[str, Any],
     *,
-    max_new_tokens: int,
-    rule: AcceptanceRule,
-    policy: DraftLengthPolicy,
-    sampling: SamplingConfig,
-    generator: torch.Generator | None,
-    stops: set[int],
     pad_token_id: int,
-    capabilities: RuleCapabilities,
-    stats: SpecStats,
-    on_tokens: Callable[[int], None] | None,
 ) -> torch.LongTensor:
     """Decode every row of `sequence` [B, P] (left-padded where `attention_mask` has zeros): returns
     prompt + new tokens [B, P + longest], rows that stopped early padded with `pad_token_id`. Fills
     `stats` with the sums over rows and `stats.rows` with each row's own counts (a forward counts once
     for every row it served, so tau stays tokens per row per forward); times are the batch's."""
+    target, drafter, rule, policy, stats = state.target, state.drafter, state.rule, state.policy, state.stats
+    sampling, generator, stops, max_new_tokens = state.sampling, state.generator, state.stops, state.max_new_tokens
     batch = RaggedBatch(sequence, attention_mask)
     if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
         raise MMSpecError("pad batches on the left (tokenizer padding_side='left'): a row ends in padding")
@@ -76,8 +71,8 @@ def decode_batch(
     def commit(tokens: torch.LongTensor, valid: torch.Tensor) -> None:
         """Append the round's columns; rows that stopped leave the batch (and every cache)."""
         committed, finished = batch.commit(tokens, valid, stops, max_new_tokens)
-        if on_tokens is not None:
-            on_tokens(committed)
+        if state.on_tokens is not None:
+            state.on_tokens(committed)
         if finished:
             keep = torch.tensor([b for b in range(batch.size) if b not in finished], dtype=torch.long,
                                 device=batch.tokens.device)
@@ -95,7 +90,7 @@ def decode_batch(
 
     def judge(proposal: Proposal, step: TargetStep) -> None:
         """Verify one round's drafts against the target's logits [B, k + 1, V] and commit."""
-        check_proposal(capabilities, rule, proposal)
+        check_proposal(state.capabilities, rule, proposal)
         verdict = rule(proposal, step.logits, sampling, generator)
         accepted = verdict.num_accepted
         slots = torch.arange(proposal.length, device=accepted.device)[None]

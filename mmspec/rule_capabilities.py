@@ -9,8 +9,9 @@ chain rule that judges every row's k drafts and needs no draft distribution.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from .errors import MMSpecError
 
@@ -29,7 +30,7 @@ class RuleCapabilities:
 
 
 CHAIN_RULE = RuleCapabilities()
-_DECLARED: "weakref.WeakKeyDictionary[Any, RuleCapabilities]" = weakref.WeakKeyDictionary()
+_DECLARED: weakref.WeakKeyDictionary[Any, RuleCapabilities] = weakref.WeakKeyDictionary()
 
 RuleT = TypeVar("RuleT", bound=Callable[..., Any])
 

@@ -372,7 +372,7 @@ def hybrid_generate(
 
     `target` is a Whisper model or a `WhisperTarget`. In `strict` mode the output equals
     `model.generate(input_features, do_sample=False, max_new_tokens=..., return_dict_in_generate=True).sequences`.
-    The drafter used is available as `output.drafter` for its alignment statistics.
+    The call's drafter is available as `output.drafter` for its alignment statistics.
     """
     if not isinstance(target, WhisperTarget):
         target = WhisperTarget(target, language=language, task=task)
@@ -386,6 +386,4 @@ def hybrid_generate(
     else:  # a batch: the target builds each recording's prompt (all of one length) itself
         prompt_length = target.prompt_ids({"input_features": input_features[:1]}).shape[1]
     max_new_tokens = target.max_new_tokens_for(prompt_length, max_new_tokens)
-    out = decoder.generate(None, max_new_tokens=max_new_tokens, **inputs)
-    out.drafter = drafter  # type: ignore[attr-defined]
-    return out
+    return decoder.generate(None, max_new_tokens=max_new_tokens, **inputs)

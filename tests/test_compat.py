@@ -7,11 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import DDPMScheduler, DiffusionPipeline
-from transformers import DynamicCache, GenerationConfig, GenerationMixin, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    GenerationMixin,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
 from transformers.generation import logits_process as lp
 
-from mmspec import MMSpecError, speculative_generate
-from mmspec import compat
+from mmspec import MMSpecError, compat, speculative_generate
 from mmspec.compat import CompatibilityError
 from mmspec.generation import build_logits_processors, resolve_generation
 from mmspec.testing import tiny_llama

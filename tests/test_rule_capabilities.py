@@ -8,10 +8,20 @@ from collections import Counter
 import pytest
 import torch
 
-from mmspec import MMSpecError, PromptLookupDrafter, SpeculativeDecoder, speculative_generate
+from mmspec import (
+    MMSpecError,
+    PromptLookupDrafter,
+    SpeculativeDecoder,
+    speculative_generate,
+)
 from mmspec.drafters import Drafter, ModelDrafter
 from mmspec.rule_capabilities import RuleCapabilities, capabilities_of, declare_rule
-from mmspec.rules import drop_nonfinite_drafts, greedy_match, speculative_sampling, target_choice
+from mmspec.rules import (
+    drop_nonfinite_drafts,
+    greedy_match,
+    speculative_sampling,
+    target_choice,
+)
 from mmspec.sampling import SamplingConfig
 from mmspec.testing import chi_square, tiny_llama
 from mmspec.tree_rules import greedy_tree_match, tree_speculative_sampling

@@ -104,8 +104,9 @@ def test_cache_after_tree_rounds_equals_fresh_prefill(models):
     assert out.stats.accepted > 0 and out.stats.rounds > 2  # paths were kept and rolled back several times
     sequence = out.sequences
     # The loop keeps the cache one token behind the committed sequence (the newest is fed next round).
-    for cache, model, tokens in ((target.cache, target_model, sequence[:, :-1]),
-                                 (drafter.lm.cache, drafter_model, drafter.cached_tokens[None])):
+    # The call's own working target and drafter hold its caches (the shared ones are left as they were).
+    for cache, model, tokens in ((out.target.cache, target_model, sequence[:, :-1]),
+                                 (out.drafter.lm.cache, drafter_model, out.drafter.cached_tokens[None])):
         with torch.no_grad():
             fresh = model(tokens, use_cache=True).past_key_values
         assert cache.get_seq_length() == tokens.shape[1]
