@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
+from mmspec.compat import scheduler_variance
 from mmspec.errors import MMSpecError
 from mmspec.sampling import randint, randn
 
@@ -72,8 +73,8 @@ class StepCoefficients:
     def of(cls, scheduler: DDPMScheduler, t: int, device: torch.device) -> "StepCoefficients":
         with torch.device(scheduler.timesteps.device):  # the scheduler's bookkeeping tensors live with its timesteps
             prev_t = int(scheduler.previous_timestep(t))
-            min_log = scheduler._get_variance(t, variance_type="fixed_small").log()
-            max_log = scheduler._get_variance(t, variance_type="fixed_large_log")
+            min_log = scheduler_variance(scheduler, t, "fixed_small").log()
+            max_log = scheduler_variance(scheduler, t, "fixed_large_log")
         alphas = scheduler.alphas_cumprod.to(device=device, dtype=torch.float32)
         alpha_t = alphas[t]
         alpha_prev = alphas[prev_t] if prev_t >= 0 else torch.ones((), device=device)

@@ -22,6 +22,7 @@ import torch
 from mmspec.drafters.autoregressive import AutoregressiveDrafter, common_prefix_length
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
+from mmspec.rule_capabilities import RuleCapabilities, declare_rule
 from mmspec.rules import AcceptanceRule, greedy_match, speculative_sampling
 from mmspec.sampling import SamplingConfig, probabilities
 from mmspec.types import Proposal, Verdict
@@ -95,7 +96,7 @@ def lantern_rule(neighbours: torch.LongTensor, delta: float = 0.0, lam: float | 
             observe(q[:, 0], p[:, 0])
         return lantern_accept(proposal.tokens, proposal.probs, p, generator, neighbours=neighbours, delta=delta, lam=lam)
 
-    return rule
+    return declare_rule(RuleCapabilities(settings={"delta": delta, "lam": lam, "neighbours": int(neighbours.shape[-1])}))(rule)
 
 
 def draft_generate(

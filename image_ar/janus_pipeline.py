@@ -86,7 +86,7 @@ class JanusImagePipeline(SpeculativePipeline):
             raise MMSpecError("Janus needs its processor or tokenizer to read text prompts")
         super().__init__()
         self.register_modules(model=model.eval(), processor=processor, drafter=None if drafter is None else drafter.eval())
-        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.model_name = model_name or model.config.name_or_path or type(model).__name__
         self.folder = None  # set by from_pretrained (the benchmark looks for judge/ there)
         self.runner = self._runner()
 

@@ -22,6 +22,7 @@ import torch
 from mmspec.drafters import Drafter, NoDrafter
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
+from mmspec.rule_capabilities import RuleCapabilities
 from mmspec.rules import AcceptanceRule, greedy_match, on_target_probabilities, speculative_sampling, target_choice
 from mmspec.sampling import SamplingConfig
 
@@ -229,17 +230,20 @@ class MethodRunner:
         if method == "ar":
             return NoDrafter(), target_choice, FixedDraftLength(1)
         drafter = GridJacobiDrafter(self.target.vocab_size, self.target.grid_size, config.init)
+        settings: dict[str, Any] = {}
         if method == "sjd":
             rule = sjd_accept
         elif method == "gsd":
-            rule = partial(gsd_accept, window=config.gsd_window, prob_threshold=config.gsd_prob_threshold,
-                           embeddings=self.gsd_latents(config.gsd_latents), distance_threshold=config.gsd_distance_threshold)
+            settings = {"window": config.gsd_window, "prob_threshold": config.gsd_prob_threshold,
+                        "distance_threshold": config.gsd_distance_threshold}
+            rule = partial(gsd_accept, **settings, embeddings=self.gsd_latents(config.gsd_latents))
         else:
+            settings = {"delta": config.lantern_delta, "lam": config.lantern_lam, "neighbours": config.lantern_k}
             rule = partial(lantern_accept, neighbours=self.neighbours(config.lantern_k), delta=config.lantern_delta,
                            lam=config.lantern_lam)
             if observe is not None and sampling.do_sample:
                 rule = observed(rule, observe)
-        return drafter, on_target_probabilities(rule), JacobiWindow(config.window)
+        return drafter, on_target_probabilities(rule, RuleCapabilities(settings=settings)), JacobiWindow(config.window)
 
     def guided_drafter(self) -> GuidedImageDrafter:
         """The drafter model, guided with the target's scale (when it was trained with a null class)."""

@@ -123,7 +123,7 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
             raise MMSpecError(f"classes.json lists {len(class_names)} names for a model with {model.config.num_classes} classes")
         super().__init__()
         self._register_parts(class_names, card,
-                             model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__,
+                             model_name or getattr(model.config, "name_or_path", "") or type(model).__name__,
                              model=model.eval(), vq=vq.eval(), drafter=drafter)
         self.runner = MethodRunner(CFGTarget(model, self.default_guidance_scale), drafter, vq.codebook_embeddings())
 

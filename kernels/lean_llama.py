@@ -28,8 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, apply_rotary_pos_emb
 
+from ..compat import accelerate_hook, attention_implementation
+
 # Attention implementations whose maths SDPA reproduces (eager computes the same softmax(QK^T)V).
-SDPA_EQUIVALENT = ("sdpa", "eager", None)
+SDPA_EQUIVALENT = ("sdpa", "eager", "", None)
 
 
 def has_hooks(module: nn.Module) -> bool:
@@ -41,7 +43,7 @@ def plain_modules(module: nn.Module) -> bool:
     """No hooks anywhere (accelerate's bring offloaded weights; a user's expect to be called) and every linear
     layer a plain `nn.Linear` (quantised layers keep their weights in another form)."""
     for part in module.modules():
-        if hasattr(part, "_hf_hook") or has_hooks(part) or (isinstance(part, nn.Linear) and type(part) is not nn.Linear):
+        if accelerate_hook(part) is not None or has_hooks(part) or (isinstance(part, nn.Linear) and type(part) is not nn.Linear):
             return False
     return True
 
@@ -58,7 +60,7 @@ def lean_layer_supported(layer: nn.Module) -> bool:
         return False
     plain = _CHECKED_LAYERS.get(layer)
     if plain is None:
-        implementation = getattr(layer.self_attn.config, "_attn_implementation", None)
+        implementation = attention_implementation(layer.self_attn.config)
         plain = _CHECKED_LAYERS[layer] = implementation in SDPA_EQUIVALENT and plain_modules(layer)
     return plain
 

@@ -16,20 +16,24 @@ and sampling keeps each row's distribution.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy
 from .ragged import RaggedBatch
-from .rules import AcceptanceRule
-from .sampling import SamplingConfig, choose_next
+from .rule_capabilities import check_proposal
+from .rules import drop_nonfinite_drafts
+from .sampling import choose_next
 from .drafters import Drafter
 from .stats import SpecStats
 from .targets import Target, TargetStep
 from .types import Proposal
 from .trees import TreeConfig
+
+if TYPE_CHECKING:
+    from .decode_state import DecodeState
 
 
 def check_batch_support(target: Target, drafter: Drafter, tree: TreeConfig | None, policy: DraftLengthPolicy) -> None:
@@ -47,26 +51,19 @@ def check_batch_support(target: Target, drafter: Drafter, tree: TreeConfig | Non
 
 
 def decode_batch(
-    target: Target,
-    drafter: Drafter,
+    state: DecodeState,
     sequence: torch.LongTensor,
     attention_mask: torch.Tensor | None,
     model_inputs: dict[str, Any],
     *,
-    max_new_tokens: int,
-    rule: AcceptanceRule,
-    policy: DraftLengthPolicy,
-    sampling: SamplingConfig,
-    generator: torch.Generator | None,
-    stops: set[int],
     pad_token_id: int,
-    stats: SpecStats,
-    on_tokens: Callable[[int], None] | None,
 ) -> torch.LongTensor:
     """Decode every row of `sequence` [B, P] (left-padded where `attention_mask` has zeros): returns
     prompt + new tokens [B, P + longest], rows that stopped early padded with `pad_token_id`. Fills
     `stats` with the sums over rows and `stats.rows` with each row's own counts (a forward counts once
     for every row it served, so tau stays tokens per row per forward); times are the batch's."""
+    target, drafter, rule, policy, stats = state.target, state.drafter, state.rule, state.policy, state.stats
+    sampling, generator, stops, max_new_tokens = state.sampling, state.generator, state.stops, state.max_new_tokens
     batch = RaggedBatch(sequence, attention_mask)
     if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
         raise MMSpecError("pad batches on the left (tokenizer padding_side='left'): a row ends in padding")
@@ -74,8 +71,8 @@ def decode_batch(
     def commit(tokens: torch.LongTensor, valid: torch.Tensor) -> None:
         """Append the round's columns; rows that stopped leave the batch (and every cache)."""
         committed, finished = batch.commit(tokens, valid, stops, max_new_tokens)
-        if on_tokens is not None:
-            on_tokens(committed)
+        if state.on_tokens is not None:
+            state.on_tokens(committed)
         if finished:
             keep = torch.tensor([b for b in range(batch.size) if b not in finished], dtype=torch.long,
                                 device=batch.tokens.device)
@@ -93,9 +90,7 @@ def decode_batch(
 
     def judge(proposal: Proposal, step: TargetStep) -> None:
         """Verify one round's drafts against the target's logits [B, k + 1, V] and commit."""
-        if proposal.lengths is not None and not getattr(rule, "ragged_drafts", False):
-            raise MMSpecError("rows drafted different numbers of tokens, which this acceptance rule cannot judge "
-                              "(it has no `ragged_drafts`); use the default rule or a batch of one")
+        check_proposal(state.capabilities, rule, proposal)
         verdict = rule(proposal, step.logits, sampling, generator)
         accepted = verdict.num_accepted
         slots = torch.arange(proposal.length, device=accepted.device)[None]
@@ -114,7 +109,7 @@ def decode_batch(
         k = min(policy.max_tokens(), max_new_tokens - 1)
         if drafter.drafts_from_prompt and k > 0:
             # As in the batch-1 loop: the first drafts ride along with the prefill (one forward fewer per row).
-            proposal = drafter.propose_batch(batch, k, sampling, generator)
+            proposal = drop_nonfinite_drafts(drafter.propose_batch(batch, k, sampling, generator))
             if not proposal.length or not target.drafts_can_join_prefill(proposal.tokens, model_inputs):
                 proposal = None
                 drafter.prefill_batch(batch, model_inputs)  # forget those drafts; the next round drafts again
@@ -133,7 +128,7 @@ def decode_batch(
         k = min(policy.max_tokens(), room - 1)
         with stats.timer("draft"):
             before = drafter.forwards
-            proposal = drafter.propose_batch(batch, k, sampling, generator)
+            proposal = drop_nonfinite_drafts(drafter.propose_batch(batch, k, sampling, generator))
             count("drafter", drafter.forwards - before)
         with stats.timer("verify"):
             step = target.score_batch(batch, proposal.tokens)

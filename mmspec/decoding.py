@@ -14,6 +14,9 @@ verifies all its nodes in that one forward with a tree attention mask, a tree ru
 
 A batch of several rows runs the same steps in `mmspec.batch_decoding`, where rejected drafts become
 masked holes instead of being cropped (rows accept different numbers of drafts).
+
+Each call keeps everything it changes in a `DecodeState` (`mmspec.decode_state`), with working copies of
+the target and drafter (shared weights, own caches): one decoder may serve several threads at once.
 """
 
 from __future__ import annotations
@@ -32,25 +35,27 @@ from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
 from .policies import DraftLengthPolicy, FixedDraftLength
+from .decode_state import DecodeState, RoundHook, working_copies
+from .rule_capabilities import check_rule_shape
 from .rules import AcceptanceRule, default_rule, greedy_match
 from .sampling import SamplingConfig, choose_next, seeded_generator
 from .stats import SpecStats
-from .targets import Target, TargetStep, as_target
+from .targets import Target, as_target
 from .tree_rules import TreeAcceptanceRule, default_tree_rule
-from .trees import DraftTree, TreeConfig
+from .trees import TreeConfig
 
-
-# on_round(tokens, drafted, accepted, proposed): the tokens committed, the draft count, how many drafts were
-# kept, and the drafts themselves (1-D, before verification; empty for the prefill's token).
-RoundHook = Callable[[torch.LongTensor, int, int, torch.LongTensor], None]
+__all__ = ["RoundHook", "SpeculativeDecoder", "SpeculativeOutput", "speculative_generate"]
 
 
 @dataclass
 class SpeculativeOutput:
-    """Like transformers' generate output: `sequences` holds prompt + new tokens; `stats` says how."""
+    """Like transformers' generate output: `sequences` holds prompt + new tokens; `stats` says how.
+    `target` / `drafter`: the call's own working copies (its caches, counters, a drafter's own statistics)."""
 
     sequences: torch.LongTensor
     stats: SpecStats
+    target: Target | None = None
+    drafter: Drafter | None = None
 
 
 def eos_ids(model: PreTrainedModel, eos_token_id: int | Iterable[int] | None) -> set[int]:
@@ -85,6 +90,7 @@ class SpeculativeDecoder:
     ) -> None:
         self.drafter = as_drafter(drafter)
         self.target = as_target(target)
+        # For callers that drive the target and drafter by hand after building a decoder; each call sets its own.
         self.target.output_hidden_states = self.drafter.needs_target_hidden_states
         if self.drafter.vocab_size is not None and self.drafter.vocab_size != self.target.vocab_size:
             raise MMSpecError(
@@ -100,6 +106,8 @@ class SpeculativeDecoder:
             self.target.check_tree_support()
         self.tree = tree
         self.policy = policy or FixedDraftLength(5)
+        if rule is not None:
+            check_rule_shape(rule, tree=tree is not None)
         self.rule = rule
         self.method = method
 
@@ -129,6 +137,10 @@ class SpeculativeDecoder:
         verification (1-D; `proposed[:accepted]` are the kept ones, `proposed[accepted:]` the rejected
         ones; the prefill's first token: 0, 0 and no drafts). A hook taking only the first three
         arguments is called with those.
+
+        The decoder, its target and its drafter are only read: the call runs on working copies of the
+        target and drafter (their caches, counters and recordings), returned as `output.target` and
+        `output.drafter`, so calls from several threads do not interfere.
         """
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -146,141 +158,92 @@ class SpeculativeDecoder:
         if sampling.do_sample and generator is None:
             # Seed a private generator from torch's global seed so torch.manual_seed still makes runs repeat.
             generator = seeded_generator(input_device(self.target.model))
-        self.on_tokens = on_tokens
-        self.on_round = with_proposal(on_round)
-        self.streamer = settings.streamer
         rule = self.rule or (default_tree_rule(sampling) if self.tree else default_rule(sampling))
+        target, drafter = working_copies(self.target, self.drafter)
+        state = DecodeState(
+            target=target, drafter=drafter, rule=rule, capabilities=check_rule_shape(rule, tree=self.tree is not None),
+            sampling=sampling, generator=generator, policy=self.policy.fresh(), stops=settings.stop_ids,
+            stats=SpecStats(method=self.method), tree=self.tree, on_tokens=on_tokens, on_round=with_proposal(on_round),
+            streamer=settings.streamer)
+        target.output_hidden_states = drafter.needs_target_hidden_states
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
-        self.target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
-        policy = self.policy.fresh()
-        stops = settings.stop_ids
-        stats = SpecStats(method=self.method)
-        forwards_before = self.drafter.forwards
-        target_forwards_before = self.target.forwards
+        target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
         if batched:
             if settings.streamer is not None or on_round is not None:
                 raise MMSpecError("streamers and on_round hooks follow one sequence; pass a batch of one")
-            check_batch_support(self.target, self.drafter, self.tree, policy)
+            check_batch_support(target, drafter, self.tree, state.policy)
             # Decoder-only: the mask marks each prompt's left padding and joins the batch's columns.
-            padding = None if self.target.is_encoder_decoder else model_inputs.pop("attention_mask", None)
-        elif not self.target.is_encoder_decoder:
+            padding = None if target.is_encoder_decoder else model_inputs.pop("attention_mask", None)
+        elif not target.is_encoder_decoder:
             self._drop_trivial_attention_mask(model_inputs)
-        self.drafter.accept_inputs(input_ids, model_inputs)
+        drafter.accept_inputs(input_ids, model_inputs)
+        stats = state.stats
 
         with stats.timer("total"):
             with stats.timer("prefill"):
-                sequence = self.target.initial_sequence(input_ids, model_inputs)
+                sequence = target.initial_sequence(input_ids, model_inputs)
                 prompt_length = sequence.shape[1]
                 if max_new_tokens is None:
-                    positions = getattr(self.target.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+                    positions = getattr(target.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
                     max_new_tokens = settings.max_new_tokens(prompt_length, positions)
                     if max_new_tokens < 1:
                         raise MMSpecError(
                             f"the prompt ({prompt_length} tokens) leaves no room under max_length="
                             f"{settings.config.max_length}: pass max_new_tokens"
                         )
+                state.max_new_tokens = max_new_tokens
                 settings.fix_lengths(prompt_length, max_new_tokens)
-                processors = self.target.build_logits_processors(
+                processors = target.build_logits_processors(
                     settings.config, prompt_length, settings.user_processors, encoder_input_ids=input_ids
                 )
-                self.target.processors = processors
-                self.drafter.logits_processor = processors
-                if self.streamer is not None:
-                    self.streamer.put(sequence.cpu())
+                target.processors = processors
+                drafter.logits_processor = processors
+                if state.streamer is not None:
+                    state.streamer.put(sequence.cpu())
                 if not batched:  # (a batch: decode_batch prefills drafter and target with the batch's layout)
-                    self.drafter.prefill(sequence, model_inputs)
-                    if self.drafter.drafts_from_prompt and self.tree is None:
-                        # Like transformers' assisted generation: the first drafts ride along with the prefill.
-                        k = min(policy.max_tokens(), max_new_tokens - 1)
-                        proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
-                        step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
-                        sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
-                    else:
-                        step = self.target.start(sequence, **model_inputs)
-                        self.drafter.on_target_prefill(sequence, step)
-                        first = choose_next(step.logits[:, -1], sampling, generator)
-                        sequence = torch.cat([sequence, first[:, None]], dim=1)
-                        self._announce(first, first[:0])
-                        done = int(first[0]) in stops
+                    sequence, done = self._prefill(state, sequence, model_inputs)
 
             if batched:
-                sequence = decode_batch(
-                    self.target, self.drafter, sequence, padding, model_inputs, max_new_tokens=max_new_tokens, rule=rule, policy=policy,
-                    sampling=sampling, generator=generator, stops=stops, pad_token_id=settings.pad_token_id,
-                    stats=stats, on_tokens=on_tokens)
+                sequence = decode_batch(state, sequence, padding, model_inputs, pad_token_id=settings.pad_token_id)
             else:
                 while not done and sequence.shape[1] - prompt_length < max_new_tokens:
                     remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
                     if self.tree is not None:
-                        sequence, done = self._tree_round(sequence, remaining - 1, rule, sampling, generator, stops, stats)
+                        sequence, done = state.tree_round(sequence, remaining - 1)
                         continue
-                    k = min(policy.max_tokens(), remaining - 1)
+                    k = min(state.policy.max_tokens(), remaining - 1)
                     with stats.timer("draft"):
-                        proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
+                        proposal = state.propose(sequence, k)
                     with stats.timer("verify"):
-                        step = self.target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
-                        sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
+                        step = target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
+                        sequence, done = state.commit(sequence, proposal, step)
 
-        if self.streamer is not None:
-            self.streamer.end()
+        if state.streamer is not None:
+            state.streamer.end()
         if batched:  # counts were filled per row; each row spent the batch's time
             for row in stats.rows:
                 row.total_time = stats.total_time
         else:
             stats.new_tokens = sequence.shape[1] - prompt_length
-            stats.target_forwards = self.target.forwards - target_forwards_before
-            stats.drafter_forwards = self.drafter.forwards - forwards_before
-        return SpeculativeOutput(sequences=sequence, stats=stats)
+            stats.target_forwards = target.forwards - self.target.forwards
+            stats.drafter_forwards = drafter.forwards - self.drafter.forwards
+        return SpeculativeOutput(sequences=sequence, stats=stats, target=target, drafter=drafter)
 
-    def _announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
-        """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""
-        if self.on_tokens is not None:
-            self.on_tokens(new_tokens.shape[0])
-        if self.on_round is not None:
-            self.on_round(new_tokens, int(proposed.shape[0]), accepted, proposed)
-        if self.streamer is not None:
-            self.streamer.put(new_tokens[None].cpu())
-
-    def _commit(self, sequence, proposal, step, rule, sampling, generator, policy, stops, stats):
-        """Judge one proposal, append the accepted drafts plus the target's token, roll caches back."""
-        verdict = rule(proposal, step.logits, sampling, generator)
-        accepted = int(verdict.num_accepted[0])
-        new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
-        new_tokens, done = self._truncate_at_stop(new_tokens, stops)
-        sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-        self._announce(new_tokens, proposal.tokens[0], accepted)
-        # The cache now holds every committed token but the newest; drop the rejected drafts.
-        self.target.truncate(self.target.length - (proposal.length - accepted))
-        self.drafter.observe(sequence, verdict, step)
-        policy.update(proposal.length, accepted)
-        stats.record_round(proposal.length, accepted)
-        return sequence, done
-
-    def _tree_round(self, sequence, max_drafts, rule, sampling, generator, stops, stats):
-        """Draft a tree, verify it in one target forward, commit the accepted path plus the target's token."""
-        with stats.timer("draft"):
-            if max_drafts >= 1:
-                tree = self.drafter.propose_tree(sequence, self.tree.limited(max_drafts), sampling, generator)
-            else:
-                tree = DraftTree.empty(sequence.device)
-        with stats.timer("verify"):
-            step = self.target.score_tree(sequence, tree)
-            verdict = rule(tree, step.logits, sampling, generator)
-            path = verdict.path
-            new_tokens = torch.cat([tree.path_tokens(path), verdict.next_token[:1]])
-            new_tokens, done = self._truncate_at_stop(new_tokens, stops)
-            sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-            # The hook's drafts: the accepted path, then the drafter's own first choice below it (rejected).
-            proposed = tree.path_tokens(path + tree.best_branch(path[-1] if path else -1))
-            self._announce(new_tokens, proposed, len(path))
-            self.target.keep_tree_path(tree, path)
-            # Drafters see the verify forward as if it had covered [root, path] only, as after a chain.
-            rows = torch.tensor([0] + [i + 1 for i in path], device=step.logits.device)
-            hidden = None if step.hidden_states is None else tuple(h.index_select(1, rows.to(h.device)) for h in step.hidden_states)
-            self.drafter.observe(sequence, verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
-            # For trees `drafted` is the tree's depth: the most tokens a round could accept.
-            stats.record_round(int(tree.depths().max()) if tree.size else 0, len(path))
-        return sequence, done
+    def _prefill(self, state: DecodeState, sequence: torch.LongTensor, model_inputs: dict[str, Any]
+                 ) -> tuple[torch.LongTensor, bool]:
+        """Prefill the drafter and the target (one sequence); the first drafts ride along when they can."""
+        target, drafter = state.target, state.drafter
+        drafter.prefill(sequence, model_inputs)
+        if drafter.drafts_from_prompt and self.tree is None:
+            # Like transformers' assisted generation: the first drafts ride along with the prefill.
+            proposal = state.propose(sequence, min(state.policy.max_tokens(), state.max_new_tokens - 1))
+            step = target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
+            return state.commit(sequence, proposal, step)
+        step = target.start(sequence, **model_inputs)
+        drafter.on_target_prefill(sequence, step)
+        first = choose_next(step.logits[:, -1], state.sampling, state.generator)
+        state.announce(first, first[:0])
+        return torch.cat([sequence, first[:, None]], dim=1), int(first[0]) in state.stops
 
     @staticmethod
     def _drop_trivial_attention_mask(model_inputs: dict[str, Any]) -> None:
@@ -288,13 +251,6 @@ class SpeculativeDecoder:
         mask = model_inputs.pop("attention_mask", None)
         if mask is not None and not bool(mask.bool().all()):
             raise MMSpecError("attention_mask with padding is not supported (batch size 1 needs no padding)")
-
-    @staticmethod
-    def _truncate_at_stop(new_tokens: torch.Tensor, stops: set[int]) -> tuple[torch.Tensor, bool]:
-        for i, token in enumerate(new_tokens.tolist()):
-            if token in stops:
-                return new_tokens[: i + 1], True
-        return new_tokens, False
 
 
 def batch_size_of(input_ids: torch.Tensor | None, model_inputs: dict[str, Any]) -> int:

@@ -55,7 +55,9 @@ def place_drafter(drafter: torch.nn.Module, device: str | torch.device | None,
     if device != home:
         from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 
-        skip = getattr(drafter, "_skip_keys_device_placement", None)
+        from .compat import skip_keys_device_placement
+
+        skip = skip_keys_device_placement(drafter)
         add_hook_to_module(drafter, AlignDevicesHook(execution_device=device, io_same_device=True, skip_keys=skip))
     return drafter
 

@@ -28,6 +28,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import logits_process as lp
 
+from . import compat
 from .devices import input_device
 from .errors import MMSpecError
 from .sampling import SamplingConfig
@@ -151,12 +152,10 @@ def merged_generation_config(model: PreTrainedModel, base: GenerationConfig | No
     if not shipped:
         config = copy.deepcopy(base if base is not None else GenerationConfig())
         return config, config.update(**settings)
-    if not hasattr(model, "_prepare_generation_config"):
-        config = GenerationConfig.from_model_config(model.config) if base is None else base
-        config = copy.deepcopy(config)
-        return config, config.update(**settings)
     try:
-        return model._prepare_generation_config(base, **settings)
+        return compat.prepare_generation_config(model, base, settings)
+    except compat.CompatibilityError:
+        raise
     except ValueError as error:
         raise MMSpecError(f"invalid generation settings: {error}") from None
 
@@ -283,23 +282,45 @@ def build_logits_processors(
     device = input_device(model)  # `model.device` reads "meta" when accelerate offloaded the first parameter
     eos = config.eos_token_id
     eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    config._eos_token_tensor = torch.tensor(eos_list, dtype=torch.long, device=device) if eos_list else None
-    if not hasattr(model, "_get_logits_processor"):
-        return lp.LogitsProcessorList(user_processors)
-    processors = model._get_logits_processor(
-        generation_config=config,
-        input_ids_seq_length=prompt_length,
-        encoder_input_ids=encoder_input_ids,
-        logits_processor=lp.LogitsProcessorList(user_processors),
-        device=device,
-        model_kwargs={},
-    )
+    compat.set_eos_token_tensor(config, eos_list, device)
+    processors = compat.get_logits_processor(model, config, prompt_length=prompt_length, encoder_input_ids=encoder_input_ids,
+                                             user_processors=user_processors, device=device)
+    check_processors_cover(config, processors)
     for processor in processors:
         if processor in user_processors:
             continue
         if not isinstance(processor, POSITIONWISE_PROCESSORS):
             raise MMSpecError(f"the generation settings need {type(processor).__name__}, which speculative decoding cannot reproduce")
     return processors
+
+
+# Settings in force -> the processor generate must have built for them: if transformers' private builder stops
+# building one, decoding would silently ignore the setting; refuse instead.
+REQUIRED_PROCESSORS: tuple[tuple[str, Any, type], ...] = (
+    ("repetition_penalty", lambda v: v is not None and float(v) != 1.0, lp.RepetitionPenaltyLogitsProcessor),
+    ("no_repeat_ngram_size", lambda v: bool(v) and int(v) > 0, lp.NoRepeatNGramLogitsProcessor),
+    ("bad_words_ids", bool, lp.NoBadWordsLogitsProcessor),
+    ("sequence_bias", bool, lp.SequenceBiasLogitsProcessor),
+    ("suppress_tokens", bool, lp.SuppressTokensLogitsProcessor),
+    ("begin_suppress_tokens", bool, lp.SuppressTokensAtBeginLogitsProcessor),
+    ("forced_bos_token_id", lambda v: v is not None, lp.ForcedBOSTokenLogitsProcessor),
+    ("forced_eos_token_id", lambda v: v is not None, lp.ForcedEOSTokenLogitsProcessor),
+)
+
+
+def check_processors_cover(config: GenerationConfig, processors: Iterable[Any]) -> None:
+    """Raise `CompatibilityError` when a setting in force has no processor among those transformers built."""
+    built = tuple(processors)
+    required = [(name, cls) for name, in_force, cls in REQUIRED_PROCESSORS if in_force(getattr(config, name, None))]
+    eos = getattr(config, "_eos_token_tensor", None)
+    if eos is not None and (config.min_length or 0) > 0:
+        required.append(("min_length", lp.MinLengthLogitsProcessor))
+    if eos is not None and (config.min_new_tokens or 0) > 0:
+        required.append(("min_new_tokens", lp.MinNewTokensLengthLogitsProcessor))
+    for name, cls in required:
+        if not any(isinstance(p, cls) for p in built):
+            raise compat.incompatible("transformers GenerationMixin._get_logits_processor",
+                                      f"{name}={getattr(config, name)!r} (it built no {cls.__name__})")
 
 
 def process_rows(

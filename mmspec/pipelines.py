@@ -46,7 +46,9 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput as DiffusersImagePipelineOutput
 from diffusers.utils import BaseOutput
+from tqdm.auto import tqdm
 
+from .compat import progress_bar_settings
 from .devices import input_device, is_spread
 from .drafters import Drafter
 from .errors import MMSpecError, first_line
@@ -61,6 +63,13 @@ RoundCallback = Callable[[int, "RoundInfo"], Any]
 
 
 # --- outputs ------------------------------------------------------------------------------------
+
+
+def first_process() -> bool:
+    """Whether this is the process that shows progress (rank 0, or not distributed), as diffusers decides."""
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0)
+
 
 class SpeculativePipelineOutput(BaseOutput):
     """What every mmspec pipeline returns: a diffusers `BaseOutput` carrying the method that ran (`method`)
@@ -315,23 +324,22 @@ class SpeculativePipeline(DiffusionPipeline):
                      unit: str | None = None, enabled: bool = True) -> Any:
         """diffusers' progress bar with this call's description; `set_progress_bar_config(...)` settings
         win over the call's, and `enabled=False` (a call's `progress_bar=False`) hides it."""
-        saved = self.__dict__.get("_progress_bar_config")
+        # Built here rather than through diffusers' own progress_bar, which reads one shared attribute: a call
+        # must not set it (two threads on one pipeline would see each other's descriptions).
         config: dict[str, Any] = {"leave": False}
         if desc:
             config["desc"] = desc
         if unit:
             config["unit"] = unit
-        config.update(saved or {})
+        config.update(progress_bar_settings(self))
         if not enabled:
             config["disable"] = True
-        self._progress_bar_config = config
-        try:
-            return super().progress_bar(iterable=iterable, total=total)
-        finally:
-            if saved is None:
-                self.__dict__.pop("_progress_bar_config", None)
-            else:
-                self._progress_bar_config = saved
+        config.setdefault("disable", not first_process())
+        if iterable is not None:
+            return tqdm(iterable, **config)
+        if total is not None:
+            return tqdm(total=total, **config)
+        raise MMSpecError("progress_bar needs an iterable or a total")
 
     def round_reporter(self, callback: RoundCallback | None = None, bar: Any = None) -> RoundReporter:
         """The core loop's `on_round` hook for one call: updates `bar` by tokens and calls `callback`."""

@@ -10,6 +10,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from .rule_capabilities import RuleCapabilities, declare_rule
 from .sampling import SamplingConfig, choose_next, probabilities, rand, sample
 from .types import Proposal, Verdict
 
@@ -141,10 +142,11 @@ def target_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch
     return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
 
 
-def on_target_probabilities(rule: ProbabilityRule) -> AcceptanceRule:
+def on_target_probabilities(rule: ProbabilityRule, capabilities: RuleCapabilities | None = None) -> AcceptanceRule:
     """A `ProbabilityRule` as a core `AcceptanceRule`: p = `target_distribution(target_logits)` (one-hot
     when greedy, so a lossless rule then reduces to greedy decoding), and the verdict carries p
-    (`Verdict.target_probs`) for drafters that draft from it (Jacobi iterates)."""
+    (`Verdict.target_probs`) for drafters that draft from it (Jacobi iterates). `capabilities`: what the
+    rule declares (a chain rule's defaults when None)."""
 
     def accept(proposal: Proposal, target_logits: torch.Tensor, sampling: SamplingConfig,
                generator: torch.Generator | None) -> Verdict:
@@ -153,12 +155,32 @@ def on_target_probabilities(rule: ProbabilityRule) -> AcceptanceRule:
         verdict.target_probs = p
         return verdict
 
-    return accept
+    return accept if capabilities is None else declare_rule(capabilities)(accept)
+
+
+def drop_nonfinite_drafts(proposal: Proposal) -> Proposal:
+    """A draft whose distribution q is not a distribution (NaN, inf or negative entries) counts as rejected:
+    its row's proposal ends before it, so the rule draws that position from the target's own distribution
+    and the output law is unchanged. One row: the drafts are cut; a batch: the row's length is."""
+    q = proposal.probs
+    if q is None or q.numel() == 0:
+        return proposal
+    bad = ~torch.isfinite(q).all(dim=-1) | (q < 0).any(dim=-1)
+    if not bool(bad.any()):
+        return proposal
+    first_bad = torch.where(bad.any(dim=1), bad.long().argmax(dim=1), torch.full_like(bad[:, 0], proposal.length, dtype=torch.long))
+    if proposal.tokens.shape[0] == 1 and proposal.lengths is None:
+        keep = int(first_bad[0])
+        return Proposal(tokens=proposal.tokens[:, :keep], probs=q[:, :keep])
+    lengths = first_bad if proposal.lengths is None else torch.minimum(proposal.lengths.to(first_bad.device), first_bad)
+    return Proposal(tokens=proposal.tokens, probs=q.masked_fill(bad[..., None], 0.0), lengths=lengths)
 
 
 # Rules that honour `Proposal.lengths` (rows of a batch drafting different numbers of tokens) say so.
-greedy_match.ragged_drafts = True  # type: ignore[attr-defined]
-speculative_sampling.ragged_drafts = True  # type: ignore[attr-defined]
+RAGGED_CHAIN_RULE = RuleCapabilities(ragged_drafts=True)
+declare_rule(RAGGED_CHAIN_RULE)(greedy_match)
+declare_rule(RAGGED_CHAIN_RULE)(speculative_sampling)
+declare_rule(RAGGED_CHAIN_RULE)(target_choice)
 
 
 def default_rule(sampling: SamplingConfig) -> AcceptanceRule:

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from transformers.generation.logits_process import LogitsProcessorList
 
+from . import compat
 from .cached_model import CachedModel
 from .devices import input_device
 from .errors import MMSpecError
@@ -256,7 +257,7 @@ class Target(CachedModel):
         if head.weight.numel() < self.certified_head_min_size:
             return False
         # The head's own forward is skipped, and so would be hooks on it or on the model (accelerate's included).
-        if any(has_hooks(m) or hasattr(m, "_hf_hook") for m in (self.model, head)) or getattr(self.model, "hf_device_map", None):
+        if any(has_hooks(m) or compat.accelerate_hook(m) is not None for m in (self.model, head)) or getattr(self.model, "hf_device_map", None):
             return False
         return all(type(processor) in MASKING_PROCESSORS for processor in self.processors)
 

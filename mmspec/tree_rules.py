@@ -33,6 +33,7 @@ from typing import Protocol
 
 import torch
 
+from .rule_capabilities import RuleCapabilities, declare_rule
 from .sampling import SamplingConfig, probabilities, rand, sample
 from .trees import DraftTree
 from .types import Verdict
@@ -56,6 +57,10 @@ def tree_verdict(path: list[int], next_token: torch.Tensor) -> Verdict:
     return Verdict(num_accepted=accepted, next_token=next_token.reshape(1), path=path)
 
 
+TREE_RULE = RuleCapabilities(trees=True)
+
+
+@declare_rule(TREE_RULE)
 def greedy_tree_match(tree: DraftTree, target_logits: torch.Tensor, sampling: SamplingConfig | None = None,
                       generator: torch.Generator | None = None) -> Verdict:
     """From the root, follow the child equal to the target's argmax while there is one; then take the argmax."""
@@ -70,6 +75,7 @@ def greedy_tree_match(tree: DraftTree, target_logits: torch.Tensor, sampling: Sa
         node = match
 
 
+@declare_rule(TREE_RULE)
 def tree_speculative_sampling(tree: DraftTree, target_logits: torch.Tensor, sampling: SamplingConfig,
                               generator: torch.Generator | None) -> Verdict:
     """Recursive rejection over siblings (SpecInfer, Miao et al. 2024; EAGLE, Li et al. 2024); lossless, see
@@ -96,6 +102,10 @@ def try_children(children: list[int], tokens: list[int], probs: torch.Tensor | N
             q = torch.nn.functional.one_hot(torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
         elif q is None:
             q = probs[child].to(p.dtype)
+            if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+                # Not a distribution: stop trying children here and draw from p, which is what trying
+                # the rest would yield (see the module docstring), so the law is unchanged.
+                return None, p
         u = rand((1,), generator, p.device)
         # Strict, as in the chain rule: a token the target gives probability 0 is never accepted.
         if bool(u * q[x] < p[x]):

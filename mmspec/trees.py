@@ -21,7 +21,10 @@ from typing import Callable
 
 import torch
 
+from .compat import attention_implementation, keep_cache_positions
 from .errors import MMSpecError
+
+__all__ = ["DraftTree", "TreeConfig", "grow_tree", "keep_cache_positions", "tree_attention_mask"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, d
 def refuse_flash_attention(model: torch.nn.Module, role: str) -> None:
     """Tree attention needs a 4-D mask; flash-attention kernels take none (they only know causal masks)."""
     config = getattr(model, "config", None)
-    implementation = str(getattr(config, "_attn_implementation", "") or "")
+    implementation = attention_implementation(config) if config is not None else ""
     if "flash" in implementation or "flex" in implementation:
         raise MMSpecError(
             f"tree drafting needs a tree attention mask, which {implementation} cannot take: load the {role} with "
@@ -226,18 +229,3 @@ def level_attention_mask(parents: list[int], fed: list[int], level: list[int], p
             ancestor = parents[ancestor]
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
-
-
-def keep_cache_positions(cache: object, positions: torch.LongTensor) -> None:
-    """Keep only the sequence positions `positions` (ascending) of every layer of a transformers
-    `DynamicCache`, in place: after a tree forward, the committed path's entries."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise MMSpecError(f"tree drafting cannot roll back a {type(cache).__name__}: it needs a DynamicCache")
-    for layer in layers:
-        keys = getattr(layer, "keys", None)
-        if keys is None or keys.numel() == 0:
-            continue
-        where = positions.to(keys.device)
-        layer.keys = keys.index_select(-2, where)
-        layer.values = layer.values.index_select(-2, where)

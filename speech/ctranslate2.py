@@ -415,7 +415,7 @@ def load_ct2_whisper(folder: str | os.PathLike, dtype: Any = None, device: Any =
     if left:
         raise MMSpecError(f"CTranslate2 -> transformers mapping left parameters unset: {left[:5]}")
     model.generation_config = GenerationConfig(**generation, max_length=config.max_target_positions)
-    model.config._name_or_path = str(folder)
+    model.config.name_or_path = str(folder)
     model = model.to(device).eval()
     feature_extractor = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
     if feature_extractor.nb_max_frames != 2 * config.max_source_positions:

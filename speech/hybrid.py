@@ -49,6 +49,7 @@ from ..drafters.base import Drafter
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..ragged import RaggedBatch
+from ..rule_capabilities import RuleCapabilities, declare_rule
 from ..rules import AcceptanceRule, greedy_match, leading_true_count
 from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
@@ -330,10 +331,7 @@ def relaxed_top_r_rule(top_r: int = 3, margin: float = 2.0) -> AcceptanceRule:
         next_token = choice.gather(1, num_accepted[:, None]).squeeze(1)
         return Verdict(num_accepted=num_accepted, next_token=next_token)
 
-    relaxed_top_r.ragged_drafts = True  # type: ignore[attr-defined]
-    relaxed_top_r.top_r = top_r  # type: ignore[attr-defined]
-    relaxed_top_r.margin = margin  # type: ignore[attr-defined]
-    return relaxed_top_r
+    return declare_rule(RuleCapabilities(ragged_drafts=True, settings={"top_r": top_r, "margin": margin}))(relaxed_top_r)
 
 
 def hybrid_rule(mode: str = "strict", top_r: int = 3, margin: float = 2.0) -> AcceptanceRule:
@@ -374,7 +372,7 @@ def hybrid_generate(
 
     `target` is a Whisper model or a `WhisperTarget`. In `strict` mode the output equals
     `model.generate(input_features, do_sample=False, max_new_tokens=..., return_dict_in_generate=True).sequences`.
-    The drafter used is available as `output.drafter` for its alignment statistics.
+    The call's drafter is available as `output.drafter` for its alignment statistics.
     """
     if not isinstance(target, WhisperTarget):
         target = WhisperTarget(target, language=language, task=task)
@@ -388,6 +386,4 @@ def hybrid_generate(
     else:  # a batch: the target builds each recording's prompt (all of one length) itself
         prompt_length = target.prompt_ids({"input_features": input_features[:1]}).shape[1]
     max_new_tokens = target.max_new_tokens_for(prompt_length, max_new_tokens)
-    out = decoder.generate(None, max_new_tokens=max_new_tokens, **inputs)
-    out.drafter = drafter  # type: ignore[attr-defined]
-    return out
+    return decoder.generate(None, max_new_tokens=max_new_tokens, **inputs)

@@ -180,7 +180,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                                 relaxed_margin=relaxed_margin)
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
-        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.model_name = model_name or model.config.name_or_path or type(model).__name__
         self.num_draft_tokens = num_draft_tokens
         self.relaxed_top_r = relaxed_top_r
         self.relaxed_margin = relaxed_margin
@@ -612,7 +612,7 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32, devic
             raise MMSpecError(f"{name!r} is a CTranslate2 folder, read whole: device_map / max_memory / offload_folder "
                               "apply to transformers checkpoints; pass device= instead")
         model, processor = load_ct2_whisper(path, dtype=dtype, device=device or "cpu")
-        model.config._name_or_path = name
+        model.config.name_or_path = name
         return model, processor
     try:
         config = AutoConfig.from_pretrained(path)

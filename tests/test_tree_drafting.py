@@ -10,7 +10,8 @@ from mmspec.drafters import ModelDrafter, PromptLookupDrafter
 from mmspec.targets import as_target
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, reload_from_disk, tiny_llama
 from mmspec.sampling import probabilities, rand, sample
-from mmspec.tree_rules import children_lists, greedy_tree_match, tree_verdict
+from mmspec.tree_rules import TREE_RULE, children_lists, greedy_tree_match, tree_verdict
+from mmspec.rule_capabilities import declare_rule
 from mmspec.trees import DraftTree, TreeConfig, keep_cache_positions
 
 TREES = [TreeConfig(num_nodes=8, top_k=2, depth=4), TreeConfig(num_nodes=20, top_k=4, depth=5),
@@ -75,6 +76,7 @@ def test_greedy_tree_with_repetition_penalty_and_min_length(models):
         assert torch.equal(out.sequences, reference)
 
 
+@declare_rule(TREE_RULE)
 def accept_eldest_child(tree, target_logits, sampling=None, generator=None):
     """Control: follows the drafter's first choice one step even when it is not the target's argmax."""
     verdict = greedy_tree_match(tree, target_logits)
@@ -102,8 +104,9 @@ def test_cache_after_tree_rounds_equals_fresh_prefill(models):
     assert out.stats.accepted > 0 and out.stats.rounds > 2  # paths were kept and rolled back several times
     sequence = out.sequences
     # The loop keeps the cache one token behind the committed sequence (the newest is fed next round).
-    for cache, model, tokens in ((target.cache, target_model, sequence[:, :-1]),
-                                 (drafter.lm.cache, drafter_model, drafter.cached_tokens[None])):
+    # The call's own working target and drafter hold its caches (the shared ones are left as they were).
+    for cache, model, tokens in ((out.target.cache, target_model, sequence[:, :-1]),
+                                 (out.drafter.lm.cache, drafter_model, out.drafter.cached_tokens[None])):
         with torch.no_grad():
             fresh = model(tokens, use_cache=True).past_key_values
         assert cache.get_seq_length() == tokens.shape[1]
@@ -190,6 +193,7 @@ def test_tree_sampling_with_sampled_children_matches_target(peaked_pair):
                                   num_draws=3000, seed=11)
 
 
+@declare_rule(TREE_RULE)
 def q_not_renormalised_rule(tree, target_logits, sampling, generator):
     """Control: recursive rejection that keeps trying later siblings against the ORIGINAL q (an earlier
     sibling's mass not removed), although they were drawn without replacement."""

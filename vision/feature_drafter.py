@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 
+from mmspec.compat import accelerate_hook
 from mmspec.devices import as_device, input_device
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
@@ -253,7 +254,7 @@ class TargetFeatureDrafter(Drafter):
         self.visual_ids, self._stop_ids = parts.visual_ids, parts.stop_ids
         # Next to the head it feeds: where accelerate runs it when the head is offloaded (its weight then reads meta).
         if self.device is None:
-            hook = getattr(self.lm_head, "_hf_hook", None)
+            hook = accelerate_hook(self.lm_head)
             self.model.to(getattr(hook, "execution_device", None) or self.lm_head.weight.device)
         self.target = target
 

@@ -27,6 +27,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from mmspec.cached_model import cache_argument, with_cache
+from mmspec.compat import set_attention_implementation
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.kernels.lean_llama import lean_layer_supported, llama_layer_forward
 from mmspec.policies import DraftLengthPolicy
@@ -113,7 +114,7 @@ class MSDConfig(PretrainedConfig):
             attention_bias=self.attention_bias,
         )
         # Additive float masks (below) work with both; sdpa is the faster one.
-        config._attn_implementation = "sdpa"
+        set_attention_implementation(config, "sdpa")
         return config
 
 

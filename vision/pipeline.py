@@ -148,7 +148,7 @@ class CaptionPipeline(SpeculativePipeline):
         self.std_kv_budget = std_kv_budget
         self.num_draft_tokens = num_draft_tokens
         self.register_to_config(card=self.card, std_kv_budget=std_kv_budget, num_draft_tokens=num_draft_tokens)
-        self.model_name = model_name or getattr(model.config, "_name_or_path", type(model).__name__)
+        self.model_name = model_name or model.config.name_or_path or type(model).__name__
         self.target = VisionTarget(model)
         self.feature_drafters: dict[str, FeatureDrafterModel] = {
             kind: load_checked(kind, drafter_or_folder, model, dtype=drafter_dtype, device=drafter_device)

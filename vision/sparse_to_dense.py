@@ -21,12 +21,14 @@ Lossless by construction: every committed token is checked by the dense target.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from mmspec.cached_model import cache_argument, model_vocab_size
+from mmspec.compat import attention_implementation
 from mmspec.drafters.base import Drafter
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.errors import MMSpecError
@@ -56,6 +58,33 @@ def select_kv_positions(importance: torch.Tensor, visual_positions: torch.Tensor
 def gather_positions(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """states [B, H_kv, L, D] -> [B, H_kv, P, D] at per-head positions [B, H_kv, P]."""
     return states.gather(2, positions[..., None].expand(-1, -1, -1, states.shape[-1]))
+
+
+# Per model: how many captures are in flight and the attention kernel to restore after the last. The scoring
+# kernel is SDPA for every thread without an active capture, so one switch serves concurrent calls.
+_SCORING_USERS: dict[int, tuple[int, str]] = {}
+_SCORING_LOCK = threading.Lock()
+
+
+def enter_scoring(model: PreTrainedModel) -> None:
+    """Run `model`'s language layers through the scoring attention until the matching `leave_scoring`."""
+    with _SCORING_LOCK:
+        users, saved = _SCORING_USERS.get(id(model), (0, ""))
+        if users == 0:
+            saved = attention_implementation(model.config.get_text_config())
+            model.set_attn_implementation(language_attention_setting(model, SCORING_ATTENTION))
+        _SCORING_USERS[id(model)] = (users + 1, saved)
+
+
+def leave_scoring(model: PreTrainedModel) -> None:
+    """The last call capturing on `model` gives it back its own attention kernel."""
+    with _SCORING_LOCK:
+        users, saved = _SCORING_USERS[id(model)]
+        if users == 1:
+            del _SCORING_USERS[id(model)]
+            model.set_attn_implementation(language_attention_setting(model, saved))
+        else:
+            _SCORING_USERS[id(model)] = (users - 1, saved)
 
 
 def language_attention_setting(model: PreTrainedModel, implementation: str) -> str | dict:
@@ -111,13 +140,12 @@ class SparseToDenseDrafter(Drafter):
         self.num_visual = rows[0][0].numel()
         self.kept_visual = self.visual_keep or max(1, self.kv_budget - rows[0][1].numel())
         self._capture = ImportanceCapture([(queries, visual) for visual, _, queries in rows])
-        self._saved_attention = self.model.config.get_text_config()._attn_implementation
-        self.model.set_attn_implementation(language_attention_setting(self.model, SCORING_ATTENTION))
+        enter_scoring(self.model)
         self._capture_token = _active_capture.set(self._capture)
 
     def _end_capture(self) -> None:
         _active_capture.reset(self._capture_token)
-        self.model.set_attn_implementation(language_attention_setting(self.model, self._saved_attention))
+        leave_scoring(self.model)
 
     def _kept(self, row: int, layer_idx: int) -> torch.Tensor:
         """Row `row`'s kept prompt columns at one layer, per KV head [1, H_kv, n]."""

@@ -47,6 +47,7 @@ from tqdm import tqdm
 from transformers import (WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
                           WhisperProcessor, WhisperTokenizer)
 
+from mmspec.compat import mark_generation_config_explicit
 from mmspec.speech.audio import load_audio
 
 from mmspec.speech.wer import word_errors
@@ -96,7 +97,7 @@ def build_model(tokenizer: WhisperTokenizer, seed: int) -> WhisperForConditional
                            dropout=0.0, **ARCH)
     model = WhisperForConditionalGeneration(config)
     gen = model.generation_config
-    gen._from_model_config = False  # keep Whisper's generation fields when reloaded
+    mark_generation_config_explicit(gen)  # keep Whisper's generation fields when reloaded
     gen.decoder_start_token_id, gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = sot, eot, eot, eot
     gen.no_timestamps_token_id = no_timestamps
     gen.is_multilingual = False

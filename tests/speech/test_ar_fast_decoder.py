@@ -98,8 +98,8 @@ def test_redraft_after_rejections_equals_greedy(whisper, references):
             drafter = ARHybridDrafter(fast, redraft=True, redraft_tokens=cap)
             out = ar_hybrid(whisper, fast, x, drafter=drafter)
             assert_same(out.sequences, sequences)
-            assert drafter.redrafts < out.stats.rounds  # at most one per round that followed a rejection
-            total_redrafts += drafter.redrafts
+            assert out.drafter.redrafts < out.stats.rounds  # at most one per round that followed a rejection
+            total_redrafts += out.drafter.redrafts
     assert total_redrafts > 0  # a one-layer copy of a two-layer random model disagrees somewhere
     with pytest.raises(MMSpecError, match="redraft_tokens"):
         ARHybridDrafter(fast, redraft=True, redraft_tokens=0)
@@ -245,8 +245,8 @@ def test_capped_redrafting_drafts_a_chain_every_round(whisper, references):
     assert_same(out.sequences, sequences)
     new = out.stats.new_tokens
     # one chain per round after the first; each chain's steps feed one or two new tokens, never the transcript again
-    assert drafter.redrafts == out.stats.rounds - 1 >= 1
-    assert drafter._utterance_cache.state.length <= PROMPT_LENGTH + new + 3
+    assert out.drafter.redrafts == out.stats.rounds - 1 >= 1
+    assert out.drafter._utterance_cache.state.length <= PROMPT_LENGTH + new + 3
 
 
 def test_initialised_from_chosen_target_layers(whisper):

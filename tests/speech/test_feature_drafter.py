@@ -70,16 +70,15 @@ def test_each_first_draft_reads_the_targets_features_of_every_committed_position
     """The drafter's cached slots equal one teacher-forced pass over the target's true features: slot j pairs
     feature j with token j + 1, across rounds with rejections (a shifted pairing would change the draft)."""
     drafter_model = WhisperFeatureDrafterModel.for_target(model)
-    drafter = WhisperFeatureDrafter(drafter_model)
     seen = []
-    original = drafter.propose
 
-    def spy(sequence, *args):
-        proposal = original(sequence, *args)
-        seen.append((sequence.clone(), proposal.tokens[0, 0].item()))
-        return proposal
+    class Spy(WhisperFeatureDrafter):
+        def propose(self, sequence, *args):
+            proposal = super().propose(sequence, *args)
+            seen.append((sequence.clone(), proposal.tokens[0, 0].item()))
+            return proposal
 
-    drafter.propose = spy
+    drafter = Spy(drafter_model)
     x = features(1)
     out = decode(model, drafter, x, k=3)
     assert len(seen) > 2
@@ -111,9 +110,13 @@ def test_reduced_vocabulary_drafts_only_its_tokens_and_stays_lossless(model):
     vocab = list(range(0, VOCAB, 3))
     drafter = WhisperFeatureDrafterModel.for_target(model, draft_vocab=vocab)
     drafted = []
-    feature = WhisperFeatureDrafter(drafter)
-    original = feature.propose
-    feature.propose = lambda *a: drafted.append(original(*a)) or drafted[-1]
+
+    class Recording(WhisperFeatureDrafter):
+        def propose(self, *args):
+            drafted.append(super().propose(*args))
+            return drafted[-1]
+
+    feature = Recording(drafter)
     x = features(2)
     expected = model.generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
     assert_same(decode(model, feature, x).sequences, expected)

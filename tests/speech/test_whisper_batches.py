@@ -54,7 +54,7 @@ def test_hybrid_batch_equals_generate(whisper, references, batch_reference, kind
     target = WhisperTarget(whisper)
     out = hybrid_generate(target, PerRowHypotheses(rows), x, max_new_tokens=MAX_NEW)
     assert torch.equal(out.sequences, expected)
-    assert target.certified_head is not None  # greedy verification of the batch read argmaxes from the certified head
+    assert out.target.certified_head is not None  # greedy verification of the batch read argmaxes from the certified head
     if kinds == ["exact"] * 5:
         # Every row's whole transcript rides along with the prefill: one decoder pass per recording.
         assert all(row.target_forwards == 1 for row in out.stats.rows)
@@ -95,10 +95,10 @@ def test_ar_fast_decoder_batch_equals_generate(whisper, references, batch_refere
     assert torch.equal(out.sequences, expected)
     assert out.stats.accepted > 0 if init_layer == 1 else True
     for row, seed in enumerate(SEEDS):
-        alone = ARHybridDrafter(fast)
-        SpeculativeDecoder(WhisperTarget(whisper), alone, policy=hybrid_policy(), rule=hybrid_rule("strict")).generate(
-            None, input_features=references[seed][0], max_new_tokens=MAX_NEW)
-        assert drafter._hypotheses[row] == alone.hypothesis
+        alone = SpeculativeDecoder(WhisperTarget(whisper), ARHybridDrafter(fast), policy=hybrid_policy(),
+                                   rule=hybrid_rule("strict")).generate(None, input_features=references[seed][0],
+                                                                        max_new_tokens=MAX_NEW)
+        assert out.drafter._hypotheses[row] == alone.drafter.hypothesis
 
 
 def test_ar_fast_decoder_re_drafting_stays_one_recording_at_a_time(whisper, batch_reference):

@@ -47,11 +47,11 @@ def test_greedy_verification_takes_its_choices_from_the_certified_head(whisper, 
     for x, sequences, _ in references.values():
         out = speculative_generate(target, whisper, None, max_new_tokens=MAX_NEW, num_draft_tokens=6, input_features=x)
         assert_same(out.sequences, sequences)
-    assert target.certified_head is not None and target.certified_head.calls > 0
+    assert out.target.certified_head is not None and out.target.certified_head.calls > 0
     sampled = WhisperTarget(whisper)
     x = references[0][0]
-    speculative_generate(sampled, whisper, None, max_new_tokens=8, num_draft_tokens=6, input_features=x, do_sample=True)
-    assert sampled.certified_head is None
+    out = speculative_generate(sampled, whisper, None, max_new_tokens=8, num_draft_tokens=6, input_features=x, do_sample=True)
+    assert out.target.certified_head is None
 
 
 def test_plain_generate_output_is_the_transcript(whisper, references):

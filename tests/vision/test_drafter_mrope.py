@@ -98,9 +98,9 @@ def test_msd_runs_at_the_targets_positions_and_stays_lossless(qwen, build, tree)
     options = {"tree": TreeConfig(num_nodes=8, top_k=2, depth=3)} if tree else {"policy": FixedDraftLength(3)}
     out = assert_greedy_equal(qwen, drafter, case.input_ids, max_new_tokens=12, **options, **case.inputs)
     assert out.stats.drafted > 0
-    assert_positions_are_the_targets(qwen, case, out, drafter.seen)
+    assert_positions_are_the_targets(qwen, case, out, out.drafter.seen)
     prompt_length = case.input_ids.shape[1]
-    assert sum(int((indices < prompt_length).sum()) for indices, _ in drafter.seen) == prompt_length  # each once
+    assert sum(int((indices < prompt_length).sum()) for indices, _ in out.drafter.seen) == prompt_length  # each once
 
 
 @pytest.mark.parametrize("build", [qwen2_vl_image, qwen2_vl_video], ids=["image", "video"])
@@ -116,7 +116,7 @@ def test_flash_runs_at_the_targets_positions_and_stays_lossless(qwen, build, com
     out = assert_greedy_equal(qwen, drafter, case.input_ids, max_new_tokens=12, policy=FixedDraftLength(3),
                               **case.inputs)
     assert out.stats.drafted > 0
-    expected = assert_positions_are_the_targets(qwen, case, out, drafter.seen)
+    expected = assert_positions_are_the_targets(qwen, case, out, out.drafter.seen)
     # The prompt's forward: [text; visual block; text], the text at the target's positions, the block inside
     # the target's span of it (compressed: m tokens, each at one position on all three axes).
     prompt = layer_positions[0][:, 0]
@@ -160,8 +160,8 @@ def test_training_builds_the_positions_decoding_uses(qwen, tmp_path):
     expected = target_positions(qwen, trace["input_ids"][None], case.inputs["mm_token_type_ids"])
     assert torch.equal(trace["position_ids"], expected[:, 0])
     batch = collate([trace])
-    drafter = MSDDrafter(msd_for(qwen))
-    speculative_generate(qwen, drafter, case.input_ids, max_new_tokens=2, num_draft_tokens=1, **case.inputs)
+    drafter = speculative_generate(qwen, MSDDrafter(msd_for(qwen)), case.input_ids, max_new_tokens=2, num_draft_tokens=1,
+                                   **case.inputs).drafter  # the call's own working copy
     indices = torch.arange(trace["input_ids"].shape[0])[None]
     assert torch.equal(drafter.position_ids(indices), batch.position_ids)
     # The loss rotates slot t by the trace's position t (not by the 1-D index it used before).

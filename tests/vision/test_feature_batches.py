@@ -1,6 +1,8 @@
 """Feature drafters (MSD, FLASH) draft for a batch: every row gets the drafts it would get alone, and
 the batch decodes to `generate`'s output."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -36,29 +38,31 @@ class Recording:
 
     def bind(self, target):
         super().bind(target)
-        head, self._logits = self.lm_head, []
+        # The head outlives this object: a call runs on a working copy of the drafter, which shares this box.
+        head, box = self.lm_head, SimpleNamespace(logits=[])
+        self._box = box
 
         def recording_head(hidden):
             logits = head(hidden)
-            self._logits.append(logits.detach().clone())
+            box.logits.append(logits.detach().clone())
             return logits
 
         self.lm_head = recording_head
         self.lm_head.weight = head.weight
 
     def propose(self, sequence, max_tokens, sampling, generator, policy):
-        self._logits = []
+        self._box.logits = []
         proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
-        if self._logits:
-            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([l[0] for l in self._logits]))})
+        if self._box.logits:
+            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([l[0] for l in self._box.logits]))})
         return proposal
 
     def propose_batch(self, batch, max_tokens, sampling, generator):
-        self._logits = []
+        self._box.logits = []
         proposal = super().propose_batch(batch, max_tokens, sampling, generator)
-        if not self._logits:
+        if not self._box.logits:
             return proposal
-        logits = torch.stack(self._logits, dim=1)
+        logits = torch.stack(self._box.logits, dim=1)
         self.rounds.append({row: (tokens, logits[i]) for i, (row, tokens) in
                             enumerate(zip(batch.rows.tolist(), proposal.tokens.tolist()))})
         return proposal
@@ -120,15 +124,14 @@ def test_feature_drafter_drafts_each_row_as_alone(case, fitted):
     FLASH's compressed prompts of different lengths are padded apart."""
     runtime, model = fitted
     rows, ids, mask, pixels = ragged_batch([0, 1, 2])
-    batched = runtime(model)
-    out = speculative_generate(case.model, batched, ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=20,
+    out = speculative_generate(case.model, runtime(model), ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=20,
                                policy=FixedDraftLength(4))
     assert out.stats.alpha > 0.4  # most rounds accept some drafts
+    batched = out.drafter  # each call's own working copy of the drafter holds what it recorded
     compared = 0
     for i, row in enumerate(rows):
-        alone = runtime(model)
-        speculative_generate(case.model, alone, row[None], pixel_values=pixels[i:i + 1], max_new_tokens=20,
-                             policy=FixedDraftLength(4))
+        alone = speculative_generate(case.model, runtime(model), row[None], pixel_values=pixels[i:i + 1], max_new_tokens=20,
+                                     policy=FixedDraftLength(4)).drafter
         mine = [r[i] for r in batched.rounds if i in r]
         for (a, a_logits), (b, b_logits) in zip([r[0] for r in alone.rounds], mine):
             if len(a) == len(b) == 4:  # near the end the batch's draft length follows the longest row

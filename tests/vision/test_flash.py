@@ -147,8 +147,9 @@ def test_cached_drafting_matches_a_from_scratch_reference(cases, trained, name, 
     cache, its rollback, the positions and the semi-AR feedback are right."""
     case = cases[name]
     model = trained[0] if n is None else drafter_model(case, n, compress)  # None: the trained n = 2 drafter
-    drafter = RecordingFlash(model)
-    speculative_generate(case.model, drafter, case.input_ids, max_new_tokens=MAX_NEW, policy=FixedDraftLength(5), **case.inputs)
+    # The call's own working copy of the drafter holds what it recorded.
+    drafter = speculative_generate(case.model, RecordingFlash(model), case.input_ids, max_new_tokens=MAX_NEW,
+                                   policy=FixedDraftLength(5), **case.inputs).drafter
     assert len(drafter.log) > 2
     for sequence, proposal, blocks in drafter.log:
         tokens, expected_blocks = reference_drafts(model, case, sequence, proposal.length)
@@ -164,8 +165,9 @@ def test_training_path_predicts_what_the_runtime_drafts(cases, trained, image_la
     position, also when the prompt ends with the image (its last slot then stays a text input)."""
     case, model = cases["llava"], trained[0]
     prompt = text_ids([BOS, 11, 12], [IMAGE] * 4) if image_last else case.input_ids
-    drafter = RecordingFlash(model)
-    speculative_generate(case.model, drafter, prompt, max_new_tokens=MAX_NEW, policy=FixedDraftLength(3), **case.inputs)
+    drafter = speculative_generate(case.model, RecordingFlash(model), prompt, max_new_tokens=MAX_NEW,
+                                   policy=FixedDraftLength(3), **case.inputs).drafter
+    assert drafter.log
     prompt_length = prompt.shape[1]
     for sequence, _, blocks in drafter.log:
         if not blocks:  # the last round may have no room for drafts
@@ -235,8 +237,8 @@ def test_a_tree_one_node_wide_drafts_the_chain_of_a_one_token_head(cases, depth)
 
 def test_cache_holds_compressed_visual_tokens(cases):
     case = cases["video"]  # 16 visual tokens
-    drafter = FlashDrafter(drafter_model(case, queries=3))
-    speculative_generate(case.model, drafter, case.input_ids, max_new_tokens=1, **case.inputs)
+    drafter = speculative_generate(case.model, FlashDrafter(drafter_model(case, queries=3)), case.input_ids, max_new_tokens=1,
+                                   **case.inputs).drafter
     text = case.input_ids.shape[1] - 16
     assert drafter.cache.get_seq_length() == 3 + text - 1  # the last prompt position is still pending
 
@@ -252,7 +254,7 @@ def test_prompt_without_visual_tokens_and_sampling_repeat(cases):
     ]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     assert runs[2].sequences.shape[1] > text_only.shape[1]
-    _, proposal, _ = drafter.log[0]
+    _, proposal, _ = runs[0].drafter.log[0]
     assert proposal.probs is not None and proposal.probs.shape == (1, proposal.length, case.model.config.text_config.vocab_size)
     assert torch.allclose(proposal.probs.sum(-1), torch.ones(1, proposal.length))
     assert bool((proposal.probs[0].gather(-1, proposal.tokens[0, :, None]) > 0).all())
@@ -314,11 +316,10 @@ def test_save_and_load_round_trip(cases, trained, tmp_path):
     assert not any("embed" in key or "lm_head" in key for key in state)  # the target's weights are borrowed
     drafts = []
     for m in (model, loaded):
-        drafter = RecordingFlash(m)
-        speculative_generate(case.model, drafter, case.input_ids, max_new_tokens=MAX_NEW, policy=FixedDraftLength(3),
-                             **case.inputs)
+        drafter = speculative_generate(case.model, RecordingFlash(m), case.input_ids, max_new_tokens=MAX_NEW,
+                                       policy=FixedDraftLength(3), **case.inputs).drafter
         drafts.append([p.tokens.tolist() for _, p, _ in drafter.log])
-    assert drafts[0] == drafts[1]
+    assert drafts[0] and drafts[0] == drafts[1]
 
 
 def test_text_only_target_is_eagle_with_a_semi_ar_head():

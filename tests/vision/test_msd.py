@@ -81,6 +81,7 @@ def test_cache_equals_a_fresh_forward_after_rollbacks(case, trained):
     drafter = MSDDrafter(trained)
     out = speculative_generate(case.model, drafter, ids, max_new_tokens=16, num_draft_tokens=4, pixel_values=pixels)
     assert out.stats.rounds > 1
+    drafter = out.drafter  # the call's own working copy holds its cache
     fed = drafter.cache.get_seq_length()
     assert fed == drafter._fed
     seq = out.sequences[:, : fed + 1]

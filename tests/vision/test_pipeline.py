@@ -197,3 +197,35 @@ def test_cli_caption_corrupt_file(tiny_captioner_folder, tmp_path, capsys):
     code = main(["caption", str(bad), "--model", str(tiny_captioner_folder), "--drafter", "shapes-caption-drafter"])
     err = capsys.readouterr().err
     assert code == 2 and "mmspec: error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("method", ["text", "std"])
+def test_two_threads_through_one_pipeline_match_sequential_calls(pipe, frames, method):
+    """One pipeline serves two threads at once: each caption (greedy and seeded sampling) is what the same
+    call gives alone."""
+    import threading
+
+    calls = [dict(video=frames, max_new_tokens=12), dict(image=frames[-1], max_new_tokens=12, do_sample=True, seed=5)]
+
+    def caption(call):
+        # The pause after each round hands the interpreter to the other thread mid-call.
+        return pipe(**call, method=method, progress_bar=False,
+                    callback_on_round=lambda *_: threading.Event().wait(0.001)).sequences[0].tolist()
+
+    expected = [caption(call) for call in calls]
+    for _ in range(2):
+        results, start = [None, None], threading.Barrier(2)
+
+        def run(i, results=results, start=start):
+            start.wait()
+            try:
+                results[i] = caption(calls[i])
+            except Exception as error:  # noqa: BLE001 - reported below as a mismatch
+                results[i] = error
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == expected

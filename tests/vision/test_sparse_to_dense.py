@@ -63,8 +63,8 @@ def test_std_sampling_repeats_and_runs(tiny_llava):
 
 def test_sparse_cache_holds_budget_plus_text(tiny_llava):
     input_ids, pixel_values = llava_inputs()
-    drafter = SparseToDenseDrafter(tiny_llava, visual_keep=4)
-    speculative_generate(tiny_llava, drafter, input_ids, max_new_tokens=1, pixel_values=pixel_values)
+    drafter = speculative_generate(tiny_llava, SparseToDenseDrafter(tiny_llava, visual_keep=4), input_ids, max_new_tokens=1,
+                                   pixel_values=pixel_values).drafter  # the call's own working copy holds its caches
     text_tokens = input_ids.shape[1] - (PATCHES + 1)
     assert drafter.sparse_cache.get_seq_length() == 4 + text_tokens
     assert drafter.kept_fraction == pytest.approx(4 / 17)

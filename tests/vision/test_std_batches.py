@@ -57,13 +57,12 @@ def test_std_batch_equals_generate(tiny_llava, visual_keep):
 
 def test_std_drafts_each_row_as_alone(tiny_llava):
     rows, ids, mask, pixels = ragged_rows()
-    batched = RecordingStD(tiny_llava, visual_keep=4)
-    speculative_generate(tiny_llava, batched, ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=16,
-                         policy=FixedDraftLength(3))
+    # Each call's own working copy of the drafter holds what it recorded.
+    batched = speculative_generate(tiny_llava, RecordingStD(tiny_llava, visual_keep=4), ids, attention_mask=mask,
+                                   pixel_values=pixels, max_new_tokens=16, policy=FixedDraftLength(3)).drafter
     for i, row in enumerate(rows):
-        alone = RecordingStD(tiny_llava, visual_keep=4)
-        speculative_generate(tiny_llava, alone, row[None], pixel_values=pixels[i:i + 1], max_new_tokens=16,
-                             policy=FixedDraftLength(3))
+        alone = speculative_generate(tiny_llava, RecordingStD(tiny_llava, visual_keep=4), row[None],
+                                     pixel_values=pixels[i:i + 1], max_new_tokens=16, policy=FixedDraftLength(3)).drafter
         mine = [step[i] for step in batched.steps if i in step]
         compared = min(len(mine), len(alone.steps)) - 3  # the last round's length may differ
         assert compared >= 6

@@ -43,8 +43,9 @@ def test_drafter_never_sees_visual_tokens_or_pixels(name, vlm_cases, text_lm):
 
 def test_cache_follows_the_filtered_sequence(vlm_cases, text_lm):
     case = vlm_cases["qwen2vl-video"]
-    drafter = TextOnlyDrafter(text_lm, case.model)
-    speculative_generate(VisionTarget(case.model), drafter, case.input_ids, max_new_tokens=10, num_draft_tokens=4, **case.inputs)
+    drafter = speculative_generate(VisionTarget(case.model), TextOnlyDrafter(text_lm, case.model), case.input_ids,
+                                   max_new_tokens=10, num_draft_tokens=4, **case.inputs).drafter  # the call's own copy
+    assert drafter.cached_tokens.numel() > 0
     # After a round the cache holds a prefix of the text-only sequence (lazy catch-up, as ModelDrafter).
     assert not set(drafter.cached_tokens.tolist()) & VISUAL
     assert drafter.lm.length <= drafter.cached_tokens.shape[0]

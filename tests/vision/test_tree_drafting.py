@@ -8,6 +8,8 @@ import torch
 from mmspec import speculative_generate
 from mmspec.drafters import Drafter
 from mmspec.testing import assert_greedy_equal
+from mmspec.rule_capabilities import declare_rule
+from mmspec.tree_rules import TREE_RULE
 from mmspec.trees import DraftTree, TreeConfig
 from mmspec.types import Proposal
 from mmspec.vision import TextOnlyDrafter, VisionTarget
@@ -80,6 +82,7 @@ def test_oracle_control_wrong_path_is_caught(vlm_cases):
     shifted = torch.cat([reference[:, 1:], reference[:, -1:]], dim=1)
     from mmspec.tree_rules import tree_verdict
 
+    @declare_rule(TREE_RULE)
     def accept_second_child_chain(tree, logits, sampling, generator):
         path = [i for i in range(1, tree.size, 2)]
         return tree_verdict(path, logits[0, path[-1] + 1].argmax(-1) if path else logits[0, 0].argmax(-1))

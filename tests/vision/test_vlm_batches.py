@@ -75,8 +75,8 @@ def test_text_drafter_reads_a_batch_as_each_row_alone(drafter_lm):
     makes for that row alone (its positions count text tokens only)."""
     case, placeholder, count, key = CASES["nextvideo-video"]()
     rows, ids, mask, media = batch_of(case, placeholder, count, key)
-    batched = FirstDrafts(drafter_lm, case.model)
-    speculative_generate(case.model, batched, ids, attention_mask=mask, max_new_tokens=6, num_draft_tokens=4, **media)
+    batched = speculative_generate(case.model, FirstDrafts(drafter_lm, case.model), ids, attention_mask=mask, max_new_tokens=6,
+                                   num_draft_tokens=4, **media).drafter  # the call's own working copy recorded them
     for i, row in enumerate(rows):
         # The first drafts ride along with the prefill: drafted from the prompt, as a lone drafter drafts them.
         lone = TextOnlyDrafter(drafter_lm, case.model)
@@ -146,12 +146,13 @@ def test_qwen2_vl_feature_drafters_rotate_each_row_by_its_own_positions(qwen, ki
     rows, ids, mask, media, singles = qwen_batch(kind)
     types = modality_token_types(qwen, ids)
     expected = qwen.generate(ids, attention_mask=mask, mm_token_type_ids=types, max_new_tokens=10, do_sample=False, **media)
-    batched = runtime(model.eval())
-    out = speculative_generate(qwen, batched, ids, attention_mask=mask, max_new_tokens=10, num_draft_tokens=3, **media)
+    out = speculative_generate(qwen, runtime(model.eval()), ids, attention_mask=mask, max_new_tokens=10, num_draft_tokens=3,
+                               **media)
     assert torch.equal(out.sequences, expected)
+    batched = out.drafter  # each call's own working copy of the drafter holds what it recorded
     for i, row in enumerate(rows):
-        alone = runtime(model)
-        speculative_generate(qwen, alone, row[None], max_new_tokens=10, num_draft_tokens=3, **singles[i])
+        alone = speculative_generate(qwen, runtime(model), row[None], max_new_tokens=10, num_draft_tokens=3,
+                                     **singles[i]).drafter
         mine = [r[i] for r in batched.rounds if i in r]
         compared = 0
         for (a, a_logits), (b, b_logits) in zip([r[0] for r in alone.rounds], mine):
