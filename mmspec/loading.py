@@ -23,10 +23,13 @@ def from_pretrained_complete(model_class: Any, where: str, what: str, **kwargs: 
 
 
 def check_device_map_names(model: Any, device_map: Any, where: str) -> None:
-    """A device map naming a module the model lacks (a typo, another model's layout) is an error, not ignored."""
+    """A device map naming a module the model lacks (a typo, another model's layout) is an error, not ignored.
+
+    accelerate also places single parameters and buffers by name (LLaVA-NeXT's `model.image_newline`)."""
     if not isinstance(device_map, dict):
         return
     modules = {name for name, _ in model.named_modules()}
+    modules |= {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
     unknown = sorted(name for name in device_map if name and name not in modules)
     if unknown:
         raise MMSpecError(f"the device map names module(s) {', '.join(map(repr, unknown[:5]))} that {str(where)!r} "

@@ -165,7 +165,7 @@ TRAIN = [
 ]
 TRANSCRIBE = [
     (["transcribe", "{tmp}/missing.wav"], "does not exist"),
-    (["transcribe", "{video}", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["transcribe", "{video}", "--max-new-tokens", "0"], "argument --max-new-tokens"),
     (["transcribe", "{video}", "--max-memory", "disk=1GB"], "the disk takes what is left"),
     (["transcribe", "{video}", "--offload-folder", "/proc/offload"], "argument --offload-folder: cannot write to '/proc'"),
     (["transcribe", "{video}", "--batch-size", "-2"], "argument --batch-size: expected an integer >= 1"),

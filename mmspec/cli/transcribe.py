@@ -52,7 +52,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                              "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
+    parser.add_argument("--max-new-tokens", type=checks.positive_int, default=None, help="per chunk (default: the decoder's limit)")
     parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
