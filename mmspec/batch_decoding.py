@@ -20,16 +20,16 @@ from typing import Any, Callable
 
 import torch
 
+from .drafters import Drafter
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy
 from .ragged import RaggedBatch
 from .rules import AcceptanceRule
 from .sampling import SamplingConfig, choose_next
-from .drafters import Drafter
 from .stats import SpecStats
 from .targets import Target, TargetStep
-from .types import Proposal
 from .trees import TreeConfig
+from .types import Proposal
 
 
 def check_batch_support(target: Target, drafter: Drafter, tree: TreeConfig | None, policy: DraftLengthPolicy) -> None:

@@ -38,7 +38,6 @@ from .targets import Target, TargetStep, as_target
 from .tree_rules import TreeAcceptanceRule, default_tree_rule
 from .trees import DraftTree, TreeConfig
 
-
 # on_round(tokens, drafted, accepted, proposed): the tokens committed, the draft count, how many drafts were
 # kept, and the drafts themselves (1-D, before verification; empty for the prefill's token).
 RoundHook = Callable[[torch.LongTensor, int, int, torch.LongTensor], None]
@@ -192,7 +191,8 @@ class SpeculativeDecoder:
                         # Like transformers' assisted generation: the first drafts ride along with the prefill.
                         k = min(policy.max_tokens(), max_new_tokens - 1)
                         proposal = self.drafter.propose(sequence, k, sampling, generator, policy)
-                        step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
+                        step = self.target.start(torch.cat([sequence, proposal.tokens], dim=1),
+                                                 num_logits=proposal.length + 1, **model_inputs)
                         sequence, done = self._commit(sequence, proposal, step, rule, sampling, generator, policy, stops, stats)
                     else:
                         step = self.target.start(sequence, **model_inputs)

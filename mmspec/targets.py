@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import importlib.metadata
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
-
 from transformers.generation.logits_process import LogitsProcessorList
 
 from .cached_model import CachedModel
@@ -19,7 +18,6 @@ from .kernels.certified_head import CertifiedHead, certified_head_available, cer
 from .kernels.lean_llama import has_hooks
 from .ragged import RaggedBatch
 from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
-
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
 PER_TOKEN_INPUTS = ("mm_token_type_ids", "token_type_ids")

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mmspec import SamplingConfig, speculative_generate, speculative_sampling
+from mmspec.decoding import SpeculativeDecoder
 from mmspec.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from mmspec.errors import MMSpecError
-from mmspec.decoding import SpeculativeDecoder
 from mmspec.policies import ConfidenceStopDraftLength
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, tiny_llama
 from mmspec.trees import TreeConfig

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, WhisperForConditionalGeneration
 
 from mmspec import MMSpecError, speculative_generate
 from mmspec.devices import as_device, input_device, load_options, place_drafter

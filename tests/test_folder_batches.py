@@ -4,6 +4,7 @@ that fails to load is an error line and its batch-mates still decode together; r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 

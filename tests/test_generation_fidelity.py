@@ -178,8 +178,9 @@ def test_seq2seq_drafter_of_another_width():
 
 
 def test_whisper_drafter_of_another_width():
-    from .speech.tiny_whisper import features, tiny_whisper
     from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from .speech.tiny_whisper import features, tiny_whisper
 
     target = tiny_whisper(seed=0)
     config = WhisperConfig(**{**target.config.to_dict(), "d_model": 32, "decoder_layers": 1, "encoder_layers": 1})

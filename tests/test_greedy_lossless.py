@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from mmspec import ConfidenceStopDraftLength, FixedDraftLength, HeuristicDraftLength, PromptLookupDrafter, speculative_generate
+from mmspec import (
+    ConfidenceStopDraftLength,
+    FixedDraftLength,
+    HeuristicDraftLength,
+    PromptLookupDrafter,
+    speculative_generate,
+)
 from mmspec.drafters import JacobiDrafter
 from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal
 

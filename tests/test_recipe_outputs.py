@@ -6,8 +6,13 @@ from pathlib import Path
 import pytest
 
 from mmspec.speech.recipes import train_whisper_asr
-from mmspec.vision.recipes import (captioner_data, train_caption_lm, train_captioner_drafters, train_detailed_captioner,
-                                   train_video_captioner)
+from mmspec.vision.recipes import (
+    captioner_data,
+    train_caption_lm,
+    train_captioner_drafters,
+    train_detailed_captioner,
+    train_video_captioner,
+)
 from mmspec.zoo import MODELS_DIR
 
 ASR = ["--train", "clips", "--heldout", "clips"]

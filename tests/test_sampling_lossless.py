@@ -5,8 +5,8 @@ import torch
 
 from mmspec import SamplingConfig, speculative_generate, speculative_sampling
 from mmspec.drafters import JacobiDrafter
-from mmspec.types import Proposal
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, tiny_llama
+from mmspec.types import Proposal
 
 VOCAB = 5
 NEW_TOKENS = 4  # first token from prefill, then rounds drafting up to 3 tokens
@@ -26,7 +26,8 @@ PROMPT = torch.tensor([[1, 2, 0, 4]])
 def draw_with(target, drafter, rule=None, **sampling):
     def draw(generator):
         out = speculative_generate(
-            target, drafter, PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, generator=generator, num_draft_tokens=3, rule=rule, **sampling
+            target, drafter, PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, generator=generator, num_draft_tokens=3,
+            rule=rule, **sampling
         )
         return tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
 

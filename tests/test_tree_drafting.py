@@ -7,9 +7,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config
 
 from mmspec import MMSpecError, SamplingConfig, speculative_generate
 from mmspec.drafters import ModelDrafter, PromptLookupDrafter
+from mmspec.sampling import probabilities, rand, sample
 from mmspec.targets import as_target
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, reload_from_disk, tiny_llama
-from mmspec.sampling import probabilities, rand, sample
 from mmspec.tree_rules import children_lists, greedy_tree_match, tree_verdict
 from mmspec.trees import DraftTree, TreeConfig, keep_cache_positions
 

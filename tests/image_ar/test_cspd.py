@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from mmspec.errors import MMSpecError
 from mmspec.image_ar import cspd
 from mmspec.image_ar.cspd import accept_drafts, cspd_generate, cspd_schedule, sample_residual
 from mmspec.image_ar.mar import tiny_mar
 from mmspec.image_ar.masked_decode import cosine_lefts, target_generate
-
-from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 
 from .mixture_toy import MixtureDensity, MixtureTokenModel, energy_distance_test

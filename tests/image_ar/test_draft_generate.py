@@ -7,8 +7,15 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import (CFGTarget, GuidedImageDrafter, ar_generate, draft_generate, lantern_neighbours, lantern_rule,
-                             tiny_llamagen)
+from mmspec.image_ar import (
+    CFGTarget,
+    GuidedImageDrafter,
+    ar_generate,
+    draft_generate,
+    lantern_neighbours,
+    lantern_rule,
+    tiny_llamagen,
+)
 from mmspec.rules import speculative_sampling
 from mmspec.sampling import probabilities, sample
 from mmspec.testing import assert_distribution_preserved

@@ -8,7 +8,15 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import CFGTarget, ar_generate, gsd_accept, jacobi_generate, lantern_accept, lantern_neighbours, sjd_accept
+from mmspec.image_ar import (
+    CFGTarget,
+    ar_generate,
+    gsd_accept,
+    jacobi_generate,
+    lantern_accept,
+    lantern_neighbours,
+    sjd_accept,
+)
 from mmspec.sampling import probabilities
 from mmspec.testing import assert_distribution_preserved
 

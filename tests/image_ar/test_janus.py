@@ -5,8 +5,15 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import (GuidedImageDrafter, JanusCFGTarget, ar_generate, draft_generate, jacobi_generate, janus_generate,
-                             sjd_accept)
+from mmspec.image_ar import (
+    GuidedImageDrafter,
+    JanusCFGTarget,
+    ar_generate,
+    draft_generate,
+    jacobi_generate,
+    janus_generate,
+    sjd_accept,
+)
 from mmspec.testing import reload_from_disk
 
 from .tiny_janus import BOI, BOS, PAD, tiny_janus

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 from diffusers import AutoencoderKL
+
 from mmspec.image_ar.cspd import cspd_generate
 from mmspec.image_ar.mar import MAR
 from mmspec.image_ar.recipes import train_toy_mar
-
 from mmspec.sampling import seeded_generator
 
 SMOKE = ["--steps", "3", "--batch-size", "4", "--width-mult", "0.25", "--vae-ch", "8", "--sampling-steps", "5",

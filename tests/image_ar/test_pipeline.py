@@ -14,6 +14,7 @@ from mmspec.sampling import SamplingConfig
 from .pipeline_checks import OPTIONS, seeded
 from .tiny_image_folder import CLASSES, build_tiny_folder
 
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build_tiny_folder(tmp_path_factory.mktemp("tiny-image-ar"))

@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmspec.image_ar.recipes import (build_shapes_var, shapes_var, train_shapes_var, train_shapes_var_code,
-                                     train_shapes_var_vq)
+from mmspec.image_ar.recipes import (
+    build_shapes_var,
+    shapes_var,
+    train_shapes_var,
+    train_shapes_var_code,
+    train_shapes_var_vq,
+)
 from mmspec.image_ar.var import VAR
 from mmspec.image_ar.var_pipeline import VARPipeline
 

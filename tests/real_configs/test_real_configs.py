@@ -18,8 +18,15 @@ from transformers.generation import logits_process as lp
 
 from mmspec import PromptLookupDrafter, SamplingConfig, speculative_generate
 from mmspec.generation import resolve_generation
-from mmspec.image_ar import (GuidedImageDrafter, JanusCFGTarget, LlamaGenConfig, LlamaGenForClassConditional, ar_generate,
-                             draft_generate, jacobi_generate)
+from mmspec.image_ar import (
+    GuidedImageDrafter,
+    JanusCFGTarget,
+    LlamaGenConfig,
+    LlamaGenForClassConditional,
+    ar_generate,
+    draft_generate,
+    jacobi_generate,
+)
 from mmspec.speech.target import WhisperTarget
 from mmspec.testing import NeverAgreeDrafter, first_difference
 

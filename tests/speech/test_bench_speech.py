@@ -10,11 +10,11 @@ import pytest
 
 from mmspec import MMSpecError
 from mmspec.cli import main
-from mmspec.speech.feature_drafter import WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.bench import REFERENCE, bench_speech, repeated_ngrams, repetition_count
-from mmspec.speech.wer import corpus_wer, normalise, word_errors
+from mmspec.speech.feature_drafter import WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.pipeline import load_fast_decoder, load_whisper
 from mmspec.speech.train_fast import read_clip_folder
+from mmspec.speech.wer import corpus_wer, normalise, word_errors
 
 from .tiny_asr import make_asr_folder, make_clip_folder
 

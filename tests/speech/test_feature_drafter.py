@@ -7,13 +7,12 @@ import torch
 
 from mmspec import MMSpecError
 from mmspec.decoding import SpeculativeDecoder
-from mmspec.drafters import NoDrafter
 from mmspec.speech import WhisperTarget
 from mmspec.speech.feature_drafter import WhisperFeatureDrafter, WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.hybrid import hybrid_policy, hybrid_rule
+from mmspec.speech.target import encoder_outputs_of
 from mmspec.speech.train_fast import Example
 from mmspec.speech.train_feature import target_features, train_feature_drafter
-from mmspec.speech.target import encoder_outputs_of
 
 from .conftest import MAX_NEW, PROMPT_LENGTH, assert_same
 from .tiny_whisper import VOCAB, features, tiny_whisper

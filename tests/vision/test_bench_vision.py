@@ -2,8 +2,13 @@
 
 import pytest
 import torch
-from transformers import (CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaNextVideoConfig,
-                          LlavaNextVideoForConditionalGeneration)
+from transformers import (
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlavaNextVideoConfig,
+    LlavaNextVideoForConditionalGeneration,
+)
 
 from mmspec.errors import MMSpecError
 from mmspec.testing import reload_from_disk, tiny_llama

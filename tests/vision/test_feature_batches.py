@@ -50,7 +50,7 @@ class Recording:
         self._logits = []
         proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
         if self._logits:
-            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([l[0] for l in self._logits]))})
+            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([row[0] for row in self._logits]))})
         return proposal
 
     def propose_batch(self, batch, max_tokens, sampling, generator):

@@ -8,10 +8,10 @@ import torch
 
 from mmspec import FixedDraftLength, speculative_generate
 from mmspec.decoding import SpeculativeDecoder
-from mmspec.sampling import SamplingConfig
-from mmspec.trees import TreeConfig
 from mmspec.errors import MMSpecError
+from mmspec.sampling import SamplingConfig
 from mmspec.testing import assert_greedy_equal, tiny_llama
+from mmspec.trees import TreeConfig
 from mmspec.vision.feature_drafter import DistillBatch
 from mmspec.vision.flash import FlashDrafter, FlashDrafterModel, compress_visual
 from mmspec.vision.flash_model import FlashConfig, spread_positions, visual_runs

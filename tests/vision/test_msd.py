@@ -6,7 +6,12 @@ import torch
 from transformers import DynamicCache
 
 from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, speculative_generate
-from mmspec.testing import assert_distribution_preserved, assert_greedy_equal, exact_continuation_distribution, tiny_llama
+from mmspec.testing import (
+    assert_distribution_preserved,
+    assert_greedy_equal,
+    exact_continuation_distribution,
+    tiny_llama,
+)
 from mmspec.types import Proposal
 from mmspec.vision.distill_data import generate_distill_data
 from mmspec.vision.drafter_training import train_drafter
