@@ -54,8 +54,8 @@ class DraftTree:
     assumes; None when the nodes are deterministic (e.g. a drafter's top-k).
     """
 
-    tokens: torch.LongTensor
-    parents: torch.LongTensor
+    tokens: torch.Tensor
+    parents: torch.Tensor
     probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -76,14 +76,14 @@ class DraftTree:
         nothing = torch.empty(0, dtype=torch.long, device=device)
         return cls(tokens=nothing, parents=nothing.clone())
 
-    def depths(self) -> torch.LongTensor:
+    def depths(self) -> torch.Tensor:
         """Depth of every node [N] (children of the root: 1)."""
         depth = [0] * self.size
         for i, parent in enumerate(self.parents.tolist()):
             depth[i] = 1 if parent < 0 else depth[parent] + 1
         return torch.tensor(depth, dtype=torch.long, device=self.tokens.device)
 
-    def ancestors(self) -> torch.BoolTensor:
+    def ancestors(self) -> torch.Tensor:
         """[N, N]: entry (i, j) is True when node j is node i or one of its ancestors."""
         n = self.size
         seen = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
@@ -96,7 +96,7 @@ class DraftTree:
         """Indices of the children of `node` (-1: the root), eldest first."""
         return (self.parents == node).nonzero().flatten().tolist()
 
-    def path_tokens(self, path: list[int]) -> torch.LongTensor:
+    def path_tokens(self, path: list[int]) -> torch.Tensor:
         return self.tokens[torch.tensor(path, dtype=torch.long, device=self.tokens.device)] if path else self.tokens[:0]
 
     def best_branch(self, node: int) -> list[int]:
@@ -151,7 +151,7 @@ def node_path(node: int, parents: list[int]) -> list[int]:
 
 # expand(nodes, tokens, parents) feeds the given new nodes (indices into the growing tree) to the
 # drafter and returns their next-token log-probabilities [len(nodes), V].
-ExpandFn = Callable[[list[int], torch.LongTensor, torch.LongTensor], torch.Tensor]
+ExpandFn = Callable[[list[int], torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def grow_tree(root_logprobs: torch.Tensor, config: TreeConfig, expand: ExpandFn,
@@ -228,7 +228,7 @@ def level_attention_mask(parents: list[int], fed: list[int], level: list[int], p
     return mask[None, None].to(device)
 
 
-def keep_cache_positions(cache: object, positions: torch.LongTensor) -> None:
+def keep_cache_positions(cache: object, positions: torch.Tensor) -> None:
     """Keep only the sequence positions `positions` (ascending) of every layer of a transformers
     `DynamicCache`, in place: after a tree forward, the committed path's entries."""
     layers = getattr(cache, "layers", None)
