@@ -100,6 +100,7 @@ def test_sampling_defaults_come_from_the_generation_config(target):
     assert settings.sampling.top_k == 50
 
 
+@pytest.mark.slow
 def test_sampled_distribution_with_processors(target):
     """Lossless sampling with a repetition penalty in force: exact law of 2 tokens vs draws (and a control)."""
     from mmspec.testing import assert_distribution_preserved

@@ -101,6 +101,7 @@ def test_caption_lm_detailed_scenes_train_a_text_drafter_only(tmp_path, monkeypa
         assert "--scenes detailed trains a text drafter" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_caption_lm_detailed_drafter_learns_the_detailed_grammar(tmp_path, monkeypatch):
     import json
 

@@ -176,13 +176,19 @@ def draw_with(target, drafter, tree, rule=None, **sampling):
 SMALL_TREE = TreeConfig(num_nodes=6, top_k=2, depth=2)
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 4}], ids=["plain", "temp-topk"])
-def test_tree_sampling_with_top_k_tree_matches_target(peaked_pair, sampling):
+# Each draw is one speculative_generate call: the fast tier draws 600 once, the slow tier 3000 (which its control needs).
+@pytest.mark.parametrize(
+    "sampling, num_draws",
+    [pytest.param({}, 600, id="plain-600"), pytest.param({}, 3000, id="plain-3000", marks=pytest.mark.slow),
+     pytest.param({"temperature": 0.7, "top_k": 4}, 3000, id="temp-topk-3000", marks=pytest.mark.slow)],
+)
+def test_tree_sampling_with_top_k_tree_matches_target(peaked_pair, sampling, num_draws):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True, **sampling))
-    assert_distribution_preserved(draw_with(target, drafter, SMALL_TREE, **sampling), exact, num_draws=3000, seed=11)
+    assert_distribution_preserved(draw_with(target, drafter, SMALL_TREE, **sampling), exact, num_draws=num_draws, seed=11)
 
 
+@pytest.mark.slow
 def test_tree_sampling_with_sampled_children_matches_target(peaked_pair):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
@@ -211,6 +217,7 @@ def q_not_renormalised_rule(tree, target_logits, sampling, generator):
         node = chosen
 
 
+@pytest.mark.slow
 def test_control_q_not_renormalised_fails(peaked_pair):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))

@@ -143,6 +143,7 @@ def test_gsd_latents_are_what_the_language_model_reads_for_each_code(janus):
     assert not torch.equal(runs["embeddings"], runs["codebook"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ar", "sjd", "sd"])
 def test_shipped_text_generation_settings_do_not_reach_the_image_methods(method):
     """A checkpoint's generation config (guidance_scale, text sampling settings, penalties) is Janus' text side:

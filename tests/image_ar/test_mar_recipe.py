@@ -13,6 +13,8 @@ from mmspec.image_ar.mar import MAR
 from mmspec.image_ar.recipes import train_toy_mar
 from mmspec.sampling import seeded_generator
 
+pytestmark = pytest.mark.slow  # training recipes
+
 SMOKE = ["--steps", "3", "--batch-size", "4", "--width-mult", "0.25", "--vae-ch", "8", "--sampling-steps", "5",
          "--diffusion-batch-mul", "1", "--threads", "1", "--train-n", "16", "--sample-n", "0"]
 

@@ -85,6 +85,7 @@ def test_progress_advances_by_committed_tokens(pipe, method):
         assert max(counts) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_callback_on_round_sees_every_committed_token_where_it_goes(pipe, method):
     """Rebuilding the grids from the rounds' (chunk, position, tokens) gives the output exactly."""

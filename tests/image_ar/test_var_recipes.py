@@ -20,6 +20,8 @@ from mmspec.image_ar.recipes import (
 from mmspec.image_ar.var import VAR
 from mmspec.image_ar.var_pipeline import VARPipeline
 
+pytestmark = pytest.mark.slow  # training recipes
+
 
 def test_a_three_step_build_makes_a_loadable_var_pipeline(tmp_path):
     out = tmp_path / "shapes-var"

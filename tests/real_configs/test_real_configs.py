@@ -34,6 +34,8 @@ from ..vision.drafters import MultimodalNeverAgreeDrafter, MultimodalSelfDrafter
 from ..vision.tiny_vlms import Case, text_ids
 from .real_models import build, fixture, shipped_generation_config, shipped_json
 
+pytestmark = pytest.mark.slow  # every real architecture's config, model by model
+
 MAX_NEW = 16
 GREEDY = SamplingConfig(do_sample=False)
 

@@ -50,6 +50,7 @@ def folders(tmp_path_factory):
     return make_asr_folder(root / "asr"), make_clip_folder(root / "clips", count=3)
 
 
+@pytest.mark.slow
 def test_bench_runs_every_method(folders):
     asr, clips_folder = folders
     model, processor = load_whisper("tiny", str(asr))
@@ -126,6 +127,7 @@ def test_bench_chain_rows(folders):
         bench_speech(model, processor, clips, ar_fast_decoder=ar, chain_tokens=(0,), repeats=1, progress=False)
 
 
+@pytest.mark.slow
 def test_bench_feature_drafter_rows(folders, tmp_path, capsys):
     asr, clips_folder = folders
     model, processor = load_whisper("tiny", str(asr))

@@ -92,6 +92,7 @@ def test_each_first_draft_reads_the_targets_features_of_every_committed_position
             assert first_draft == expected
 
 
+@pytest.mark.slow
 def test_training_raises_acceptance_and_stays_lossless(model, trained):
     drafter, losses = trained
     assert losses[-1] < losses[0] * 0.5
