@@ -65,6 +65,7 @@ def test_a_saved_pipeline_without_a_drafter_loads_without_one(tmp_path):
         loaded(class_labels=0, method="sd", progress_bar=False)
 
 
+@pytest.mark.slow
 def test_torch_dtype_and_to(folder):
     half = SpeculativeImagePipeline.from_pretrained(folder, torch_dtype=torch.bfloat16)
     assert half.dtype == torch.bfloat16 and half.vq.dtype == torch.bfloat16 and half.drafter.dtype == torch.bfloat16

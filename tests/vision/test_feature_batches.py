@@ -101,7 +101,7 @@ def test_flash_batch_equals_generate(case, n):
     assert torch.equal(out.sequences, expected)
 
 
-@pytest.fixture(scope="module", params=["msd", "flash"])
+@pytest.fixture(scope="module", params=["msd", pytest.param("flash", marks=pytest.mark.slow)])
 def fitted(case, tmp_path_factory, request):
     """A drafter fitted to the target's traces of the very rows decoded below: it accepts often, so
     rounds end at every acceptance depth and the features after each depth are exercised."""

@@ -133,7 +133,7 @@ def test_layout_keeps_text_positions_and_spreads_the_compressed_block(cases):
 @pytest.mark.parametrize("name", ["llava", "video"])
 @pytest.mark.parametrize("compress", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, 5])
 def test_greedy_identical_to_generate(cases, name, compress, n, k):
     case = cases[name]
     out = assert_greedy_equal(case.model, FlashDrafter(drafter_model(case, n, compress)), case.input_ids,

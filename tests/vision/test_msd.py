@@ -141,6 +141,7 @@ class UniformClaimDrafter(MSDDrafter):
         return Proposal(tokens=proposal.tokens, probs=probs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_class, lossless", [(MSDDrafter, True), (UniformClaimDrafter, False)], ids=["msd", "control"])
 def test_sampled_distribution_is_the_targets(drafter_class, lossless):
     """On a tiny text vocabulary MSD is plain EAGLE: the sampled continuations follow the target's law exactly."""

@@ -101,6 +101,7 @@ def test_flash_tree_identical(name, semi_ar_tokens, vlm_cases):
     assert out.stats.rounds > 0 and out.stats.drafter_forwards > out.stats.rounds  # a forward per level, not one per round
 
 
+@pytest.mark.slow
 def test_caption_cli_tree_picks_flash_and_matches_the_chain_caption(capsys):
     """`mmspec caption --tree` without --method picks FLASH (the fastest tree); its caption is the chain's."""
     import json

@@ -45,7 +45,7 @@ def run(case, drafter, k, wrap="vision-target", **overrides):
 
 
 @pytest.mark.parametrize("wrap", ["vision-target", "raw-model", "core-target"])
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["text-only", "never", "lookup"])
 @pytest.mark.parametrize("name", CASES)
 def test_greedy_identical(name, kind, k, wrap, vlm_cases, text_lm):
@@ -56,7 +56,7 @@ def test_greedy_identical(name, kind, k, wrap, vlm_cases, text_lm):
         assert out.stats.target_forwards == out.stats.new_tokens + (1 if wrap == "core-target" else 0)
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["self", "flaky"])
 @pytest.mark.parametrize("name", CASES)
 def test_greedy_identical_with_agreeing_drafters(name, kind, k, vlm_cases, text_lm):
