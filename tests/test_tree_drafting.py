@@ -176,7 +176,7 @@ def draw_with(target, drafter, tree, rule=None, **sampling):
 SMALL_TREE = TreeConfig(num_nodes=6, top_k=2, depth=2)
 
 
-# Each draw is one speculative_generate call: the fast tier draws 600 once, the slow tier 3000 (which its control needs).
+# Each draw is one speculative_generate call: the fast tier draws 600 once; the slow tier draws 3000, as the control does.
 @pytest.mark.parametrize(
     "sampling, num_draws",
     [pytest.param({}, 600, id="plain-600"), pytest.param({}, 3000, id="plain-3000", marks=pytest.mark.slow),
