@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from mmspec.errors import MMSpecError
+from mmspec.optional import require
 
 Images = Any  # see the module docstring for the accepted forms
 DEFAULT_JUDGE = "shapes-image-ar"  # the zoo model whose judge/ folder is used when none is named
@@ -170,7 +171,7 @@ def judge_folder(name_or_path: str | os.PathLike) -> Path:
 
 def load_judge(name_or_path: str | os.PathLike = DEFAULT_JUDGE, batch_size: int = 256) -> ImageJudge:
     """Load a judge saved with `timm.models.save_for_hf` (fp16 weights are loaded into fp32)."""
-    import timm
+    timm = require("timm", "image", "the image judge")
 
     path = judge_folder(name_or_path)
     try:

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
-from timm.models.vision_transformer import Block
 from torch import nn
 
 from mmspec.errors import MMSpecError
+from mmspec.optional import require
 from mmspec.sampling import rand
 
 from .diffloss import DiffLoss
@@ -94,9 +94,12 @@ class MAR(ModelMixin, ConfigMixin):
         self.class_emb = nn.Embedding(class_num, encoder_embed_dim)
         self.fake_latent = nn.Parameter(torch.zeros(1, encoder_embed_dim))  # the unconditional "class"
 
+        # timm's ViT block, imported here so that `mmspec.image_ar` loads without timm (only MAR needs it).
+        vit_block = require("timm.models.vision_transformer", "image", "a MAR model").Block
+
         def blocks(width: int, depth: int, heads: int) -> nn.ModuleList:
             norm = functools.partial(nn.LayerNorm, eps=1e-6)
-            return nn.ModuleList(Block(width, heads, mlp_ratio, qkv_bias=True, norm_layer=norm, proj_drop=proj_dropout,
+            return nn.ModuleList(vit_block(width, heads, mlp_ratio, qkv_bias=True, norm_layer=norm, proj_drop=proj_dropout,
                                        attn_drop=attn_dropout) for _ in range(depth))
 
         self.z_proj = nn.Linear(self.token_embed_dim, encoder_embed_dim)
@@ -210,7 +213,7 @@ class MAR(ModelMixin, ConfigMixin):
 
     def mask_ratio(self, generator: torch.Generator | None = None) -> float:
         """A draw of the left-truncated normal N(1, 0.25^2) on [mask_ratio_min, 1] (inverse CDF)."""
-        from scipy.stats import truncnorm
+        truncnorm = require("scipy.stats", "recipes", "training a MAR model").truncnorm
 
         low = (self.config.mask_ratio_min - 1.0) / 0.25
         u = float(rand((1,), generator, torch.device("cpu")))

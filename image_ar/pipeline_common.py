@@ -244,14 +244,21 @@ class ClassConditionalMixin:
 
     def resolve_labels(self, class_labels: int | Sequence[int] | torch.Tensor | None, prompt: str | Sequence[str] | None,
                        num_images: int) -> list[int]:
-        """Class ids (or class-name prompts) -> one label per image, each repeated `num_images` times."""
+        """Class ids (or class-name prompts) -> one label per image, each repeated `num_images` times.
+        Class names given as `class_labels` (`pipe("red circle")`) are taken as the prompt."""
+        if prompt is None and (isinstance(class_labels, str) or (isinstance(class_labels, (list, tuple)) and class_labels
+                                                                 and all(isinstance(c, str) for c in class_labels))):
+            class_labels, prompt = None, class_labels
         if (class_labels is None) == (prompt is None):
             raise MMSpecError("pass exactly one of class_labels=... (ids) or prompt=... (class names)")
         self.check_num_images(num_images)
         if prompt is not None:
             labels = [self.class_id(p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
         else:
-            labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()  # host ints
+            try:
+                labels = torch.as_tensor(class_labels, device="cpu").reshape(-1).tolist()  # host ints
+            except (TypeError, ValueError, RuntimeError):
+                raise MMSpecError(f"class_labels must be class ids (integers) or class names, got {class_labels!r}") from None
         if not labels:
             raise MMSpecError("no class label or prompt given")
         count = self.num_classes

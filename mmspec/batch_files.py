@@ -67,6 +67,17 @@ def repair(path: Path) -> bool:
     return True
 
 
+def record_line(record: dict[str, Any]) -> str:
+    """One JSON line; names that are not UTF-8 (a file name's undecodable bytes, kept as surrogates by
+    `os.fsdecode`) are written as \\u escapes, which read back to the same name."""
+    line = json.dumps(record, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record)
+    return line + "\n"
+
+
 class RecordWriter:
     """Appends records to a results file, one line each, on disk (`fsync`) before `write` returns."""
 
@@ -76,7 +87,7 @@ class RecordWriter:
         self.handle = open(path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self.handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.handle.write(record_line(record))
         self.handle.flush()
         os.fsync(self.handle.fileno())
 
@@ -106,10 +117,10 @@ def write_records(path: Path, records: list[dict[str, Any]]) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".merging")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+            stream.writelines(record_line(r) for r in records)
             stream.flush()
             os.fsync(stream.fileno())
-        os.chmod(temporary, _mode_for(path))  # mkstemp's 0600 would hide the results from the user's group
+        os.chmod(temporary, output_mode(path))  # mkstemp's 0600 would hide the results from the user's group
         os.replace(temporary, path)
     except OSError as error:
         raise MMSpecError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
@@ -117,8 +128,9 @@ def write_records(path: Path, records: list[dict[str, Any]]) -> None:
         Path(temporary).unlink(missing_ok=True)
 
 
-def _mode_for(path: Path) -> int:
-    """The file's own permissions if it exists, else what a new file gets under the umask."""
+def output_mode(path: Path) -> int:
+    """The mode a plain `open(path, "w")` leaves: the file's own permissions if it exists, else 0666 less the umask
+    (a temporary file renamed over `path` would otherwise keep mkstemp's 0600)."""
     if path.exists():
         return path.stat().st_mode & 0o777
     umask = os.umask(0)

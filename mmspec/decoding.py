@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 import torch
 from transformers import PreTrainedModel
 
+from .arguments import check_arguments
 from .batch_decoding import check_batch_support, decode_batch
 from .devices import input_device
 from .drafters import Drafter, ModelDrafter
@@ -365,6 +366,7 @@ def speculative_generate(
             Settings that cannot be honoured exactly (`num_beams`, `min_p`, ...) and unknown
             names are refused with an `MMSpecError`.
     """
+    check_arguments(target, input_ids, max_new_tokens, generator, num_draft_tokens, policy, kwargs)
     decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule, tree=tree)
     return decoder.generate(
         input_ids, max_new_tokens=max_new_tokens, generator=generator, eos_token_id=eos_token_id,

@@ -80,6 +80,9 @@ def usable_device(value: str | int | torch.device, what: str = "--device") -> to
             raise MMSpecError(f"{what} {value}: this machine has {count} CUDA GPU(s), numbered 0 to {count - 1}")
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise MMSpecError(f"{what} {value}: MPS is not available on this machine")
+    elif device.type == "meta":
+        raise MMSpecError(f"{what} {value}: the meta device holds shapes, not numbers; name a device to compute on "
+                          "(cpu, cuda, mps)")
     return device
 
 
@@ -143,7 +146,7 @@ def check_max_memory(max_memory: Any) -> dict[Any, Any]:
         try:
             if isinstance(size, bool) or convert_file_size_to_int(size) <= 0:
                 raise ValueError
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # OverflowError: 1e999GB
             raise MMSpecError(f"max_memory[{device!r}]: {size!r} is not a size (bytes, or e.g. 200MB, 2GiB)") from None
         checked[key] = size
     return checked

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MMSpecError
+from .optional import require
 
 # Encoders tried in order; PyPI av wheels ship mpeg4 and libx264, some builds only libopenh264.
 PREFERRED_CODECS = ("libx264", "mpeg4", "libopenh264")
@@ -15,7 +16,7 @@ PREFERRED_CODECS = ("libx264", "mpeg4", "libopenh264")
 
 def available_video_codec() -> str:
     """The first encoder from `PREFERRED_CODECS` this PyAV build has."""
-    import av
+    av = require("av", "vision", "writing a video")
 
     for name in PREFERRED_CODECS:
         try:
@@ -31,7 +32,7 @@ def write_video(path: str | Path, frames: np.ndarray, fps: int = 8, codec: str |
 
     Odd heights or widths are padded by repeating the last row / column (yuv420p needs even sides).
     """
-    import av
+    av = require("av", "vision", "writing a video")
 
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or frames.shape[0] == 0:
@@ -55,7 +56,7 @@ def write_video(path: str | Path, frames: np.ndarray, fps: int = 8, codec: str |
 
 def write_audio(path: str | Path, samples: np.ndarray, sampling_rate: int = 16_000) -> Path:
     """Write mono float samples in [-1, 1] with PyAV; the codec follows the suffix (.flac, .wav, .ogg, .mp3)."""
-    import av
+    av = require("av", "speech", "writing audio")
 
     path = Path(path)
     codecs = {".flac": "flac", ".wav": "pcm_s16le", ".ogg": "libvorbis", ".mp3": "libmp3lame"}

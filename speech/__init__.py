@@ -5,6 +5,10 @@
 
 CTranslate2 (faster-whisper) Whisper folders load without CTranslate2: `load_ct2_whisper(folder)`.
 
+Compute types (`precision.py`): float32, bfloat16, int8 (`apply_compute_type(model, "int8")`, or
+`TranscriptionPipeline.from_pretrained(..., compute_type="int8")`); hybrid strict equals greedy decoding of the
+model at that compute type. faster-whisper runs beside mmspec in `mmspec bench speech` (`peers.py`, extra `peers`).
+
 Fast decoders: `CTCFastDecoder` (non-autoregressive) or `ARFastDecoder` (a one-layer
 `WhisperForCausalLM`, drafted through `ARHybridDrafter`); `train_from_folder` trains either.
 `WhisperFeatureDrafter` drafts EAGLE-style from the model's own top-layer features

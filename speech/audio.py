@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MMSpecError
+from ..optional import require
 
 DEFAULT_SAMPLING_RATE = 16_000
 AudioSource = str | Path | np.ndarray | Any  # also a torch tensor, or {"array": ..., "sampling_rate": ...}
@@ -111,6 +112,8 @@ def _existing_file(source: str | Path) -> Path:
         raise MMSpecError(f"audio file {str(path)!r} does not exist")
     if path.is_dir():
         raise MMSpecError(f"{str(path)!r} is a folder, not an audio file")
+    if not path.is_file():  # /dev/zero would read forever, and stat() says 0 bytes
+        raise MMSpecError(f"{str(path)!r} is not a regular file (a device, pipe or socket)")
     if path.stat().st_size == 0:
         raise MMSpecError(f"audio file {str(path)!r} is empty (0 bytes)")
     return path
@@ -122,7 +125,7 @@ def _reason(error: BaseException) -> str:
 
 
 def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "speech", "decoding audio")  # FFmpeg's libraries load only when needed
     try:
         container = av.open(str(path))
     except Exception as err:  # av.error.InvalidDataError, FileNotFoundError, ...: all "cannot read"
@@ -132,6 +135,7 @@ def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
             if not container.streams.audio:
                 raise MMSpecError(f"{str(path)!r} has no audio track")
             stream = container.streams.audio[0]
+            _check_rate(stream.sample_rate, path)
             # Planar float at the target rate, original channel layout; channels are then averaged
             # (FFmpeg's own downmix would scale a stereo signal by 1/sqrt(2) instead).
             resampler = av.AudioResampler(format="fltp", rate=sampling_rate)
@@ -147,7 +151,24 @@ def _decode_file(path: Path, sampling_rate: int) -> np.ndarray:
     audio = buffer.samples()
     if audio.size == 0:
         raise MMSpecError(f"audio {str(path)!r} holds no samples")
-    return _finite(audio, str(path))
+    return _peak_in_range(_finite(audio, str(path)), str(path))
+
+
+MIN_FILE_RATE = 1000  # Hz; below any real recording: a header claiming less would blow a small file up at 16 kHz
+
+
+def _check_rate(rate: int | None, path: Path) -> None:
+    if rate and rate < MIN_FILE_RATE:  # 0 or None: the container does not say
+        raise MMSpecError(f"audio {str(path)!r} says it is sampled at {rate} Hz (below {MIN_FILE_RATE} Hz): "
+                          "a broken header, not a recording")
+
+
+def _peak_in_range(audio: np.ndarray, what: str) -> np.ndarray:
+    """A float file's samples far outside [-1, 1] are refused, as the same array is (`_float_scale`)."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak > FLOAT_PEAK_LIMIT:
+        raise MMSpecError(f"float audio samples must lie in [-1, 1], those of {what} reach {peak:.4g}")
+    return audio
 
 
 class _SampleBuffer:
@@ -175,7 +196,7 @@ class _SampleBuffer:
 
 def _expected_samples(container: Any, stream: Any, sampling_rate: int) -> int:
     """Samples at `sampling_rate` the container says it holds (plus 1 %), or 0 when it does not say."""
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "speech", "decoding audio")  # FFmpeg's libraries load only when needed
     seconds = None
     if stream.duration is not None and stream.time_base is not None:
         seconds = float(stream.duration * stream.time_base)
@@ -243,7 +264,7 @@ def _finite(audio: np.ndarray, what: str) -> np.ndarray:
 
 
 def _resample_array(audio: np.ndarray, source_rate: int, rate: int) -> np.ndarray:
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "speech", "resampling audio")  # FFmpeg's libraries load only when needed
     if source_rate <= 0:
         raise MMSpecError(f"source_sampling_rate must be > 0, got {source_rate}")
     if source_rate == rate:

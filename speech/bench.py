@@ -21,11 +21,18 @@ bench measures both against plain greedy decoding and transformers' assisted gen
                      model's own top-layer features (K: `--chain`, else the drafter's `draft_tokens`)
   hf-assisted-ar     transformers' assisted generation, the same AR fast decoder as assistant
                      (its defaults: 20 draft tokens, constant schedule, confidence cut-off 0.4)
+  faster-whisper-float32, faster-whisper-int8
+                     faster-whisper (CTranslate2) on the same folder, greedy, the bench's threads
+                     (`speech/peers.py`; when faster_whisper imports and the model is a CTranslate2 folder)
+
+`compute_type` (float32, bfloat16, int8; `speech/precision.py`) sets the precision of every mmspec row and
+of the reference: "identical" then means the same tokens as that precision's own greedy `generate`.
 
 Every method transcribes each clip from its file: audio decoding, features, the encoder (once),
 decoding, detokenising; that whole call is the "transcription" time. The "decoder" time is the
-decoding alone (drafter included), from the encoder output to the tokens. Both are medians over
-interleaved repetitions of the total over all clips (mmspec/bench/harness.py).
+decoding alone (drafter included), from the encoder output to the tokens; the "encoder" time is the
+encoder's forward; "CPU" is the process's CPU time over the call (`time.process_time`, every thread). All are
+medians over interleaved repetitions of the total over all clips (mmspec/bench/harness.py).
 
 Quality, per method:
   - WER with jiwer over the whole set, after normalising both sides: lowercase, punctuation
@@ -47,7 +54,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -68,6 +75,7 @@ from .feature_drafter import (
 )
 from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
+from .precision import apply_compute_type, check_compute_type, compute_type_of
 from .target import WhisperTarget, whisper_prompt_ids
 from .train_fast import Clip, clip_features, read_clip_folder
 from .wer import NORMALISATION, corpus_wer, normalise
@@ -115,6 +123,9 @@ class _Call:
     tokens: list[int]
     decoder_time: float
     passes: int
+    cpu_time: float = 0.0
+    encoder_time: float = 0.0
+    text: str | None = None  # the method's own text (a peer's); else the tokens decoded by the bench's tokenizer
 
 
 Decode = Callable[[BaseModelOutput, SpeechItem], tuple[list[int], SpecStats]]
@@ -136,8 +147,11 @@ class _Method:
         self.calls: list[_Call] = []
 
     def __call__(self, item: SpeechItem) -> tuple[list[int], SpecStats]:
+        cpu = time.process_time()
         features = clip_features(self.processor, item.clip.path).to(device=self.model.device, dtype=self.model.dtype)
+        start = time.perf_counter()
         states = self.model.get_encoder()(features, return_dict=True).last_hidden_state
+        encoder_time = time.perf_counter() - start
         encoder_outputs = BaseModelOutput(last_hidden_state=states)
         self.counter.take()
         start = time.perf_counter()
@@ -147,11 +161,30 @@ class _Method:
         if self.assistant_on_counted_decoder:
             passes -= stats.drafter_forwards
         self.processor.tokenizer.decode(tokens, skip_special_tokens=True)  # part of a transcription's cost
-        self.calls.append(_Call(tokens, elapsed, passes))
+        self.calls.append(_Call(tokens, elapsed, passes, time.process_time() - cpu, encoder_time))
         stats.method = self.name
         if not self.counts_own_forwards:
             stats.target_forwards = passes - item.detect_passes
         return tokens, stats
+
+
+class _PeerMethod:
+    """A faster-whisper row (`peers.FasterWhisperPeer`) in the harness: same clips, same interface as `_Method`.
+    Its decoder passes are not counted by faster-whisper: greedy decoding takes one per token (end-of-text included)."""
+
+    counts_own_forwards = False
+
+    def __init__(self, peer: Any, processor: Any) -> None:
+        self.name, self.peer, self.processor = peer.name, peer, processor
+        self.calls: list[_Call] = []
+
+    def __call__(self, item: SpeechItem) -> tuple[list[int], SpecStats]:
+        call = self.peer.transcribe(item.clip.path)
+        self.calls.append(_Call(call.tokens, call.decoder_time, len(call.tokens), call.cpu_time, call.encoder_time,
+                                call.text))
+        stats = SpecStats(method=self.name, new_tokens=len(call.tokens), target_forwards=len(call.tokens),
+                          total_time=call.wall_time)
+        return call.tokens, stats
 
 
 def hf_generate(model: PreTrainedModel, assistant: ARFastDecoder | None = None,
@@ -211,6 +244,8 @@ class SpeechMethodRow:
     new_tokens: int
     decoder_time_s: float
     transcription_time_s: float
+    cpu_time_s: float
+    encoder_time_s: float
     decoder_speed_up: float
     transcription_speed_up: float
     identical_to_greedy: bool
@@ -235,19 +270,20 @@ class SpeechBenchReport(TableReport):
                 "methods": [asdict(r) for r in self.rows]}
 
     def to_table(self) -> str:
-        header = (f"{'method':<24} {'WER':>6} {'reps':>5} {'passes/utt':>10} {'tau':>5} {'alpha':>5} {'drf fwd':>7} {'decoder s':>9} "
-                  f"{'speed-up':>8} {'total s':>8} {'min-max s':>15} {'speed-up':>8}  identical")
+        header = (f"{'method':<24} {'WER':>6} {'reps':>5} {'passes/utt':>10} {'tau':>5} {'alpha':>5} {'drf fwd':>7} {'encoder s':>9} "
+                  f"{'decoder s':>9} {'speed-up':>8} {'total s':>8} {'min-max s':>15} {'speed-up':>8} {'CPU s':>7}  identical")
         lines = self.table_head(header)
         for r in self.rows:
             alpha = f"{r.alpha:.2f}" if r.alpha is not None else "-"
             same = "yes" if r.identical_to_greedy else f"NO ({r.mismatched_outputs})"
             lines.append(f"{r.method:<24} {r.wer:>6.1%} {r.repetitions:>5} {r.decoder_passes_per_utterance:>10.1f} {r.tau:>5.2f} "
-                         f"{alpha:>5} {r.drafter_forwards:>7} {r.decoder_time_s:>9.3f} {r.decoder_speed_up:>7.2f}x "
-                         f"{r.transcription_time_s:>8.3f} "
-                         f"{span(r.transcription_times_s):>15} {r.transcription_speed_up:>7.2f}x  {same}")
+                         f"{alpha:>5} {r.drafter_forwards:>7} {r.encoder_time_s:>9.3f} {r.decoder_time_s:>9.3f} "
+                         f"{r.decoder_speed_up:>7.2f}x "
+                         f"{r.transcription_time_s:>8.3f} {span(r.transcription_times_s):>15} {r.transcription_speed_up:>7.2f}x "
+                         f"{r.cpu_time_s:>7.3f}  {same}")
         lines.append(f"(WER after normalising: {NORMALISATION}; reps = immediately repeated word 1..{REPETITION_MAX_N}-grams "
                      "beyond the reference's; passes include language detection; times are medians over repetitions of "
-                     "the total over all clips; identical = same tokens as plain-greedy)")
+                     "the total over all clips, CPU s beside them; identical = same tokens as plain-greedy)")
         lines.append(", ".join(f"{k}={v}" for k, v in self.settings.items() if k not in ("normalisation", "hf_assistant")))
         lines.extend(f"note: {note}" for note in self.notes)
         lines.extend(f"warning: {line}" for line in self.warnings)
@@ -286,8 +322,13 @@ def bench_speech(
     repeats: int = 3,
     progress: bool = True,
     title: str = "bench speech",
+    peers: Sequence[Any] = (),
+    notes: list[str] | None = None,
+    only: Sequence[str] | None = None,
 ) -> SpeechBenchReport:
-    """Run every available method over `clips` (see the module docstring) and report them side by side."""
+    """Run every available method over `clips` (see the module docstring) and report them side by side;
+    `peers` (loaded `peers.FasterWhisperPeer`s) run as rows of their own, interleaved with mmspec's; `only`: the
+    rows to run (the reference always runs), None for all."""
     if not clips:
         raise MMSpecError("no clips to benchmark")
     if repeats < 1:
@@ -298,7 +339,7 @@ def bench_speech(
         raise MMSpecError("--chain drafts with an AR fast decoder or a feature drafter: pass --ar-fast-decoder or "
                           "--feature-drafter (or use a model that ships one)")
     model.eval()
-    notes = []
+    given_notes, notes = list(notes or []), []
     if ctc_fast_decoder is not None:
         check_fast_decoder(ctc_fast_decoder, model)
     if ar_fast_decoder is not None:
@@ -340,9 +381,16 @@ def bench_speech(
             for k in chain_tokens or (feature_drafter.config.draft_tokens,):
                 decoders[f"feature-chain{k}"] = (mmspec_loop(
                     model, lambda: WhisperFeatureDrafter(feature_drafter), "strict", draft_tokens=k), True)
-        methods = {name: _Method(name, model, processor, decoder_counter, decode, own)
-                   for name, (decode, own) in decoders.items()}
-        if ar_fast_decoder is not None:
+        methods: dict[str, _Method | _PeerMethod] = {
+            name: _Method(name, model, processor, decoder_counter, decode, own) for name, (decode, own) in decoders.items()}
+        for peer in peers:
+            methods[peer.name] = _PeerMethod(peer, processor)
+        if only is not None:
+            unknown = sorted(set(only) - set(methods))
+            if unknown:
+                raise MMSpecError(f"no row {', '.join(map(repr, unknown))} in this bench; its rows: {', '.join(methods)}")
+            methods = {name: m for name, m in methods.items() if name in only or name == REFERENCE}
+        if "hf-assisted-ar" in methods and ar_fast_decoder is not None:
             methods["hf-assisted-ar"].assistant_on_counted_decoder = ar_fast_decoder.shares_target_decoder
         try:
             with torch.inference_mode():
@@ -350,26 +398,31 @@ def bench_speech(
         finally:
             for counter in counters:
                 counter.close()
-    return _report(title, harness, methods, items, repeats, notes, model)
+    return _report(title, harness, methods, items, repeats, notes + given_notes, model)
 
 
-def _report(title: str, harness: BenchReport, methods: dict[str, _Method], items: list[SpeechItem], repeats: int,
+def _report(title: str, harness: BenchReport, methods: dict[str, _Method | _PeerMethod], items: list[SpeechItem], repeats: int,
             notes: list[str], model: PreTrainedModel) -> SpeechBenchReport:
     warm = min(len(items), 2)  # the harness warms up on the first two inputs, once per method
     references = [item.clip.text for item in items]
     decoder_times: dict[str, float] = {}
+    cpu_times: dict[str, float] = {}
+    encoder_times: dict[str, float] = {}
     transcripts: dict[str, list[str]] = {}
     passes: dict[str, int] = {}
     for name, method in methods.items():
         timed = method.calls[warm:]
         if len(timed) != repeats * len(items):
             raise RuntimeError(f"{name}: expected {repeats * len(items)} timed calls, got {len(timed)}")
-        per_rep = [sum(c.decoder_time for c in timed[r * len(items):(r + 1) * len(items)]) for r in range(repeats)]
-        decoder_times[name] = statistics.median(per_rep)
+        reps = [timed[r * len(items):(r + 1) * len(items)] for r in range(repeats)]
+        decoder_times[name] = statistics.median(sum(c.decoder_time for c in rep) for rep in reps)
+        cpu_times[name] = statistics.median(sum(c.cpu_time for c in rep) for rep in reps)
+        encoder_times[name] = statistics.median(sum(c.encoder_time for c in rep) for rep in reps)
         first = timed[: len(items)]
         passes[name] = sum(c.passes for c in first)
         tokenizer = method.processor.tokenizer
-        transcripts[name] = [tokenizer.decode(c.tokens, skip_special_tokens=True).strip() for c in first]
+        transcripts[name] = [c.text if c.text is not None else tokenizer.decode(c.tokens, skip_special_tokens=True).strip()
+                             for c in first]
     base = next(r for r in harness.results if r.name == REFERENCE)
     rows = []
     for result in harness.results:
@@ -385,6 +438,8 @@ def _report(title: str, harness: BenchReport, methods: dict[str, _Method], items
             new_tokens=stats.new_tokens,
             decoder_time_s=decoder_times[name],
             transcription_time_s=result.median_wall_time,
+            cpu_time_s=cpu_times[name],
+            encoder_time_s=encoder_times[name],
             decoder_speed_up=decoder_times[REFERENCE] / decoder_times[name] if decoder_times[name] else 0.0,
             transcription_speed_up=base.median_wall_time / result.median_wall_time if result.median_wall_time else 0.0,
             identical_to_greedy=result.identical,
@@ -393,7 +448,11 @@ def _report(title: str, harness: BenchReport, methods: dict[str, _Method], items
         ))
     settings = {"clips": len(items), "repeats": repeats, "threads": torch.get_num_threads(),
                 "max_new_tokens": max(i.max_new_tokens for i in items), "relaxed_rule": "top-3, margin 2 nats",
-                "normalisation": NORMALISATION, "hf_assistant": dict(HF_ASSISTANT_DEFAULTS)}
+                "compute_type": compute_type_of(model), "normalisation": NORMALISATION,
+                "hf_assistant": dict(HF_ASSISTANT_DEFAULTS)}
+    if any(isinstance(m, _PeerMethod) for m in methods.values()):
+        notes.append("faster-whisper rows: their decoder passes are not counted by faster-whisper (greedy: one per token); "
+                     "decoder s = the call after its features, less its encoder")
     if "hf-assisted-ar" in methods and model.generation_config.begin_suppress_tokens:
         notes.append("transformers' assisted generation for Whisper drops begin_suppress_tokens (the first generated token "
                      "is not suppressed), so hf-assisted-ar may differ from plain greedy at the first token")
@@ -418,9 +477,16 @@ def run_speech_bench(
     batch_sizes: tuple[int, ...] | None = None,
     chain_tokens: tuple[int, ...] = (),
     feature_drafter: str | Path | None = None,
+    compute_type: str | None = None,
+    peers: bool = True,
+    only: Sequence[str] | None = None,
 ) -> Any:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
-    (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`)."""
+    (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`).
+
+    `compute_type`: the precision of mmspec's rows (`speech/precision.py`; default float32). `peers`: add the
+    faster-whisper rows when faster_whisper imports and the model is a CTranslate2 folder (`speech/peers.py`).
+    `only`: the rows to run (plus the reference), e.g. ("hybrid-strict-ar", "faster-whisper-int8")."""
     from .models import fast_decoder_root, speech_model_path
 
     if n < 1:
@@ -428,8 +494,10 @@ def run_speech_bench(
     if batch_sizes and (chain_tokens or feature_drafter is not None):
         raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
                           "with --batch-size")
+    compute_type = check_compute_type(compute_type)
     path = speech_model_path(model_name)
     model, processor = load_whisper(model_name, path)
+    model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
     root = fast_decoder_root(model_name, path)  # a zoo entry's own folder when its weights come from a package
     if data is None:
         data = default_heldout(root)
@@ -444,14 +512,35 @@ def run_speech_bench(
     if ar is not None and not isinstance(ar, ARFastDecoder):
         raise MMSpecError("--ar-fast-decoder holds a CTC fast decoder; pass it as --fast-decoder")
     feature = _optional(feature_drafter, root / FEATURE_DRAFTER_FOLDER, load_feature_drafter)
-    title = f"bench speech: {model_name} on {len(clips)} clips from {data}"
+    if ctc is not None:
+        ctc = ctc.to(dtype=model.dtype)
+    if feature is not None and compute_type == "bfloat16":
+        feature = feature.to(dtype=model.dtype)
+    title = f"bench speech: {model_name} ({compute_type}) on {len(clips)} clips from {data}"
     if batch_sizes:
         from .bench_batches import bench_speech_batches
 
         return bench_speech_batches(model, processor, clips, batch_sizes, ctc_fast_decoder=ctc, ar_fast_decoder=ar,
                                     repeats=repeats, progress=progress, title=title)
+    peer_rows, notes = peer_models(path, model, peers)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
-                        feature_drafter=feature, repeats=repeats, progress=progress, title=title)
+                        feature_drafter=feature, repeats=repeats, progress=progress, title=title, peers=peer_rows, notes=notes,
+                        only=only)
+
+
+def peer_models(path: str, model: PreTrainedModel, wanted: bool) -> tuple[list[Any], list[str]]:
+    """The faster-whisper rows for the model folder `path` (float32 and int8, the bench's threads), or a note why none."""
+    from .ctranslate2 import is_ct2_whisper_folder
+    from .peers import MISSING, PEER_COMPUTE_TYPES, FasterWhisperPeer, faster_whisper_available
+
+    if not wanted:
+        return [], []
+    if not faster_whisper_available():
+        return [], [MISSING]
+    if not is_ct2_whisper_folder(path):
+        return [], [f"{path} is not a CTranslate2 folder, which faster-whisper reads: the faster-whisper rows were not run"]
+    eot = int(model.generation_config.eos_token_id)
+    return [FasterWhisperPeer(path, ct, torch.get_num_threads(), eot) for ct in PEER_COMPUTE_TYPES], []
 
 
 def _optional(given: str | Path | None, default: Path, load: Callable[[Any], Any]) -> Any:

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MMSpecError
+from ..errors import MMSpecError, first_line
+from .ct2_settings import checked_settings
 
 CT2_MODEL_FILE = "model.bin"
 SUPPORTED_BINARY_VERSIONS = (6,)
@@ -390,16 +391,20 @@ def load_ct2_whisper(folder: str | os.PathLike, dtype: Any = None, device: Any =
         settings = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     except ValueError as error:
         raise MMSpecError(f"{str(folder / 'config.json')!r} is not valid JSON: {error}") from None
+    settings = checked_settings(settings, folder / "config.json")
     checkpoint = read_ct2_checkpoint(folder / CT2_MODEL_FILE)
     state, fields = whisper_state_from_ct2(checkpoint)
     tokenizer = whisper_tokenizer_from_ct2(folder, fields["vocab_size"])
     generation = whisper_generation_fields(tokenizer, settings, fields["vocab_size"])
-    config = WhisperConfig(
-        **fields, decoder_start_token_id=generation["decoder_start_token_id"], bos_token_id=generation["bos_token_id"],
-        eos_token_id=generation["eos_token_id"], pad_token_id=generation["pad_token_id"],
-    )
-    with torch.device("meta"):
-        model = WhisperForConditionalGeneration(config)
+    try:  # header settings transformers cannot build (0 heads, heads that do not divide the width)
+        config = WhisperConfig(
+            **fields, decoder_start_token_id=generation["decoder_start_token_id"], bos_token_id=generation["bos_token_id"],
+            eos_token_id=generation["eos_token_id"], pad_token_id=generation["pad_token_id"],
+        )
+        with torch.device("meta"):
+            model = WhisperForConditionalGeneration(config)
+    except (ValueError, ZeroDivisionError, OverflowError) as error:
+        raise MMSpecError(f"{str(folder / CT2_MODEL_FILE)!r}: its settings make no Whisper model ({first_line(error)})") from None
     expected = set(model.state_dict())
     if not config.tie_word_embeddings:
         expected.add("proj_out.weight")

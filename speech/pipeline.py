@@ -43,6 +43,11 @@ Conventions and decisions:
     its `sampling_rate`, or a `{"array", "sampling_rate"}` dict).
   - `decoder_passes` counts forward passes of the big decoder, Whisper's one-step language
     detection included; fast-decoder passes are `stats.drafter_forwards`.
+  - Compute types (`compute_type=` on `from_pretrained`; `precision.py`): float32 (default), bfloat16,
+    int8. Each is its own model: `strict` output is identical to greedy decoding of the model at that
+    compute type, and the int8 and bfloat16 decoders are row-exact (the same bits whatever a verification
+    pass holds). The encoder runs once per window, timed apart (`encoder_time_s`): `stats`' prefill is the
+    decoder's.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from ..decoding import SpeculativeDecoder
 from ..devices import as_device, input_device, load_options, place_drafter
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError, first_line
+from ..kernels.certified_head import certified_head_available, certified_head_for
+from ..loading import from_pretrained_complete
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, per_item
 from ..pipelines import (
     DrafterFactory,
@@ -73,6 +80,7 @@ from ..pipelines import (
     saved_pipeline_folder,
 )
 from ..stats import SpecStats
+from ..targets import Target
 from ..zoo import cannot_load, folder_card
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .audio import AudioSource, load_audio
@@ -82,8 +90,9 @@ from .feature_drafter import WhisperFeatureDrafterModel
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
+from .precision import apply_compute_type, check_compute_type, compute_type_of, has_compute_type_layers
 from .subtitles import Segment
-from .target import WhisperTarget, check_language_and_task
+from .target import WhisperTarget, check_language_and_task, encoder_outputs_of
 
 FAST_DECODER_FOLDER = "fast_decoder"
 FAST_DECODER_FOLDERS = {"ctc": FAST_DECODER_FOLDER, "ar": AR_FAST_DECODER_FOLDER}  # kind -> subfolder, default first
@@ -107,14 +116,16 @@ class ChunkTranscript:
     tokens: list[int]
     stats: SpecStats
     decoder_passes: int
+    encoder_time_s: float = 0.0  # the encoder's forward on this window (not in `stats`' prefill)
 
 
 @dataclass
 class TranscriptionOutput(TextPipelineOutput):
     """What a transcription call produced, and how (stats summed over chunks): `text`, `method`, `model`,
     `stats`, then `mode`, `decoder_passes`, `chunks` (the windows as decoded), `total_time_s` (the whole call:
-    audio decoding, features, encoder and decoding), `note` (e.g. why the text is empty) and `segments`
-    (`Segment(start_s, end_s, text)`, the stitched transcript with times, for subtitles)."""
+    audio decoding, features, encoder and decoding), `note` (e.g. why the text is empty), `segments`
+    (`Segment(start_s, end_s, text)`, the stitched transcript with times, for subtitles), `encoder_time_s`
+    (the encoder's forwards, summed over windows; `stats`' prefill is the decoder's) and `compute_type`."""
 
     mode: str
     decoder_passes: int
@@ -122,6 +133,8 @@ class TranscriptionOutput(TextPipelineOutput):
     total_time_s: float = 0.0
     note: str | None = None
     segments: list[Segment] = field(default_factory=list)
+    encoder_time_s: float = 0.0
+    compute_type: str = "float32"
 
 
 class TranscriptionPipeline(SpeculativePipeline):
@@ -193,6 +206,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         max_memory: dict[Any, Any] | None = None,
         offload_folder: str | os.PathLike | None = None,
         drafter_device: str | torch.device | None = None,
+        compute_type: str | None = None,
         **kwargs: Any,
     ) -> "TranscriptionPipeline":
         """Load a Whisper model + processor (zoo name, local folder, saved pipeline or Hub id available offline)
@@ -204,13 +218,23 @@ class TranscriptionPipeline(SpeculativePipeline):
         present, else `ar_fast_decoder/`). `dtype` (or `torch_dtype`, the same) defaults to float32.
         Other keyword arguments go to the constructor (`num_draft_tokens`, ...).
 
+        `compute_type` (as faster-whisper's): "float32" (default), "bfloat16" (the model cast, the same as
+        dtype=torch.bfloat16) or "int8" (int8 products in the encoder's and decoder's linear layers, see
+        `mmspec.speech.precision`; CPU only). Hybrid strict output is identical to greedy decoding of the
+        model at that compute type (its own `generate`), not to float32's.
+
         Placement: `device` (default CPU) holds the whole pipeline. A Whisper model bigger than one device
         is spread by accelerate instead: `device_map` ("auto" or {module name: device}), `max_memory`
         ({"cpu": "20GiB", 0: "10GiB"}; alone it means device_map="auto") and `offload_folder` (for layers
         mapped to "disk") go to its `from_pretrained` (not for CTranslate2 folders); the fast decoder then
         sits on `drafter_device` (default: the model's first device, where its inputs go).
         """
-        dtype = resolve_dtype(dtype, torch_dtype)
+        given = None if dtype is None and torch_dtype is None else resolve_dtype(dtype, torch_dtype)
+        compute_type = compute_type_for(compute_type, given)
+        # int8 and bfloat16 are made from the float32 weights (`apply_compute_type`); the fast decoder runs in the
+        # model's dtype
+        dtype = torch.float32 if compute_type in ("int8", "bfloat16") else (given or torch.float32)
+        drafter_dtype = torch.bfloat16 if compute_type == "bfloat16" else dtype
         placement = load_options(device, device_map, max_memory, offload_folder)
         device = None if placement else (device or "cpu")
         name = str(model_id_or_path)
@@ -220,15 +244,20 @@ class TranscriptionPipeline(SpeculativePipeline):
                 if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
                     raise MMSpecError(f"{name!r} is a saved pipeline: its fast decoder is the one saved with it; pass a "
                                       "fast decoder folder or model to replace it")
-                kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=dtype)
+                kwargs["fast_decoder"] = _loaded_fast_decoder(fast_decoder).to(dtype=drafter_dtype)
             if placement:  # diffusers' loader moves components whole: load the model dispatched here
                 kwargs["model"] = load_whisper(name, str(saved / "model"), dtype=dtype, **placement)[0]
+            if compute_type in ("int8", "bfloat16"):  # before the fast decoder binds a self-drafter to its layers
+                kwargs["model"] = apply_compute_type(load_whisper(name, str(saved / "model"), dtype=dtype, device=device)[0],
+                                                     compute_type)
             pipe = cls._from_saved(saved, name=name, dtype=dtype, device=device, model_name=name, **kwargs)
             if pipe.fast_decoder is not None and (placement or drafter_device is not None):
                 place_fast_decoder(pipe.fast_decoder, drafter_device, pipe.model)
-            return pipe
+            return pipe.prepare_decoding()
         path = speech_model_path(name)
         model, processor = load_whisper(name, path, dtype=dtype, device=device, **placement)
+        if compute_type is not None:
+            model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
         root = fast_decoder_root(name, path)
         if isinstance(fast_decoder, str) and fast_decoder in FAST_DECODER_FOLDERS:
             kind, fast_decoder = fast_decoder, root / FAST_DECODER_FOLDERS[fast_decoder]
@@ -238,10 +267,34 @@ class TranscriptionPipeline(SpeculativePipeline):
         if fast_decoder is None:
             fast_decoder = default_fast_decoder_folder(root)
         if fast_decoder is not None:
-            fast_decoder = place_fast_decoder(_loaded_fast_decoder(fast_decoder).to(dtype=dtype), drafter_device, model)
-        return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs)
+            fast_decoder = place_fast_decoder(_loaded_fast_decoder(fast_decoder).to(dtype=drafter_dtype), drafter_device, model)
+        return cls(model, processor, fast_decoder=fast_decoder, model_name=name, **kwargs).prepare_decoding()
 
     # --- configuration ------------------------------------------------------------------------
+
+    def prepare_decoding(self) -> "TranscriptionPipeline":
+        """Make now what the first transcription would make on first use: the certified head's bfloat16 copy
+        (greedy verification on a CPU) and the fast decoder's drafting rows and int8 copies. Loading then holds
+        that cost (the CLI's start-up line), not the first transcription's prefill. Returns the pipeline."""
+        head = self.model.get_output_embeddings()
+        if isinstance(head, torch.nn.Linear) and head.bias is None and certified_head_available(head.weight) \
+                and head.weight.numel() >= Target.certified_head_min_size:
+            certified_head_for(head.weight)
+        fast = self.fast_decoder
+        if isinstance(fast, ARFastDecoder) and not fast.proj_out.weight.is_meta and fast.proj_out.weight.device.type == "cpu":
+            fast.lean_runner(fast.draft_head()[0])
+        return self
+
+    @property
+    def compute_type(self) -> str:
+        """The precision the model runs at: "float32", "bfloat16" or "int8" (see `mmspec.speech.precision`)."""
+        return compute_type_of(self.model)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        if has_compute_type_layers(self.model):
+            raise MMSpecError(f"a {self.compute_type} pipeline is made from the float32 weights when loaded and is not "
+                              f"saved as such: save the float32 pipeline and load it with compute_type='{self.compute_type}'")
+        super().save_pretrained(save_directory, **kwargs)
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
         fast = self.fast_decoder
@@ -401,7 +454,8 @@ class TranscriptionPipeline(SpeculativePipeline):
         return TranscriptionOutput(
             text=text, method=method, mode=mode, model=self.model_name, stats=stats,
             decoder_passes=sum(c.decoder_passes for c in chunks), chunks=chunks, segments=segments,
-            total_time_s=time.perf_counter() - started, note=note,
+            total_time_s=time.perf_counter() - started, note=note, encoder_time_s=sum(c.encoder_time_s for c in chunks),
+            compute_type=self.compute_type,
         )
 
     def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
@@ -502,6 +556,9 @@ class TranscriptionPipeline(SpeculativePipeline):
         hook = self.model.get_decoder().register_forward_hook(count)
         try:
             inputs: dict[str, Any] = {"input_features": self.features(piece)}
+            encoding = time.perf_counter()
+            encoder_outputs_of(self.model, inputs)  # once, timed on its own: the decoding reuses it
+            encoder_time = time.perf_counter() - encoding
             prompt = target.prompt_ids(inputs)  # may detect the language (one decoder pass, counted)
             wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
             limit = target.max_new_tokens_for(prompt.shape[1], wanted)
@@ -510,7 +567,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             hook.remove()
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes)
+        return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes, encoder_time)
 
 
 def listed_audio(audio: Any) -> list[Any] | None:
@@ -530,6 +587,18 @@ def check_duration(samples: np.ndarray, sampling_rate: int, what: str = "the aud
 
 
 # --- loading ------------------------------------------------------------------------------------
+
+def compute_type_for(compute_type: str | None, dtype: torch.dtype | None) -> str | None:
+    """The compute type of a load asked for with `compute_type` and / or `dtype` (dtype=bfloat16 alone is compute type
+    bfloat16; None: neither given, or another dtype such as float16); a contradiction is refused."""
+    if compute_type is None:
+        return "bfloat16" if dtype == torch.bfloat16 else None
+    wanted = torch.bfloat16 if check_compute_type(compute_type) == "bfloat16" else torch.float32
+    if dtype is not None and dtype != wanted:
+        raise MMSpecError(f"compute_type {compute_type!r} runs the model in {str(wanted).removeprefix('torch.')}, "
+                          f"but dtype {str(dtype).removeprefix('torch.')} was asked for: pass one of them")
+    return compute_type
+
 
 def default_fast_decoder_folder(model_folder: Path) -> Path | None:
     """The fast decoder a model folder uses by default: its zoo card's measured-fastest kind
@@ -555,7 +624,7 @@ def load_whisper(name: str, path: str, dtype: torch.dtype = torch.float32, devic
         config = AutoConfig.from_pretrained(path)
         if config.model_type != "whisper":
             raise MMSpecError(f"{name!r} is a {config.model_type!r} model, not a Whisper speech model")
-        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype, **placement)
+        model = from_pretrained_complete(WhisperForConditionalGeneration, path, "ASR model", dtype=dtype, **placement)
         model = (model if placement else model.to(device or "cpu")).eval()
     except MMSpecError:
         raise

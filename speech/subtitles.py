@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..batch_files import output_mode
 from ..errors import MMSpecError
 
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -94,6 +95,7 @@ def write_atomically(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(temporary, output_mode(path))  # not mkstemp's 0600
         os.replace(temporary, path)
     except OSError as error:
         raise MMSpecError(f"cannot write {str(path)!r}: {error.strerror or error}") from None

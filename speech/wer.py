@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from ..optional import require
+
 NORMALISATION = "lowercase, punctuation (Unicode category P) removed, whitespace collapsed"
 
 
@@ -15,7 +17,7 @@ def normalise(text: str) -> str:
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     """(substitutions + deletions + insertions, reference words) after `normalise`."""
-    import jiwer
+    jiwer = require("jiwer", "speech", "the word error rate")
 
     ref, hyp = normalise(reference), normalise(hypothesis)
     if not ref:

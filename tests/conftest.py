@@ -8,6 +8,11 @@ os.environ["MMSPEC_BENCH_RESULTS"] = ""
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Without CUDA, Triton kernels (mmspec.kernels) run in Triton's CPU interpreter, which must be chosen before
+# anything imports Triton (the test models' imports do); `import torch` alone does not import it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Tiny test models gain nothing from threads, and threads fight any background job for the cores.
 torch.set_num_threads(1)
 

@@ -13,7 +13,8 @@ from mmspec.stats import SpecStats
 
 def test_bench_text_reports_every_method(target, small_drafter):
     prompts = [torch.tensor([[1, 5, 9, 12]]), torch.tensor([[1, 7, 7, 3, 2]])]
-    report = bench_text(target, small_drafter, prompts, max_new_tokens=12, num_draft_tokens=3, repeats=1, progress=False)
+    report = bench_text(target, small_drafter, prompts, max_new_tokens=12, num_draft_tokens=3, repeats=1, progress=False,
+                        include_compiled=False)
     rows = {row["method"]: row for row in report.to_dict()["methods"]}
     assert set(rows) == {"plain-greedy", "mmspec-fixed", "mmspec-heuristic", "mmspec-adaptive", "mmspec-prompt-lookup",
                          "hf-assisted-constant", "hf-assisted-heuristic"}
@@ -22,6 +23,42 @@ def test_bench_text_reports_every_method(target, small_drafter):
     for name in ("mmspec-fixed", "hf-assisted-constant"):
         assert rows[name]["new_tokens"] == 24 and rows[name]["target_forwards"] >= 1
     assert "speed-up" in report.to_table()
+
+
+def test_bench_text_static_compiled_generate_matches_eager(target, small_drafter):
+    """The generate-static-compiled row: transformers' generate with a static cache and a compiled forward,
+    compiled in the warm-up, with the same tokens as eager generate (the harness's identity check)."""
+    import torch._dynamo
+
+    prompts = [torch.tensor([[1, 5, 9, 12]]), torch.tensor([[1, 7, 7, 3, 2, 8]])]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    report = bench_text(target, small_drafter, prompts, max_new_tokens=10, num_draft_tokens=3, repeats=1, progress=False,
+                        policies=(), include_lookup=False, include_assisted=False)
+    rows = {row["method"]: row for row in report.to_dict()["methods"]}
+    assert set(rows) == {"plain-greedy", "generate-static-compiled"}
+    compiled = rows["generate-static-compiled"]
+    assert compiled["identical_to_reference"] and compiled["new_tokens"] == 20 and compiled["target_forwards"] == 20
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs_before  # compiled, not run eagerly
+
+
+def test_cli_bench_text_includes_the_compiled_baseline_unless_told(monkeypatch, capsys):
+    import mmspec.bench.text as bench_text_module
+    from mmspec.zoo import entries
+
+    if "shapes-caption-lm" not in {e.name for e in entries()}:
+        pytest.skip("needs the zoo")
+    seen = []
+
+    def fake_bench(target, drafter, prompts, **options):
+        seen.append(options["include_compiled"])
+        return run_benchmark("t", {"a": lambda item: ([1], SpecStats(new_tokens=1))}, [0], reference="a", repeats=1,
+                             warmup=0, progress=False)
+
+    monkeypatch.setattr(bench_text_module, "bench_text", fake_bench)
+    for flags, expected in (([], True), (["--no-compiled-baseline"], False)):
+        assert main(["bench", "text", "--num-samples", "1", "--json", *flags]) == 0
+        assert seen[-1] is expected
+    capsys.readouterr()
 
 
 def test_identity_check_catches_a_wrong_method():

@@ -101,6 +101,7 @@ def test_a_batch_that_fails_whole_runs_file_by_file(tmp_path):
     assert run.run(record_for, batch_size=2, records_for=records_for) == 2
     assert calls == [["a.txt", "b.txt"], ["c.txt"]]
     written = [json.loads(line) for line in lines(tmp_path / "out.jsonl")]
+    assert [r.pop("source")["path"] for r in written] == [str(f.resolve()) for f in files]  # what identifies each file
     assert written == [{"file": "a.txt", "alone": "a.txt", "error": None}, {"file": "b.txt", "error": "b is bad"},
                        {"file": "c.txt", "n": 1, "error": None}]
 

@@ -106,18 +106,24 @@ def test_rerun_skips_recorded_files_and_leaves_their_lines_alone(folder, referen
     assert out.read_bytes() == before
 
 
-def test_retry_failed_reruns_only_error_lines(folder, reference, tmp_path):
+def test_retry_failed_reruns_only_error_lines(folder, reference, tmp_path, capsys):
     fixed = tmp_path / "videos"
     make_videos(fixed, 5)
-    (fixed / "clip02b.mp4").write_bytes((folder / "clip00.mp4").read_bytes())  # the corrupt file, now repaired
+    (fixed / "clip02b.mp4").write_bytes((folder / "clip02b.mp4").read_bytes())  # the same corrupt file
     out = tmp_path / "captions.jsonl"
-    out.write_bytes(reference.read_bytes())
-    assert caption(fixed, out) == 2  # without --retry-failed the recorded error stands
-    assert caption(fixed, out, "--retry-failed") == 0
+    assert caption(fixed, out) == 2
+    first = lines(out)
+    capsys.readouterr()
+    assert caption(fixed, out) == 2 and lines(out) == first  # without --retry-failed the recorded error stands
+    assert "6 of 6 file(s) already in" in capsys.readouterr().err
+    assert caption(fixed, out, "--retry-failed") == 2
+    assert "5 of 6 file(s) already in" in capsys.readouterr().err  # only the error line ran again
+    (fixed / "clip02b.mp4").write_bytes((folder / "clip00.mp4").read_bytes())  # repaired: a changed file runs again
+    assert caption(fixed, out) == 0
     records = comparable(out)
     assert [r["file"] for r in records] == [r["file"] for r in comparable(reference)]  # replaced in place, in order
     assert records[3]["error"] is None and records[3]["text"] == records[0]["text"]
-    assert lines(out)[:3] == lines(reference)[:3]
+    assert lines(out)[:3] == first[:3]
 
 
 @pytest.mark.slow

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from mmspec.decoding import eos_ids
-from mmspec.errors import MMSpecError
+from mmspec.errors import MMSpecError, first_line
+from mmspec.paths import inside
 from mmspec.targets import as_target
 
 from .feature_drafter import DistillBatch
@@ -181,6 +182,18 @@ def generate_distill_data(
     return metadata
 
 
+def load_shard(path: Path) -> list[dict[str, Any]]:
+    """A shard's traces, memory-mapped; a file that is not a tensor archive (a pickle would run code) is refused."""
+    try:
+        traces = torch.load(path, mmap=True, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - pickle refused by weights_only, not a zip archive, truncated
+        raise MMSpecError(f"cannot read distillation shard {str(path)!r}: not a tensor archive torch.save wrote "
+                          f"({first_line(error)})") from None
+    if not isinstance(traces, list) or not all(isinstance(t, dict) for t in traces):
+        raise MMSpecError(f"distillation shard {str(path)!r} holds no list of traces")
+    return traces
+
+
 class DistillDataset(Dataset):
     """The traces of a `generate_distill_data` folder; shards are memory-mapped, not read into memory.
 
@@ -198,14 +211,18 @@ class DistillDataset(Dataset):
             self.metadata = json.loads(meta_path.read_text())
         except json.JSONDecodeError as err:
             raise MMSpecError(f"{meta_path} is not valid JSON: {err}") from None
-        if self.metadata.get("format") != DISTILL_FORMAT:
-            raise MMSpecError(f"{folder} is not mmspec distillation data (format {self.metadata.get('format')!r})")
+        if not isinstance(self.metadata, dict) or self.metadata.get("format") != DISTILL_FORMAT:
+            found = self.metadata.get("format") if isinstance(self.metadata, dict) else type(self.metadata).__name__
+            raise MMSpecError(f"{folder} is not mmspec distillation data (format {found!r})")
         self.traces: list[dict[str, Any]] = []
-        for shard in self.metadata.get("shards", []):
-            path = folder / shard["file"]
+        shards = self.metadata.get("shards", [])
+        if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+            raise MMSpecError(f"{meta_path}: \"shards\" must be a list of {{\"file\": ..., \"num_traces\": ...}} objects")
+        for shard in shards:
+            path = inside(folder, shard.get("file"), f"{meta_path}: shard")
             if not path.is_file():
                 raise MMSpecError(f"distillation shard missing: {path}")
-            self.traces.extend(torch.load(path, mmap=True, weights_only=True))
+            self.traces.extend(load_shard(path))
         if not self.traces:
             raise MMSpecError(f"{folder} holds no traces")
         self.modalities = [t["modality"] for t in self.traces]

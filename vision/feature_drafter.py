@@ -29,6 +29,7 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from mmspec.devices import input_device
 from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
+from mmspec.loading import check_finite
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig, probabilities
 from mmspec.trees import DraftTree, TreeConfig, grow_tree, level_attention_mask, node_path
@@ -187,6 +188,7 @@ def load_drafter_model(model_class: type, folder: str | Path, name: str, **kwarg
         model = model_class.from_pretrained(str(path), **kwargs)
     except Exception as err:  # wrong model type, missing or mismatched weights
         raise MMSpecError(f"could not load a {name} drafter from {str(folder)!r}: {str(err).strip().splitlines()[0]}") from err
+    check_finite(model, str(folder), f"{name} drafter")
     return model.eval()
 
 

@@ -22,6 +22,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import MMSpecError
+from ..optional import require
 
 ImageSource = str | Path | Image.Image | np.ndarray | torch.Tensor
 VideoSource = str | Path | np.ndarray | torch.Tensor | Sequence[Image.Image | np.ndarray | torch.Tensor]
@@ -165,7 +166,7 @@ def _uniform_indices(total: int, count: int) -> list[int]:
 
 
 def _open_video(path: Path) -> tuple[Any, Any]:
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "vision", "decoding a video")  # FFmpeg's libraries load only when needed
     container = av.open(str(path))
     if not container.streams.video:
         container.close()
@@ -190,7 +191,7 @@ def _frame_times(path: Path) -> list[float | None]:
 def _decode_indices(path: Path, wanted: list[int], times: list[float | None]) -> list[np.ndarray]:
     """The frames at `wanted` (presentation order, repeats allowed): seek to each one's key frame and decode
     forward when timestamps allow, else one pass over the stream; only the wanted frames become RGB."""
-    import av  # PyAV loads FFmpeg's libraries: only when a file is decoded
+    av = require("av", "vision", "decoding a video")  # FFmpeg's libraries load only when needed
     if all(t is not None for t in times):
         try:
             found = _decode_by_seeking(path, sorted(set(wanted)), times)

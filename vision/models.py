@@ -19,6 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 
 from ..devices import input_device
 from ..errors import MMSpecError, first_line
+from ..loading import from_pretrained_complete
 
 SUPPORTED_ARCHITECTURES = (
     "LlavaForConditionalGeneration",
@@ -151,7 +152,9 @@ def load_vision_model(
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     try:
-        model = AutoModelForImageTextToText.from_pretrained(where, dtype=dtype, **kwargs)
+        model = from_pretrained_complete(AutoModelForImageTextToText, where, "vision-language model", dtype=dtype, **kwargs)
+    except MMSpecError:
+        raise
     except Exception as err:  # missing or mismatched weights, unsupported options, ...
         raise MMSpecError(f"could not load a vision-language model from {where!r}: {first_line(err)}") from err
     if device is not None:

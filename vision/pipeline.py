@@ -37,7 +37,8 @@ from transformers import AutoProcessor, PreTrainedModel
 from ..decoding import SpeculativeDecoder
 from ..devices import load_options, place_drafter
 from ..drafters import NoDrafter
-from ..errors import MMSpecError
+from ..errors import MMSpecError, first_line
+from ..optional import ensure
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, left_padding, per_item
 from ..pipelines import (
     DrafterFactory,
@@ -215,7 +216,8 @@ class CaptionPipeline(SpeculativePipeline):
         try:
             processor = AutoProcessor.from_pretrained(path)
         except Exception as error:  # noqa: BLE001 - any failure here means the folder lacks a processor
-            raise MMSpecError(f"could not load the processor of {name!r}: {str(error).splitlines()[0]}") from None
+            ensure("torchvision", "vision", f"the processor of {name!r}")  # transformers' video processors need it
+            raise MMSpecError(f"could not load the processor of {name!r}: {first_line(error)}") from None
         folder = path if Path(path).is_dir() else None
         if drafter is None:  # the folder's own text drafter (`text/`), else the one its card pairs it with
             own = Path(folder) / TEXT_DRAFTER_FOLDER if folder is not None else None

@@ -64,10 +64,13 @@ def note_report(report: Any) -> None:
     data = report.to_dict()
     record["titles"].append(data["title"])
     record.setdefault("reference", data["reference"])
+    record.setdefault("warnings", []).extend(data.get("warnings", []))  # e.g. the spread warning the CLI printed
     for row in data["methods"]:
+        verified = bool(row.get("drafted", 1))  # no drafts verified (VAR / MAR rows): tau and alpha mean nothing
         record["methods"].append({
-            "method": row["method"], "speed_up": row["speed_up"], "tau": row["tau"], "alpha": row["alpha"],
-            "wall_time_median_s": row["wall_time_median_s"], "identical_to_reference": row["identical_to_reference"],
+            "method": row["method"], "speed_up": row["speed_up"], "tau": row["tau"] if verified else None,
+            "alpha": row["alpha"] if verified else None, "wall_time_median_s": row["wall_time_median_s"],
+            "wall_time_spread": row.get("wall_time_spread"), "identical_to_reference": row["identical_to_reference"],
         })
 
 

@@ -1,11 +1,12 @@
-"""`mmspec bench text`: plain greedy vs mmspec speculative (each policy) vs transformers' assisted generation."""
+"""`mmspec bench text`: plain greedy (eager, and static-cache compiled) vs mmspec speculative (each policy) vs
+transformers' assisted generation."""
 
 from __future__ import annotations
 
 import time
 
 import torch
-from transformers import PreTrainedModel
+from transformers import CompileConfig, PreTrainedModel
 
 from ..decoding import SpeculativeDecoder
 from ..drafters import PromptLookupDrafter
@@ -21,6 +22,41 @@ def plain_greedy(target: PreTrainedModel, max_new_tokens: int, counter: ForwardC
         start = time.perf_counter()
         out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
         stats = SpecStats(method="plain", total_time=time.perf_counter() - start)
+        stats.new_tokens = out.shape[1] - input_ids.shape[1]
+        stats.target_forwards = counter.take()
+        return out[0, input_ids.shape[1]:].tolist(), stats
+
+    return run
+
+
+def static_cache_compile_config(device: torch.device) -> CompileConfig:
+    """How the `generate-static-compiled` row compiles the target's forward: CUDA graphs on a GPU
+    ("reduce-overhead"), inductor's default mode elsewhere; one static shape (no dynamic dimensions).
+
+    transformers compiles a static-cache `generate` by itself only on accelerators (cuda, xpu, ...); on a CPU it
+    needs `CompileConfig._compile_all_devices`, a private flag. This function is the one place that touches it.
+    """
+    config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
+    config._compile_all_devices = True  # private transformers API: compile on any device, the CPU included
+    return config
+
+
+def static_compiled_greedy(target: PreTrainedModel, max_new_tokens: int, max_cache_len: int,
+                           counter: ForwardCounter) -> MethodFn:
+    """transformers' fastest plain decoding: `generate(cache_implementation="static")` with a compiled forward.
+
+    The cache is sized once for the longest prompt (`max_cache_len`), so every call decodes with the same shapes
+    and the forward compiles once, on the harness's warm-up calls; the harness checks its tokens against eager
+    `generate`'s.
+    """
+    config = static_cache_compile_config(target.device)
+
+    def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
+        counter.take()
+        start = time.perf_counter()
+        out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, cache_implementation="static",
+                              compile_config=config, max_cache_len=max_cache_len)
+        stats = SpecStats(method="generate-static-compiled", total_time=time.perf_counter() - start)
         stats.new_tokens = out.shape[1] - input_ids.shape[1]
         stats.target_forwards = counter.take()
         return out[0, input_ids.shape[1]:].tolist(), stats
@@ -74,12 +110,17 @@ def bench_text(
     policies: tuple[str, ...] = ("fixed", "heuristic", "adaptive"),
     include_assisted: bool = True,
     include_lookup: bool = True,
+    include_compiled: bool = True,
     repeats: int = 3,
     title: str = "bench text",
     progress: bool = True,
 ) -> BenchReport:
     target_counter, drafter_counter = ForwardCounter(target), ForwardCounter(drafter)
     methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(target, max_new_tokens, target_counter)}
+    if include_compiled:
+        longest = max(int(p.shape[1]) for p in prompts)
+        methods["generate-static-compiled"] = static_compiled_greedy(target, max_new_tokens, longest + max_new_tokens,
+                                                                     target_counter)
     for policy in policies:
         decoder = SpeculativeDecoder(target, drafter, policy=make_policy(policy, num_draft_tokens), method=f"mmspec-{policy}")
         methods[f"mmspec-{policy}"] = mmspec_method(decoder, max_new_tokens)

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..batch_files import output_mode
 from ..errors import MMSpecError
 
 
@@ -22,6 +23,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     temporary_path = Path(temporary)
     try:
         write(temporary_path)
+        os.chmod(temporary_path, output_mode(path))
         os.replace(temporary_path, path)
     except OSError as error:
         raise MMSpecError(f"cannot write {str(path)!r}: {error.strerror or error}") from None

@@ -11,12 +11,14 @@ from .common import (
     IMAGE_SUFFIXES,
     SharedFlags,
     add_size_flag,
+    announce_toy,
     announce_zoo_default,
     check_device,
     emit,
     on_device,
     set_threads,
 )
+from .image_batches import check_batch_fits
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -88,7 +90,11 @@ def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
 
 def run(args: argparse.Namespace) -> int:
     from ..image_ar.bench import bench_image, default_methods
-    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
+    from ..image_ar.pipeline import (
+        DEFAULT_IMAGE_MODEL,
+        SpeculativeImagePipeline,
+        image_family,
+    )
     from ..image_ar.rules import LANTERN_DELTA, LANTERN_K
     from ..sampling import SamplingConfig
 
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, argparse.ArgumentTypeError):
             raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
     gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
+    announce_toy(args.model, "image model")
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     name = args.model or DEFAULT_IMAGE_MODEL
@@ -110,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     pipe = on_device(SpeculativeImagePipeline.from_pretrained(name, drafter=args.drafter), args)
     if family is None:  # known only now that the model is loaded
         refuse_family_flags(args, getattr(pipe, "family", None) or "llamagen", name)
+    if args.batch_size is not None:  # before any image is made
+        check_batch_fits(pipe, args.batch_size, device=getattr(args, "device", None))
     if getattr(pipe, "family", None) == "var":
         return run_var(pipe, name, args)
     if getattr(pipe, "family", None) == "mar":

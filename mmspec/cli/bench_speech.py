@@ -1,11 +1,12 @@
-"""`mmspec bench speech`: greedy vs hybrid decoding vs transformers' assisted generation on held-out clips."""
+"""`mmspec bench speech`: greedy vs hybrid decoding vs transformers' assisted generation vs faster-whisper on held-out
+clips, at a chosen compute type."""
 
 from __future__ import annotations
 
 import argparse
 
 from . import checks
-from .common import SharedFlags, add_size_flag, emit, set_threads
+from .common import LazyChoices, SharedFlags, add_size_flag, emit, set_threads
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -26,6 +27,14 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="decode the clips in batches of each size (e.g. 1,4,8): plain batched generate vs mmspec's "
                              "methods that decode batches, tokens/s per batch size")
+    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+                        metavar="TYPE", help="precision of mmspec's rows and of the greedy reference: float32 (default), "
+                                             "int8 or bfloat16")
+    parser.add_argument("--no-peers", dest="peers", action="store_false",
+                        help="leave out the faster-whisper rows (run by default when faster_whisper is installed)")
+    parser.add_argument("--rows", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()), default=None,
+                        metavar="NAME[,NAME...]", help="run only these rows (plain-greedy, the reference, always runs), "
+                                                        "e.g. greedy-loop,hybrid-strict-ar,faster-whisper-int8")
     parser.set_defaults(func=run)
 
 
@@ -35,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args)
     report = run_speech_bench(args.model, data=args.data, n=args.num_samples, repeats=args.repeats, fast_decoder=args.fast_decoder,
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json, batch_sizes=args.batch_size,
-                              chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter)
+                              chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter,
+                              compute_type=args.compute_type, peers=args.peers, only=args.rows)
     emit(report, args)
     return 0

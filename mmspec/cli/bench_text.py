@@ -1,4 +1,5 @@
-"""`mmspec bench text`: plain greedy vs mmspec (each policy) vs transformers' assisted generation."""
+"""`mmspec bench text`: plain greedy (eager and static-cache compiled) vs mmspec (each policy) vs transformers'
+assisted generation."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="decode the prompts in left-padded batches of each size (e.g. 1,4,8): plain batched "
                              "generate vs mmspec's batch loop, tokens/s per batch size")
+    parser.add_argument("--no-compiled-baseline", action="store_true",
+                        help="leave out the generate-static-compiled row (transformers' generate with a static cache "
+                             "and a compiled forward; compiling takes a while, once, in the warm-up)")
     parser.set_defaults(func=run)
 
 
@@ -61,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     report = bench_text(
         target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=k,
         repeats=args.repeats, title=f"bench text: {args.model} + {args.drafter}", progress=not args.json,
+        include_compiled=not args.no_compiled_baseline,
     )
     emit(report, args)
     return 0

@@ -14,6 +14,7 @@ from .common import (
     IMAGE_SUFFIXES,
     LazyChoices,
     SharedFlags,
+    announce_toy,
     announce_zoo_default,
     set_threads,
     stats_json,
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size > 1 and folder is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
 
+    announce_toy(args.model, "captioner")
     if args.model is None:
         announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of 1-4 moving shapes, detailed captions")
     # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.

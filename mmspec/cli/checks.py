@@ -8,6 +8,7 @@ these, so a flag means the same thing (and fails the same way) everywhere.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import tempfile
@@ -102,12 +103,30 @@ seed = int_in(0, MAX_SEED)
 threads = int_in(1, 1024)
 
 
+def not_found(text: str) -> str:
+    """Why `text` names nothing: a loop of symbolic links, a link to a missing file, or no such file."""
+    try:
+        os.stat(text)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return f"{text!r} is a loop of symbolic links (too many levels of symbolic links)"
+        if os.path.islink(text):
+            return f"{text!r} is a symbolic link to a missing file"
+    return f"file not found: {text!r}"
+
+
+def not_regular(text: str) -> str | None:
+    """Why an existing path cannot be read as a file or a folder (a device such as /dev/zero, a pipe), or None."""
+    path = Path(text)
+    return None if path.is_file() or path.is_dir() else f"{text!r} is not a regular file (a device, pipe or socket)"
+
+
 def existing_file(text: str) -> str:
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"file not found: {text!r}")
+        raise argparse.ArgumentTypeError(not_found(text))
     if not path.is_file():
-        raise argparse.ArgumentTypeError(f"not a file: {text!r}")
+        raise argparse.ArgumentTypeError(not_regular(text) or f"not a file: {text!r}")
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
     return text

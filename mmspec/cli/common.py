@@ -134,14 +134,39 @@ def emit(report: Any, args: argparse.Namespace) -> None:
     print(report.to_json() if args.json else report.to_table())
 
 
+TOY_WORLD = ("trained only on a synthetic world of coloured shapes, it answers other input (a photo, a test pattern) "
+             "with confident nonsense")
+_announced: set[str] = set()  # toy models already announced by this process
+
+
+def is_toy(name: str | None) -> bool:
+    """Whether `name` is a zoo model of the synthetic shapes world (the zoo's toys; whisper-tiny.en is OpenAI's)."""
+    from ..zoo import entries
+
+    return name is not None and name.startswith("shapes-") and name in {e.name for e in entries()}
+
+
+def announce_toy(name: str | None, what: str) -> None:
+    """Once per process, on stderr: the zoo model named by --model is a toy of the shapes world."""
+    if name in _announced or not is_toy(name):
+        return
+    _announced.add(name)  # type: ignore[arg-type]  # is_toy(None) is False
+    print(f"mmspec: using the embedded toy {what} {name!r}: {TOY_WORLD}", file=sys.stderr)
+
+
 def announce_zoo_default(name: str, what: str, trained_on: str) -> None:
     """With no --model: use the zoo's toy model and say so, or fail clearly if this install lacks it."""
     from ..zoo import entries
+    from ..zoo.distributions import not_installed
 
     if name not in {e.name for e in entries()}:
+        missing = not_installed(name, what)
+        if missing is not None:
+            raise MMSpecError(f"{missing}; or pass --model ID|PATH")
         raise MMSpecError(f"the toy {what} {name!r} is not in this install's zoo; pass --model ID|PATH")
-    print(f"mmspec: using the embedded toy {what} {name!r} (trained on {trained_on}; pass --model for a real checkpoint)",
-          file=sys.stderr)
+    _announced.add(name)
+    print(f"mmspec: using the embedded toy {what} {name!r} (trained on {trained_on}; pass --model for a real checkpoint); "
+          f"{TOY_WORLD}", file=sys.stderr)
 
 
 def stats_json(stats: Any, **extra: Any) -> dict[str, Any]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 
 from ..errors import MMSpecError
+from ..optional import ensure
 from .common import SharedFlags, set_threads
 
 
@@ -21,8 +21,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise MMSpecError(f"--port must be in 1..65535, got {args.port}")
-    if importlib.util.find_spec("gradio") is None:
-        raise MMSpecError("the demo needs gradio, which is not installed: pip install 'mmspec[demo]'")
+    ensure("gradio", "demo", "the demo")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo does not report usage
     from ..demo import launch
 

@@ -4,11 +4,13 @@
     accelerate launch --multi_gpu --num_processes 2 -m mmspec caption videos/ --out captions.jsonl   # CPU too
     torchrun --nproc_per_node 2 -m mmspec caption videos/ --out captions.jsonl
 
-One line per file (`{"file": NAME, ..., "error": null}` or `{"file": NAME, "error": MESSAGE}`), written and
-fsync'd as soon as that file finishes; a re-run skips files already recorded (`--retry-failed`: those that
-failed too). Under a distributed launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left
-to do between the processes; each appends to its own part file and the main process merges the parts into
-the results file, ordered by file name, so the result equals a one-process run.
+One line per file (`{"file": NAME, ..., "error": null}` or `{"file": NAME, "error": MESSAGE}`, each with the
+file's `"source"`: resolved path, size, modification time), written and fsync'd as soon as that file
+finishes; a re-run skips files already recorded with the same source (another folder's file of the same
+name, or a file changed since, runs again; `--retry-failed`: the failed ones too). Under a distributed
+launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left to do between the processes;
+each appends to its own part file and the main process merges the parts into the results file, ordered by
+file name, so the result equals a one-process run.
 
 `--batch-size N` decodes the files N at a time (`records_for` of the verb): each file is loaded on its own
 first, so one that fails to load is an error line and the others still decode together; a batch that fails
@@ -28,15 +30,20 @@ from typing import Any
 
 from .. import batch_files
 from ..errors import MMSpecError
+from . import outputs
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mkv", ".mov", ".avi", ".webm", ".mpg", ".mpeg", ".ts", ".flv", ".wmv", ".3gp", ".ogv"}
 
 
 def file_or_folder(text: str) -> str:
     """argparse type: an existing, readable file or folder."""
+    from . import checks
+
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"file not found: {text!r}")
+        raise argparse.ArgumentTypeError(checks.not_found(text))
+    if checks.not_regular(text):
+        raise argparse.ArgumentTypeError(checks.not_regular(text))
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
     return text
@@ -68,6 +75,15 @@ class FolderRun:
     def __init__(self, files: list[Path], out: Path, retry_failed: bool) -> None:
         self.files, self.out, self.retry_failed = files, out, retry_failed
         self.names = [f.name for f in files]
+        self.sources = {f: source_of(f) for f in files}
+
+    def recorded(self, path: Path, done: dict[str, dict[str, Any]]) -> bool:
+        """Whether `done` holds this very file: its name, and (records written since they carry one) its resolved path,
+        size and modification time, so a results file of another folder with the same names skips nothing."""
+        record = done.get(path.name)
+        if record is None or ("source" in record and record["source"] != self.sources[path]):
+            return False
+        return not (self.retry_failed and record.get("error") is not None)
 
     def run(self, record_for: Callable[[Path], dict[str, Any]], verb: str = "processed", as_json: bool = False,
             batch_size: int = 1, records_for: Records | None = None) -> int:
@@ -84,8 +100,7 @@ class FolderRun:
             batch_files.merge(self.out, self.names)
         _barrier(state)
         done = {r["file"]: r for r in batch_files.read_records(self.out)}
-        todo = [f for f in self.files
-                if f.name not in done or (self.retry_failed and done[f.name].get("error") is not None)]
+        todo = [f for f in self.files if not self.recorded(f, done)]
         if state is not None:
             with state.split_between_processes(todo) as share:
                 mine = list(share)
@@ -98,13 +113,13 @@ class FolderRun:
         with batch_files.RecordWriter(target) as writer, _progress(mine, rank, size) as bar:
             if batch_size == 1 or records_for is None:
                 for path in mine:
-                    writer.write(_record(path, record_for))
+                    writer.write(self._sourced(_record(path, record_for), path))
                     bar.update(1)
             else:
                 for start in range(0, len(mine), batch_size):
                     batch = mine[start:start + batch_size]
-                    for record in _batch_records(batch, records_for, record_for):
-                        writer.write(record)
+                    for path, record in zip(batch, _batch_records(batch, records_for, record_for)):
+                        writer.write(self._sourced(record, path))
                     bar.update(len(batch))
         if size > 1:
             print(f"mmspec: process {rank} of {size} {verb} {len(mine)} file(s)", file=sys.stderr)
@@ -118,11 +133,21 @@ class FolderRun:
         failed = [r["file"] for r in records if r["file"] in wanted and r.get("error") is not None]
         if rank == 0:
             print(f"mmspec: {verb} {len(self.files) - len(failed)} of {len(self.files)} file(s) into {self.out}"
-                  + (f"; {len(failed)} failed ({', '.join(failed)}): see their \"error\" in {self.out}" if failed else ""),
+                  + (f"; {len(failed)} failed ({', '.join(map(outputs.printable, failed))}): "
+                     f"see their \"error\" in {self.out}" if failed else ""),
                   file=sys.stderr)
             if as_json:
                 print(json.dumps({"out": str(self.out), "files": len(self.files), "failed": failed}, indent=2))
         return 2 if failed else 0
+
+    def _sourced(self, record: dict[str, Any], path: Path) -> dict[str, Any]:
+        return {**record, "source": self.sources[path]}
+
+
+def source_of(path: Path) -> dict[str, Any]:
+    """What identifies an input file beyond its name: its resolved path, size and modification time."""
+    stat = path.stat()
+    return {"path": os.fsdecode(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def plan(path: str, out: str | None, suffixes: set[str], retry_failed: bool = False) -> FolderRun | None:
@@ -141,14 +166,14 @@ def plan(path: str, out: str | None, suffixes: set[str], retry_failed: bool = Fa
         raise MMSpecError(f"--out {out!r} is a folder; name a FILE.jsonl")
     if not results.parent.is_dir():
         raise MMSpecError(f"cannot write {out!r}: no folder {str(results.parent)!r}")
-    if not os.access(results.parent, os.W_OK):
-        raise MMSpecError(f"cannot write to {str(results.parent)!r} (permission denied)")
+    outputs.check_file(out)  # /proc, a read-only mount: fails now, before any model loads
     if source.is_dir():
         files = batch_files.list_files(source, suffixes)
         if not files:
             raise MMSpecError(f"the folder {path!r} holds no input files ({', '.join(sorted(suffixes))})")
     else:
         files = [source]
+    outputs.refuse_inputs(results, files)
     batch_files.read_records(results)  # a results file that is not ours fails now, before any model loads
     return FolderRun(files, results, retry_failed)
 
@@ -162,7 +187,7 @@ def _record(path: Path, record_for: Callable[[Path], dict[str, Any]]) -> dict[st
         message = f"{type(error).__name__}: {error}"
     from tqdm.auto import tqdm
 
-    tqdm.write(f"mmspec: error: {path.name}: {message}", file=sys.stderr)  # on its own line, above the progress bar
+    tqdm.write(f"mmspec: error: {outputs.printable(path.name)}: {message}", file=sys.stderr)  # on its own line, above the progress bar
     return {"file": path.name, "error": message}
 
 

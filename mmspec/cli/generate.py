@@ -8,7 +8,7 @@ import sys
 
 from ..errors import MMSpecError
 from . import checks
-from .common import SharedFlags, set_threads, stats_json
+from .common import SharedFlags, announce_toy, set_threads, stats_json
 
 DEFAULT_DRAFT_TOKENS = 5
 
@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from ..zoo import load_causal_lm
 
     set_threads(args)
+    announce_toy(args.model, "language model")
     if not args.prompt.strip():
         raise MMSpecError("the prompt is empty")
     target, tokenizer = load_causal_lm(args.model, "target")

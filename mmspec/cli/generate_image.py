@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     common.set_threads(args)
     common.check_device(args)
 
+    common.announce_toy(args.model, "image model")
     if args.model is None:
         common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
     if args.out:  # before the model loads: a path that cannot be written fails now, not after generating

@@ -41,6 +41,10 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
     load_options(None, args.device_map, args.max_memory, args.offload_folder)  # combinations: one clear error
     if args.drafter_device is not None and args.device_map is None and args.max_memory is None:
         raise MMSpecError("--drafter-device places the drafter of a model spread by --device-map / --max-memory")
+    if args.drafter_device is not None:  # present on this machine, before any weights load
+        from ..devices import usable_device
+
+        usable_device(args.drafter_device, "--drafter-device")
     options = {"device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder,
                "drafter_device": args.drafter_device}
     return {name: value for name, value in options.items() if value is not None}
@@ -69,7 +73,10 @@ def max_memory(text: str) -> dict[Any, str]:
         name, equals, size = part.strip().partition("=")
         if not equals or not name or not size:
             raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE pairs such as cpu=200MB,0=10GiB, got {text!r}")
-        sizes[int(name) if name.isdigit() else name] = size
+        key = int(name) if name.isdigit() else name
+        if key in sizes:
+            raise argparse.ArgumentTypeError(f"{name} is given twice in {text!r}")
+        sizes[key] = size
     from ..devices import check_max_memory
 
     return _checked(check_max_memory, sizes)

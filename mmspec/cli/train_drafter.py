@@ -50,6 +50,8 @@ def check_data_folder(folder: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..vision.drafter_training import train_drafter
 
+    if args.resume and not any((Path(args.out) / "checkpoints").glob("step-*.pt")):
+        raise MMSpecError(f"--resume: nothing to resume in {args.out} (no checkpoints/step-*.pt); leave out --resume to start")
     check_data_folder(args.data)
     set_threads(args)
     train_drafter(args.target, args.kind, args.data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,

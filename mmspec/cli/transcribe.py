@@ -4,6 +4,12 @@
     mmspec transcribe talk.mp3 --format srt --out talk.srt     # subtitles, written atomically
     mmspec transcribe recordings/ --format vtt --out subs/     # every audio file of a folder, one output each
     mmspec transcribe recordings/ --out transcripts.jsonl      # one JSON line per file, resumable (folder_runs)
+    mmspec transcribe talk.mp3 --compute-type int8             # int8 products (exact: equals the int8 model's greedy)
+
+By default the fastest exact method the model has runs: hybrid strict with its shipped fast decoder (for
+whisper-tiny.en the self-drafter, also when the model is given as its package's folder), else greedy.
+Start-up (importing the libraries, loading the model) is its own line on stderr, apart from the stats,
+whose prefill is the decoder's (the encoder has its own figure).
 
 In folder mode a file that fails (corrupt, empty, not audio, too short) is reported on its own line
 and the others still run; the exit status is 2 when any failed.
@@ -14,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import folder_runs
+from . import checks, folder_runs, outputs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
 from .placement import add_placement_flags, placement_options
 
@@ -40,6 +47,9 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "decoder exists, else ar)")
     parser.add_argument("--mode", choices=LazyChoices("mmspec.speech.hybrid", "MODES"), default="strict", metavar="MODE",
                         help="strict = identical to greedy decoding; relaxed = accept highly ranked drafts (hybrid only)")
+    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+                        metavar="TYPE", help="float32 (default), int8 (int8 products in the encoder and decoder layers; "
+                                             "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="per chunk (default: the decoder's limit)")
@@ -47,37 +57,54 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
-                             "(required), one FILE_STEM.FORMAT per audio file, or a FILE.jsonl: one JSON line per audio "
+                             "(required), one FILE_STEM.FORMAT per audio file (FILE_NAME.FORMAT where stems collide), "
+                             "or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="with --out FILE.jsonl: run again the files whose line records an error")
     folder_runs.add_batch_size_flag(parser)
     add_placement_flags(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
 
+    imported = time.perf_counter() - started
     set_threads(args)
     placement = placement_options(args)
     source = Path(args.path)
     if not source.exists():
-        raise MMSpecError(f"audio file {args.path!r} does not exist")
+        raise MMSpecError(f"audio file {args.path!r} does not exist" if not source.is_symlink() else checks.not_found(args.path))
+    if checks.not_regular(args.path):
+        raise MMSpecError(checks.not_regular(args.path))
     jsonl = None
     if args.out is not None and Path(args.out).suffix.lower() == ".jsonl":
         if args.format not in (None, "json"):
             raise MMSpecError(f"--out {args.out!r} holds JSON lines; --format {args.format} does not apply")
-        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES)
+        jsonl = folder_runs.plan(args.path, args.out, AUDIO_SUFFIXES, args.retry_failed)
+    elif args.retry_failed:
+        raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
     fmt = output_format(args)
+    if args.out is not None and jsonl is None:  # before the model loads: an output that cannot be written fails now
+        outputs.refuse_inputs(args.out, files)
+        (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)
-    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder, **placement)
+    loading = time.perf_counter()
+    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder,
+                                                 compute_type=args.compute_type, **placement)
+    startup = time.perf_counter() - started
+    print(f"mmspec: start-up {startup:.2f} s (import {imported:.2f} s, load {time.perf_counter() - loading:.2f} s; "
+          f"compute type {pipe.compute_type})", file=sys.stderr)
     pipe.check_method(args.method)  # an unavailable method fails once, before any audio
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r}", file=sys.stderr)
@@ -88,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, records_for=lambda paths: transcript_records(pipe, paths, args))
     if not source.is_dir():
         out = transcribe_one(pipe, source, args, progress=not args.json)
-        emit(out, fmt, args.out, source)
-        print(f"{out.stats.summary()}; {out.decoder_passes} decoder passes over {len(out.chunks)} chunk(s)", file=sys.stderr)
+        emit(out, fmt, args.out, source, startup_s=startup)
+        print(f"{out.stats.summary()}; encoder {out.encoder_time_s * 1e3:.0f} ms; {out.decoder_passes} decoder passes over "
+              f"{len(out.chunks)} chunk(s)", file=sys.stderr)
         return 0
     return transcribe_folder(pipe, files, Path(args.out), fmt, args)
 
@@ -113,16 +141,17 @@ def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bo
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
                progress_bar=progress)
     if out.note:
-        print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+        print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
 
 
-def rendered(out: Any, fmt: str, source: Path) -> str:
+def rendered(out: Any, fmt: str, source: Path, **extra: Any) -> str:
     from ..speech.subtitles import render
 
     stats = stats_json(out.stats, decoder_passes=out.decoder_passes, chunks=len(out.chunks),
-                       transcription_time_s=out.total_time_s)
-    return render(out.segments, fmt, file=str(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
+                       transcription_time_s=out.total_time_s, encoder_time_s=out.encoder_time_s,
+                       compute_type=out.compute_type, **extra)
+    return render(out.segments, fmt, file=outputs.printable(source), text=out.text, method=out.method, mode=out.mode, model=out.model,
                   note=out.note, stats=stats)
 
 
@@ -156,17 +185,17 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:
-                print(f"mmspec: {path.name}: {out.note}", file=sys.stderr)
+                print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
             record = json.loads(rendered(out, "json", path))
             record.pop("file", None)
             results[index] = record
     return results  # type: ignore[return-value]  # every slot is filled
 
 
-def emit(out: Any, fmt: str, destination: str | None, source: Path) -> None:
+def emit(out: Any, fmt: str, destination: str | None, source: Path, **extra: Any) -> None:
     from ..speech.subtitles import write_atomically
 
-    text = rendered(out, fmt, source)
+    text = rendered(out, fmt, source, **extra)
     if destination is None:
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
     else:
@@ -182,19 +211,20 @@ def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, arg
         raise MMSpecError(f"--out {str(out_dir)!r} is a file; a folder of audio needs an output folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
+    names = outputs.distinct_names(files, fmt)
     for index, path in enumerate(files, 1):
-        print(f"mmspec: [{index}/{len(files)}] {path.name}", file=sys.stderr)
-        target = out_dir / f"{path.stem}.{fmt}"
+        print(f"mmspec: [{index}/{len(files)}] {outputs.printable(path.name)}", file=sys.stderr)
+        target = out_dir / names[path]
         try:
             out = transcribe_one(pipe, path, args, progress=True)
             write_atomically(target, rendered(out, fmt, path))
             results.append({"file": str(path), "output": str(target), "error": None})
         except MMSpecError as error:
-            print(f"mmspec: error: {path.name}: {error}", file=sys.stderr)
+            print(f"mmspec: error: {outputs.printable(path.name)}: {error}", file=sys.stderr)
             results.append({"file": str(path), "output": None, "error": str(error)})
     failed = [r for r in results if r["error"]]
     print(f"mmspec: transcribed {len(results) - len(failed)} of {len(results)} file(s) into {out_dir}"
-          + (f"; failed: {', '.join(Path(r['file']).name for r in failed)}" if failed else ""), file=sys.stderr)
+          + (f"; failed: {', '.join(outputs.printable(Path(r['file']).name) for r in failed)}" if failed else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(results, indent=2))
     return 2 if failed else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..zoo.distributions import DISTRIBUTIONS
 from .common import SharedFlags
 
 
@@ -53,4 +54,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"      {step}")
         else:
             print(f"    rebuild: {e.get('rebuild_command', '?')}")
+    names = {e["name"] for e in found}
+    for distribution in DISTRIBUTIONS:  # the zoo's other models, for the asking
+        if not names & set(distribution.models):
+            print(f"not installed: {', '.join(distribution.models)} (pip install {distribution.name})")
     return 0

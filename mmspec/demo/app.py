@@ -16,7 +16,9 @@ def build_app() -> gr.Blocks:
     with gr.Blocks(title=TITLE) as app:
         gr.Markdown(f"# {TITLE}\nA small model (or the model itself) drafts several tokens; the target model checks "
                     "them all in one forward pass and keeps the longest prefix it agrees with, plus one token of its "
-                    "own. Lossless methods give exactly the text plain decoding gives, in fewer target forwards.")
+                    "own. Lossless methods give exactly the text plain decoding gives, in fewer target forwards.\n\n"
+                    "The shapes-* models are toys trained only on a synthetic world of coloured shapes: other input "
+                    "(a photo, a test pattern) gets confident nonsense.")
         with gr.Tab("Caption", id="caption"):
             caption_tab.build()
         with gr.Tab("Transcribe", id="transcribe"):

@@ -27,6 +27,11 @@ def build() -> list:
     return outputs
 
 
+def _rounded(value: Any) -> float | None:
+    """A measured number to two places; None (a blank cell) where the row has none (no drafts verified)."""
+    return None if value is None else round(float(value), 2)
+
+
 def read() -> list[Any]:
     """A note per modality, the table of every method, and one chart per modality (hidden when it has no record)."""
     path = results_path()
@@ -40,10 +45,11 @@ def read() -> list[Any]:
     for modality, record in sorted(latest.items()):
         lines.append(f"- **{modality}** ({record.get('time', '?')}): `{record.get('command', '')}`; "
                      f"reference `{record.get('reference', '?')}`")
+        lines += [f"  - **warning**: {warning}" for warning in record.get("warnings") or []]
         for row in record["methods"]:
             rows.append({"modality": modality, "method": str(row.get("method")),
                          "speed-up": round(float(row.get("speed_up") or 0.0), 2),
-                         "tau": round(float(row.get("tau") or 0.0), 2), "alpha": round(float(row.get("alpha") or 0.0), 2),
+                         "tau": _rounded(row.get("tau")), "alpha": _rounded(row.get("alpha")),
                          "identical to reference": bool(row.get("identical_to_reference"))})
     table = pd.DataFrame(rows, columns=COLUMNS)
     charts = []

@@ -9,6 +9,7 @@ import gradio as gr
 from ..errors import MMSpecError
 from . import rounds as R
 from .display import acceptance_frame, stats_markdown
+from .fields import checked_seed
 from .models import caption_pipeline
 from .round_tab import (
     add_samples,
@@ -51,6 +52,7 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
     path = None
     try:
+        seed = checked_seed(seed)
         path = checked_upload(video, "video")
         pipe = caption_pipeline(model)
         tokenizer = pipe.processor.tokenizer
@@ -61,7 +63,7 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
         limit = int(max_new_tokens)
         progress(0.0, desc=f"{method}: reading the video")
         call = dict(video=path, method=method, max_new_tokens=limit, do_sample=temperature > 0,
-                    temperature=temperature or 1.0, seed=int(seed or 0), progress_bar=False)
+                    temperature=temperature or 1.0, seed=seed, progress_bar=False)
         for done_rounds, out in stream_rounds(pipe, **call):
             views = R.round_views(done_rounds, decode)
             committed = done_rounds[-1].new_tokens if done_rounds else 0
@@ -74,4 +76,4 @@ def caption(video: str | None, model: str, method: str, max_new_tokens: float, t
         yield (R.highlighted(views), out.text, stats_markdown(out.stats, out.method), acceptance_frame(out.stats), versus,
                R.table_rows(views))
     except MMSpecError as error:
-        raise gr.Error(page_message(error, path)) from None
+        raise gr.Error(page_message(error, path), duration=None) from None

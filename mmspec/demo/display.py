@@ -19,7 +19,8 @@ def stats_markdown(stats: Any, method: str) -> str:
 def acceptance_frame(stats: Any) -> pd.DataFrame:
     """Per draft position: the share of rounds reaching it that accepted it (for `gr.BarPlot`)."""
     shares = stats.per_position_acceptance
-    return pd.DataFrame({"draft position": [str(i + 1) for i in range(len(shares))], "acceptance": shares})
+    width = len(str(len(shares)))  # zero-padded ("01".."12"): a chart sorting its labels as text keeps them in order
+    return pd.DataFrame({"draft position": [str(i + 1).zfill(width) for i in range(len(shares))], "acceptance": shares})
 
 
 def comparison_markdown(fast: Any, plain: Any, sampled: bool = False) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import MMSpecError
+from .fields import checked_seed
 from .models import image_pipeline, zoo_models
 
 SHOWN_SIZE = 256  # toy images are tiny: shown enlarged, pixels kept sharp
@@ -44,7 +45,7 @@ def _choices_of(name: str) -> tuple[Any, Any]:
     try:
         pipe = image_pipeline(name)
     except MMSpecError as error:
-        raise gr.Error(str(error)) from None
+        raise gr.Error(str(error), duration=None) from None
     classes = list(pipe.class_names or [])
     return (gr.Dropdown(choices=classes, value=classes[0] if classes else None),
             gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method))
@@ -87,13 +88,14 @@ def _enlarged(picture: Image.Image) -> Image.Image:
 
 def generate(model: str, label: str, method: str, seed: float, progress: gr.Progress = gr.Progress()) -> tuple:
     try:
+        seed = checked_seed(seed)
         if not label:
             raise MMSpecError("choose a class")
         pipe = image_pipeline(model)
         progress(None, desc=f"{method}: sampling image tokens")
         rounds: list = []
         extra = {"callback_on_round": lambda _i, info: rounds.append(info)} if reports_rounds(pipe) else {}
-        out = pipe(prompt=label, method=method, seed=int(seed or 0), progress_bar=False, **extra)
+        out = pipe(prompt=label, method=method, seed=seed, progress_bar=False, **extra)
         grid = tuple(out.tokens.shape[-2:])
         stats = out.stats
         text = (f"**{method}**: {stats.new_tokens} image tokens in {stats.target_forwards} target forwards: step "
@@ -104,4 +106,4 @@ def generate(model: str, label: str, method: str, seed: float, progress: gr.Prog
             text += "\n\nThe step map needs the image pipeline's per-round callback (`callback_on_round`), which it lacks."
         return _enlarged(out.images[0]), picture, text
     except MMSpecError as error:
-        raise gr.Error(str(error)) from None
+        raise gr.Error(str(error), duration=None) from None

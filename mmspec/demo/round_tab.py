@@ -36,7 +36,7 @@ def model_and_method(prefix: str, load: Loader) -> tuple[Any, Any]:
         try:
             pipe = load(name)
         except MMSpecError as error:
-            raise gr.Error(str(error)) from None
+            raise gr.Error(str(error), duration=None) from None
         return gr.Dropdown(choices=pipe.available_methods, value=pipe.default_method)
 
     model.change(methods_of, inputs=[model], outputs=[method])

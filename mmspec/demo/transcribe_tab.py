@@ -67,4 +67,4 @@ def transcribe(audio: str | None, model: str, method: str, compare: bool,
             summary += f"\n\n{out.note}"
         yield R.highlighted(views), out.text, summary, R.table_rows(views), versus
     except MMSpecError as error:
-        raise gr.Error(page_message(error, path)) from None
+        raise gr.Error(page_message(error, path), duration=None) from None

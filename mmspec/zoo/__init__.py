@@ -1,9 +1,12 @@
-"""The embedded toy model zoo: small models trained here on the shapes world, shipped in the package.
+"""The toy model zoo: small models trained here on the shapes world.
 
-A zoo name (e.g. "shapes-video-captioner") resolves to a packaged folder that loads through the
-normal `from_pretrained` path of its class; a model that is a part of another (a card with
-`derived_from`, see `derived`) resolves to that part. Each folder has a `zoo_card.json` that says what
-the model is, what it was trained on, how well it does and how to rebuild it.
+A zoo name (e.g. "shapes-video-captioner") resolves to its folder, which loads through the normal
+`from_pretrained` path of its class. The folders are found in the installed zoo distributions first
+(`mmspec-zoo-vision`, ...; see `distributions`), then in a source checkout's `mmspec/zoo/models` (an
+editable install); a zoo name that neither has is one error naming the distribution to install. A
+model that is a part of another (a card with `derived_from`, see `derived`) resolves to that part.
+Each folder has a `zoo_card.json` that says what the model is, what it was trained on, how well it
+does and how to rebuild it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
+from .distributions import installed_model_dirs, not_installed
 
+# The zoo of a source checkout; an installed mmspec wheel has none (its models come with the zoo distributions).
 MODELS_DIR = Path(__file__).parent / "models"
 
 
@@ -34,15 +39,21 @@ class ZooEntry:
         return {**self.card, "name": self.name, "path": str(self.path), "file_size_bytes": self.file_size_bytes}
 
 
+def model_dirs() -> list[Path]:
+    """Where zoo models are looked up, in order (the first folder with a name wins): the installed zoo
+    distributions, then the source checkout's."""
+    return [*installed_model_dirs(), MODELS_DIR]
+
+
 def entries() -> list[ZooEntry]:
-    """Every packaged zoo model, sorted by name."""
-    found = []
-    if MODELS_DIR.is_dir():
-        for folder in sorted(MODELS_DIR.iterdir()):
+    """Every zoo model this install has, sorted by name."""
+    found: dict[str, ZooEntry] = {}
+    for models in model_dirs():
+        for folder in sorted(models.iterdir()) if models.is_dir() else []:
             card_file = folder / "zoo_card.json"
-            if card_file.is_file():
-                found.append(ZooEntry(name=folder.name, path=folder, card=read_card(card_file)))
-    return found
+            if card_file.is_file() and folder.name not in found:
+                found[folder.name] = ZooEntry(name=folder.name, path=folder, card=read_card(card_file))
+    return sorted(found.values(), key=lambda entry: entry.name)
 
 
 def read_card(card_file: Path) -> dict[str, Any]:
@@ -96,6 +107,9 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
             return str(derived_path(ZooEntry(name=path.name, path=path, card=card), found))
         hub.refuse_pickle_only(path, role)
         return text
+    missing = not_installed(text, role)
+    if missing is not None:
+        raise missing
     hub.check_hub_id(text, role, f"not a zoo model (known: {known_names()})")
     return text
 
@@ -145,9 +159,13 @@ def load_causal_lm(name_or_path: str | os.PathLike, role: str = "model"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..loading import from_pretrained_complete
+
     path = resolve(name_or_path, role)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = from_pretrained_complete(AutoModelForCausalLM, path, role, dtype=torch.float32).eval()
+    except MMSpecError:
+        raise
     except (OSError, ValueError) as error:
         kind = saved_kind(path) if isinstance(error, ValueError) else None
         if kind is not None and "CausalLM" not in kind:  # a model of another kind (transformers: no causal-LM class)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
+from ..paths import inside
 
 WEIGHTS = "model.safetensors"
 # Where a vision-language checkpoint keeps its language model: under the names transformers' classes hold in
@@ -51,6 +52,7 @@ def cache_root() -> Path:
 
 def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) -> Path:
     """The folder a derived zoo entry `name` loads from; `folder` holds its card, `parent` the model it comes from."""
+    check_paths(name, folder, spec, parent)
     if "folder" in spec:
         part = parent / str(spec["folder"])
         if not any(part.glob("*.safetensors")):
@@ -63,6 +65,21 @@ def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) 
         return overlay_folder(name, folder, parent, spec)
     raise MMSpecError(f"the model card of {name!r} has a derived_from without 'folder', 'language_model' or "
                       f"'overlay': {spec}")
+
+
+def check_paths(name: str, folder: Path, spec: dict[str, Any], parent: Path) -> None:
+    """Every path the card names stays inside its folder: the part and the brought folders in `parent`'s, the
+    overlay in the card's own."""
+    card = f"the model card of {name!r}: derived_from"
+    if "folder" in spec:
+        inside(parent, spec["folder"], f"{card}.folder")
+    if "overlay" in spec:
+        inside(folder, spec["overlay"], f"{card}.overlay")
+    folders = spec.get("folders", [])
+    if not isinstance(folders, list):
+        raise MMSpecError(f"{card}.folders must be a list of folder names, got {folders!r}")
+    for part in folders:
+        inside(parent, part, f"{card}.folders")
 
 
 def file_digest(path: Path, digest=None):
@@ -113,10 +130,16 @@ def overlay_folder(name: str, folder: Path, parent: Path, spec: dict[str, Any]) 
 
 def cached_build(name: str, key: str, write) -> Path:
     """The user-cache folder `<name>-<key>` holding a model, made by `write(folder)` first if missing; written
-    to a scratch folder and renamed, so a killed run never leaves a half-written model."""
+    to a scratch folder and renamed, so a killed run never leaves a half-written model. The digest of its files,
+    kept beside them, is checked on every use: an entry damaged since (a flipped byte, a truncated file) is
+    built again, not trusted."""
+    from safetensors import SafetensorError
+
     target = cache_root() / "zoo" / f"{name}-{key[:16]}"
     if (target / WEIGHTS).is_file():
-        return target
+        if intact(target):
+            return target
+        shutil.rmtree(target, ignore_errors=True)  # damaged: build it again
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
@@ -125,17 +148,38 @@ def cached_build(name: str, key: str, write) -> Path:
                           "MMSPEC_CACHE to a writable folder") from None
     try:
         write(scratch)
+        (scratch / BUILD_DIGEST).write_text(folder_digest(scratch))
         try:
             scratch.rename(target)  # atomic: a killed run leaves a stray scratch folder, never a half-written model
         except OSError:
             if not (target / WEIGHTS).is_file():  # not another process that got there first
                 raise
-    except OSError as error:
-        raise MMSpecError(f"cannot write zoo model {name!r} to {target} ({error.strerror or error}): set "
+    except (OSError, SafetensorError) as error:  # SafetensorError: the disk filled while the weights were written
+        raise MMSpecError(f"cannot write zoo model {name!r} to {target} ({getattr(error, 'strerror', None) or error}): set "
                           "MMSPEC_CACHE to a folder with room") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+BUILD_DIGEST = ".build.sha256"  # the sha256 of a cache entry's files, written with them
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the names and bytes of a folder's files (the digest file itself left out), in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != BUILD_DIGEST):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        file_digest(path, digest)
+    return digest.hexdigest()
+
+
+def intact(folder: Path) -> bool:
+    """Whether a cache entry's files still have the digest written with them (an entry without one: not intact)."""
+    try:
+        return (folder / BUILD_DIGEST).read_text().strip() == folder_digest(folder)
+    except OSError:
+        return False
 
 
 def write_language_model(weights: Path, folder: Path, out: Path, vocab_size: int) -> None:

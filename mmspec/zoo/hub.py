@@ -19,15 +19,26 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 def refuse_pickle_only(folder: Path, role: str) -> None:
-    """A model folder with pickle checkpoints and no safetensors file: say what loads, instead of torch's traceback."""
-    if any(folder.rglob("*.safetensors")):
-        return
-    pickles = sorted(f.name for f in folder.iterdir() if f.is_file() and f.suffix.lower() in PICKLE_SUFFIXES
-                     and _is_pickle(f))
-    if pickles:
-        raise MMSpecError(f"cannot load the {role} {str(folder)!r}: it holds only pickle checkpoints ({', '.join(pickles)}); "
-                          "mmspec loads safetensors checkpoints only (unpickling can run code): convert it with "
-                          "save_pretrained(...) where you trust the file")
+    """A model folder whose weights would load from a pickle: say what loads, instead of torch's traceback.
+
+    Checked in the folder and in each sub-folder with a config.json (a pipeline's components: vq/, drafter/,
+    model/...): pickle checkpoints there and none of the safetensors names transformers or diffusers load
+    (an unrelated .safetensors beside them does not count) are refused before torch.load is reached."""
+    parts = [folder, *(p for p in sorted(folder.iterdir()) if p.is_dir() and (p / "config.json").is_file())]
+    for part in parts:
+        pickles = sorted(f.name for f in part.iterdir() if f.is_file() and f.suffix.lower() in PICKLE_SUFFIXES
+                         and _is_pickle(f))
+        if pickles and not any(_loadable_safetensors(f.name) for f in part.iterdir()):
+            where = str(part) if part == folder else f"{folder}/{part.name}"
+            raise MMSpecError(f"cannot load the {role} {str(folder)!r}: {where!r} holds only pickle checkpoints "
+                              f"({', '.join(pickles)}) for its weights; mmspec loads safetensors checkpoints only "
+                              "(unpickling can run code): convert it with save_pretrained(...) where you trust the file")
+
+
+def _loadable_safetensors(name: str) -> bool:
+    """model.safetensors, diffusion_pytorch_model(.fp16).safetensors, their shards and index files."""
+    stem = name.removesuffix(".index.json")
+    return stem.endswith(".safetensors") and stem.startswith(("model", "diffusion_pytorch_model"))
 
 
 def _is_pickle(file: Path) -> bool:

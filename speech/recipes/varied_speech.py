@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from mmspec.errors import MMSpecError
+from mmspec.optional import require
 from mmspec.speech.recipes import speech_data
 
 HELDOUT_VARIANTS = ["+m2", "+m4", "+m6", "+f5", "+klatt2", "+john", "+linda", "+Andy"]
@@ -97,12 +97,8 @@ def _docstrings() -> list[str]:
 
 @cache
 def _markov_chain() -> tuple[dict, list[str]]:
-    try:
-        from essential_generators.markov_textgen import MarkovTextGenerator
-    except ImportError:
-        raise MMSpecError("the Markov text source needs the package essential-generators "
-                          "(pip install essential-generators)") from None
-    generator = MarkovTextGenerator()
+    markov = require("essential_generators.markov_textgen", "recipes", "the Markov text source")
+    generator = markov.MarkovTextGenerator()
     starts = [bigram for bigram in generator.chain_list if bigram.split()[0][:1].isupper()]
     return generator.chain, starts
 
@@ -140,11 +136,7 @@ def sentence_stream(split: str, seed: int):
 
 @cache
 def _hibari():
-    try:
-        from hibari import Hibari
-    except ImportError:
-        raise MMSpecError("the second voice needs the package hibari-tts (pip install hibari-tts)") from None
-    return Hibari(threads=1)
+    return require("hibari", "recipes", "the second voice").Hibari(threads=1)
 
 
 def speak(text: str, rng: random.Random, split: str) -> tuple[np.ndarray, dict]:

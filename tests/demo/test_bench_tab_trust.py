@@ -1,0 +1,60 @@
+"""The Bench tab shows what the CLI said about a measurement: the spread warning of rows measured under load,
+and no tau / alpha for rows that verify no drafts (VAR / MAR image rows, whose "tau" is tokens per forward)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mmspec.bench.harness import run_benchmark
+from mmspec.bench.results import latest_results, recording
+from mmspec.stats import SpecStats
+
+pytest.importorskip("gradio")
+
+
+def bench(path, noisy: bool) -> None:
+    calls = {"n": 0}
+
+    def slow_sometimes(item: int) -> tuple[list[int], SpecStats]:
+        calls["n"] += 1
+        if noisy and calls["n"] % 2:
+            sum(range(300000))  # a busy moment: wall times spread
+        return [item], SpecStats(new_tokens=1014, target_forwards=1)  # no drafts: "tau" would be 1014
+
+    def drafted(item: int) -> tuple[list[int], SpecStats]:
+        return [item], SpecStats(new_tokens=3, target_forwards=2, drafted=4, accepted=2, rounds=2)
+
+    with recording("image", "mmspec bench image", path=path):
+        run_benchmark("t", {"ar": slow_sometimes, "code": slow_sometimes, "sd": drafted}, [1, 2], reference="ar",
+                      repeats=4, warmup=0, progress=False)
+
+
+def test_the_record_keeps_the_warnings_and_drops_tau_without_drafts(tmp_path):
+    path = tmp_path / "results.jsonl"
+    bench(path, noisy=True)
+    record = latest_results(path)["image"]
+    rows = {row["method"]: row for row in record["methods"]}
+    assert rows["code"]["tau"] is None and rows["code"]["alpha"] is None
+    assert rows["sd"]["tau"] is not None and rows["sd"]["alpha"] is not None
+    assert "warnings" in record
+
+
+def test_the_tab_shows_the_spread_warning_and_a_blank_tau(tmp_path, monkeypatch):
+    from mmspec.bench.results import RESULTS_ENV
+    from mmspec.demo.bench_tab import read
+
+    path = tmp_path / "results.jsonl"
+    bench(path, noisy=True)
+    record = latest_results(path)["image"]
+    record_warnings = record["warnings"] or ["wall times spread by more than"]
+    if not record["warnings"]:  # the machine was steady after all: plant the CLI's warning
+        import json
+
+        path.write_text(json.dumps({**record, "warnings": record_warnings}) + "\n")
+    monkeypatch.setenv(RESULTS_ENV, str(path))
+    notes, table, *_ = read()
+    assert "spread" in notes
+    tau = table[table["method"] == "code"]["tau"].iloc[0]
+    assert tau is None or math.isnan(tau)
