@@ -155,6 +155,7 @@ def test_import_mmspec_and_help_import_no_extra():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_text_decoding_needs_no_extra():
     done = run_without_extras("""
         import torch
