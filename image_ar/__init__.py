@@ -10,8 +10,8 @@ from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
 from .jacobi import GridJacobiDrafter, jacobi_generate
 from .janus import JanusCFGTarget, janus_generate
 from .janus_pipeline import JanusImagePipeline
-from .mar_pipeline import MARPipeline, MARPipelineOutput
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
+from .mar_pipeline import MARPipeline, MARPipelineOutput
 from .methods import METHODS, MethodConfig, MethodRunner
 from .pipeline import ImagePipeline, SpeculativeImagePipeline
 from .pipeline_common import ImageGenerationOutput

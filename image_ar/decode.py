@@ -27,6 +27,7 @@ from mmspec.stats import SpecStats
 from .llamagen import LlamaGenForClassConditional
 from .target import CFGTarget, GuidedImageTarget, ImageTokensOutput
 
+
 def as_cfg_target(model: CFGTarget | LlamaGenForClassConditional, guidance_scale: float) -> CFGTarget:
     return model if isinstance(model, CFGTarget) else CFGTarget(model, guidance_scale)
 

@@ -31,7 +31,6 @@ from mmspec.sampling import SamplingConfig
 from .methods import MethodConfig, MethodRunner
 from .target import CFGTarget, ImageTokensOutput
 
-
 JANUS_GUIDANCE_SCALE = 5.0  # Janus' default when the generation config sets none
 
 class JanusCFGTarget(CFGTarget):

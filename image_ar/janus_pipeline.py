@@ -40,8 +40,15 @@ from mmspec.sampling import SamplingConfig
 from .imaging import convert
 from .janus import JanusCFGTarget
 from .methods import MethodConfig, MethodRunner
-from .pipeline_common import (ImageGenerationOutput, check_guidance_scale, check_output_type, from_saved_folder,
-                              load_model, local_folder, per_image_rounds)
+from .pipeline_common import (
+    ImageGenerationOutput,
+    check_guidance_scale,
+    check_output_type,
+    from_saved_folder,
+    load_model,
+    local_folder,
+    per_image_rounds,
+)
 
 JANUS_METHODS = ("ar", "sjd", "gsd", "lantern")  # + "sd" with a drafter
 DEFAULT_JANUS_GUIDANCE_SCALE = 5.0  # transformers' image `generate` and the Janus repository use 5

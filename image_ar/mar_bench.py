@@ -20,8 +20,16 @@ import torch
 
 from mmspec.errors import MMSpecError
 
-from .bench_report import (REFERENCE, ImageReport, add_generation_speed_up, judge_rows, quality_columns, rows_grid,
-                           rows_without, run_pipeline_rows)
+from .bench_report import (
+    REFERENCE,
+    ImageReport,
+    add_generation_speed_up,
+    judge_rows,
+    quality_columns,
+    rows_grid,
+    rows_without,
+    run_pipeline_rows,
+)
 from .cspd import cspd_schedule
 from .mar_pipeline import MARPipeline
 

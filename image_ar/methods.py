@@ -30,8 +30,20 @@ from .decode import RoundHook, decode_grids
 from .draft_generate import GuidedImageDrafter, lantern_rule
 from .jacobi import INIT_STRATEGIES, GridJacobiDrafter, JacobiWindow
 from .llamagen import LlamaGenForClassConditional
-from .rules import (GSD_DISTANCE_THRESHOLD, GSD_LATENTS, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K, gsd_accept,
-                    gsd_rank_window, lantern_accept, lantern_neighbours, resolve_draft_probs, sjd_accept)
+from .rules import (
+    GSD_DISTANCE_THRESHOLD,
+    GSD_LATENTS,
+    GSD_PROB_THRESHOLD,
+    GSD_WINDOW,
+    LANTERN_DELTA,
+    LANTERN_K,
+    gsd_accept,
+    gsd_rank_window,
+    lantern_accept,
+    lantern_neighbours,
+    resolve_draft_probs,
+    sjd_accept,
+)
 from .target import CFGTarget, ImageTokensOutput
 
 METHODS = ("ar", "sd", "sjd", "gsd", "lantern")

@@ -34,25 +34,39 @@ from typing import Any, Sequence
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import (DrafterFactory, RoundCallback, SpeculativePipeline, _saved_class_name, resolve_dtype,
-                              saved_pipeline_folder)
+from mmspec.pipelines import (
+    DrafterFactory,
+    RoundCallback,
+    SpeculativePipeline,
+    _saved_class_name,
+    resolve_dtype,
+    saved_pipeline_folder,
+)
 from mmspec.sampling import SamplingConfig
 from mmspec.zoo import entries, resolve
 
+from .decode import ar_generate
 from .imaging import convert
 from .janus_pipeline import JanusImagePipeline, is_janus_folder
-from .pipeline_common import (ClassConditionalMixin, ImageGenerationOutput, check_guidance_scale, check_output_type,
-                              check_saved_class, from_saved_folder, load_model, local_folder, per_image_rounds,
-                              read_json)
 from .llamagen import LlamaGenForClassConditional
-from .methods import METHODS, MethodConfig, MethodRunner
-from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
-from .decode import ar_generate
-from .target import CFGTarget, ImageTokensOutput
 from .mar_pipeline import MAR_METHODS, MARPipeline
+from .methods import METHODS, MethodConfig, MethodRunner
+from .pipeline_common import (
+    ClassConditionalMixin,
+    ImageGenerationOutput,
+    check_guidance_scale,
+    check_output_type,
+    check_saved_class,
+    from_saved_folder,
+    load_model,
+    local_folder,
+    per_image_rounds,
+    read_json,
+)
+from .rules import GSD_DISTANCE_THRESHOLD, GSD_PROB_THRESHOLD, GSD_WINDOW, LANTERN_DELTA, LANTERN_K
+from .target import CFGTarget, ImageTokensOutput
 from .var_pipeline import VAR_METHODS, VARPipeline
 from .vq import VQModel
-
 
 DEFAULT_IMAGE_MODEL = "shapes-image-ar"
 # Every method of some image family (the CLI's choices); each pipeline refuses the ones it does not run.

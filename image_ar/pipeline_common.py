@@ -18,8 +18,13 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmspec.errors import MMSpecError, first_line
-from mmspec.pipelines import (DrafterFactory, ImagePipelineOutput, RoundReporter, _saved_class_name,
-                              saved_pipeline_folder)
+from mmspec.pipelines import (
+    DrafterFactory,
+    ImagePipelineOutput,
+    RoundReporter,
+    _saved_class_name,
+    saved_pipeline_folder,
+)
 from mmspec.zoo import resolve
 
 from .imaging import OUTPUT_TYPES

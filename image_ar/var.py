@@ -293,12 +293,12 @@ class VAR(ModelMixin, ConfigMixin):
               generator: torch.Generator | None) -> None:
         """Choose scale si's tokens from its logits [B(·2), pn^2, V] and advance f_hat and the next input."""
         logits = self._guided_logits(logits, si, sampling)
-        B, l, V = logits.shape
+        B, L, V = logits.shape
         config = sampling.at(si)
-        flat = logits.reshape(B * l, V)
+        flat = logits.reshape(B * L, V)
         # a scale's tokens are thousands of rows at once: inverse-CDF draws (torch.multinomial is slow there on a CPU)
         idx = sample_warped_rows(flat, config, generator) if config.do_sample else flat.argmax(dim=-1)
-        idx = idx.view(B, l)
+        idx = idx.view(B, L)
         state.token_maps.append(idx)
         state.f_hat = state.f_hat + vq.quantize.codes_to_fhat_step(si, idx).float()
         if si < self.num_stages_minus_1:

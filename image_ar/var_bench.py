@@ -25,11 +25,18 @@ import torch
 from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 
-from .bench_report import (REFERENCE, ImageReport, add_generation_speed_up, judge_rows, quality_columns, rows_grid,
-                           rows_without, run_pipeline_rows)
+from .bench_report import (
+    REFERENCE,
+    ImageReport,
+    add_generation_speed_up,
+    judge_rows,
+    quality_columns,
+    rows_grid,
+    rows_without,
+    run_pipeline_rows,
+)
 from .judge import DEFAULT_JUDGE
 from .var_pipeline import VARPipeline
-
 
 
 def default_draft_scales(num_scales: int) -> list[int]:

@@ -78,8 +78,20 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
     from .decoding import SpeculativeDecoder, SpeculativeOutput, speculative_generate
     from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
-    from .pipelines import ImagePipelineOutput, RoundInfo, SpeculativePipeline, SpeculativePipelineOutput, TextPipelineOutput
-    from .policies import ConfidenceStopDraftLength, DraftLengthPolicy, FixedDraftLength, HeuristicDraftLength, make_policy
+    from .pipelines import (
+        ImagePipelineOutput,
+        RoundInfo,
+        SpeculativePipeline,
+        SpeculativePipelineOutput,
+        TextPipelineOutput,
+    )
+    from .policies import (
+        ConfidenceStopDraftLength,
+        DraftLengthPolicy,
+        FixedDraftLength,
+        HeuristicDraftLength,
+        make_policy,
+    )
     from .rules import greedy_match, speculative_sampling
     from .sampling import SamplingConfig
     from .stats import SpecStats

@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .drafters import Drafter
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy
 from .ragged import RaggedBatch
 from .rule_capabilities import check_proposal
 from .rules import drop_nonfinite_drafts
 from .sampling import choose_next
-from .drafters import Drafter
 from .stats import SpecStats
 from .targets import Target, TargetStep
-from .types import Proposal
 from .trees import TreeConfig
+from .types import Proposal
 
 if TYPE_CHECKING:
     from .decode_state import DecodeState

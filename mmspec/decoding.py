@@ -30,12 +30,12 @@ from transformers import PreTrainedModel
 
 from .arguments import check_arguments
 from .batch_decoding import check_batch_support, decode_batch
+from .decode_state import DecodeState, RoundHook, working_copies
 from .devices import input_device
 from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
 from .policies import DraftLengthPolicy, FixedDraftLength
-from .decode_state import DecodeState, RoundHook, working_copies
 from .rule_capabilities import check_rule_shape
 from .rules import AcceptanceRule, default_rule, greedy_match
 from .sampling import SamplingConfig, choose_next, seeded_generator

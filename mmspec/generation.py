@@ -18,10 +18,9 @@ as in `generate`:
 from __future__ import annotations
 
 import copy
-
-from dataclasses import dataclass, field
 import inspect
 import itertools
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch

@@ -22,7 +22,7 @@ def available_video_codec() -> str:
         try:
             av.codec.Codec(name, "w")
             return name
-        except Exception:  # av raises UnknownCodecError (a ValueError) for codecs not compiled in
+        except ValueError:  # av raises UnknownCodecError (a ValueError) for codecs not compiled in
             continue
     raise MMSpecError(f"this PyAV build has none of the video encoders {', '.join(PREFERRED_CODECS)}")
 

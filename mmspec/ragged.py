@@ -24,7 +24,7 @@ class RaggedBatch:
     committed for caller row i (finished rows keep theirs after they leave the batch).
     """
 
-    def __init__(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None) -> None:
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
         self.tokens = input_ids
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device).long()
         self.mask = mask
@@ -40,12 +40,12 @@ class RaggedBatch:
     def width(self) -> int:
         return int(self.tokens.shape[1])
 
-    def next_positions(self, count: int) -> torch.LongTensor:
+    def next_positions(self, count: int) -> torch.Tensor:
         """Positions [B, count] of `count` columns appended after the current ones (all valid)."""
         start = self.mask.sum(-1, keepdim=True)
         return start + torch.arange(count, device=self.mask.device)[None]
 
-    def column_positions(self, start: int) -> torch.LongTensor:
+    def column_positions(self, start: int) -> torch.Tensor:
         """Positions [B, S - start] of the existing columns from `start` on (holes get their neighbour's; masked anyway)."""
         return (self.mask.cumsum(-1) - 1).clamp(min=0)[:, start:]
 
@@ -53,7 +53,7 @@ class RaggedBatch:
         """The attention mask [B, S + count] for a forward that appends `count` valid columns."""
         return torch.cat([self.mask, self.mask.new_ones((self.size, count))], dim=1)
 
-    def commit(self, tokens: torch.LongTensor, valid: torch.Tensor, stops: set[int], budget: int) -> tuple[int, list[int]]:
+    def commit(self, tokens: torch.Tensor, valid: torch.Tensor, stops: set[int], budget: int) -> tuple[int, list[int]]:
         """Append a round's columns `tokens` [B, m] whose `valid` [B, m] ones are committed, each row cut after
         its first stop token or at its token `budget`. Returns the tokens committed and the rows that finished."""
         valid = valid.clone()
@@ -69,14 +69,14 @@ class RaggedBatch:
         self.append(tokens, valid)
         return int(valid.sum()), finished
 
-    def append(self, tokens: torch.LongTensor, valid: torch.Tensor) -> None:
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """Add columns `tokens` [B, m]; `valid` [B, m] says which hold committed tokens (the rest are holes)."""
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
         self.mask = torch.cat([self.mask, valid.long()], dim=1)
         for live, row_tokens, row_valid in zip(self.rows.tolist(), tokens.tolist(), valid.tolist()):
             self.generated[live].extend(t for t, ok in zip(row_tokens, row_valid) if ok)
 
-    def feed(self, start: int, new_tokens: torch.LongTensor) -> dict[str, torch.Tensor]:
+    def feed(self, start: int, new_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """Inputs of a forward over the columns from `start` on plus `new_tokens` [B, m] appended as valid
         columns: tokens [B, S - start + m], the attention mask over every column [B, S + m], position ids."""
         count = new_tokens.shape[1]
@@ -84,7 +84,7 @@ class RaggedBatch:
         return {"tokens": torch.cat([self.tokens[:, start:], new_tokens], dim=1), "attention_mask": self.mask_with(count),
                 "position_ids": positions}
 
-    def prefixes(self, row: int, first_column: int, count: int, drafts: torch.LongTensor | None = None) -> list[torch.LongTensor]:
+    def prefixes(self, row: int, first_column: int, count: int, drafts: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Row `row`'s token prefixes [1, L] through columns first_column .. first_column + count - 1, with
         `drafts` [B, m] as valid columns after the current ones, as `generate` sees them: the padded
         prompt, then the row's valid tokens (what logits processors read)."""
@@ -104,13 +104,13 @@ class RaggedBatch:
         view.mask = self.mask.masked_fill(drop, 0)
         return view
 
-    def select(self, keep: torch.LongTensor) -> None:
+    def select(self, keep: torch.Tensor) -> None:
         """Keep only the live rows at indices `keep` (finished rows leave the batch)."""
         self.tokens = self.tokens.index_select(0, keep)
         self.mask = self.mask.index_select(0, keep)
         self.rows = self.rows.index_select(0, keep)
 
-    def sequences(self, prompt: torch.LongTensor, pad_token_id: int) -> torch.LongTensor:
+    def sequences(self, prompt: torch.Tensor, pad_token_id: int) -> torch.Tensor:
         """Caller's prompt [B, P] followed by each row's generated tokens, right-padded with `pad_token_id`."""
         longest = max((len(g) for g in self.generated), default=0)
         out = prompt.new_full((prompt.shape[0], longest), pad_token_id)

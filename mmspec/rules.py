@@ -28,10 +28,10 @@ class AcceptanceRule(Protocol):
 # A rule written on the target's distribution instead of its logits:
 # (draft_tokens [B, k], draft_probs [B, k, V] | None, target_probs [B, k + 1, V], generator) -> Verdict.
 # `on_target_probabilities` makes it an `AcceptanceRule`.
-ProbabilityRule = Callable[[torch.LongTensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"], Verdict]
+ProbabilityRule = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Generator | None"], Verdict]
 
 
-def leading_true_count(accepted: torch.Tensor) -> torch.LongTensor:
+def leading_true_count(accepted: torch.Tensor) -> torch.Tensor:
     """Per row, the number of leading True values in a bool tensor [B, k]."""
     return accepted.long().cumprod(dim=1).sum(dim=1)
 
@@ -58,12 +58,12 @@ def one_hot_drafts(proposal: Proposal, vocab_size: int) -> torch.Tensor:
 
 
 def accept_and_residual(
-    draft_tokens: torch.LongTensor,
+    draft_tokens: torch.Tensor,
     q: torch.Tensor,
     p: torch.Tensor,
     accepted: torch.Tensor,
-    excluded: Callable[[torch.LongTensor], torch.Tensor] | None = None,
-) -> tuple[torch.LongTensor, torch.Tensor]:
+    excluded: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The shared tail of speculative-sampling-style rules.
 
     Given per-draft acceptance `accepted` [B, k], returns the accepted prefix length [B] and the

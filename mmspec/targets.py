@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import importlib.metadata
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from transformers import PreTrainedModel
-
 from transformers.generation.logits_process import LogitsProcessorList
 
 from . import compat
@@ -20,7 +19,6 @@ from .kernels.certified_head import CertifiedHead, certified_head_available, cer
 from .kernels.lean_llama import has_hooks
 from .ragged import RaggedBatch
 from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
-
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
 PER_TOKEN_INPUTS = ("mm_token_type_ids", "token_type_ids")
@@ -257,7 +255,8 @@ class Target(CachedModel):
         if head.weight.numel() < self.certified_head_min_size:
             return False
         # The head's own forward is skipped, and so would be hooks on it or on the model (accelerate's included).
-        if any(has_hooks(m) or compat.accelerate_hook(m) is not None for m in (self.model, head)) or getattr(self.model, "hf_device_map", None):
+        hooked = any(has_hooks(m) or compat.accelerate_hook(m) is not None for m in (self.model, head))
+        if hooked or getattr(self.model, "hf_device_map", None):
             return False
         return all(type(processor) in MASKING_PROCESSORS for processor in self.processors)
 

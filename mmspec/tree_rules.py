@@ -66,7 +66,8 @@ def greedy_tree_match(tree: DraftTree, target_logits: torch.Tensor, sampling: Sa
     """From the root, follow the child equal to the target's argmax while there is one; then take the argmax."""
     choice = target_logits[0].argmax(dim=-1)
     wanted, tokens, kids = choice.tolist(), tree.tokens.tolist(), children_lists(tree)
-    node, path = -1, []
+    node = -1
+    path: list[int] = []
     while True:
         match = next((c for c in kids.get(node, []) if tokens[c] == wanted[node + 1]), None)
         if match is None:
@@ -82,7 +83,8 @@ def tree_speculative_sampling(tree: DraftTree, target_logits: torch.Tensor, samp
     the module docstring. One uniform per tried child and one multinomial draw per call."""
     p_rows = probabilities(target_logits[0], sampling)
     tokens, kids = tree.tokens.tolist(), children_lists(tree)
-    node, path = -1, []
+    node = -1
+    path: list[int] = []
     while True:
         child, p = try_children(kids.get(node, []), tokens, tree.probs, p_rows[node + 1], generator)
         if child is None:

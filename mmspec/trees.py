@@ -57,8 +57,8 @@ class DraftTree:
     assumes; None when the nodes are deterministic (e.g. a drafter's top-k).
     """
 
-    tokens: torch.LongTensor
-    parents: torch.LongTensor
+    tokens: torch.Tensor
+    parents: torch.Tensor
     probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -79,14 +79,14 @@ class DraftTree:
         nothing = torch.empty(0, dtype=torch.long, device=device)
         return cls(tokens=nothing, parents=nothing.clone())
 
-    def depths(self) -> torch.LongTensor:
+    def depths(self) -> torch.Tensor:
         """Depth of every node [N] (children of the root: 1)."""
         depth = [0] * self.size
         for i, parent in enumerate(self.parents.tolist()):
             depth[i] = 1 if parent < 0 else depth[parent] + 1
         return torch.tensor(depth, dtype=torch.long, device=self.tokens.device)
 
-    def ancestors(self) -> torch.BoolTensor:
+    def ancestors(self) -> torch.Tensor:
         """[N, N]: entry (i, j) is True when node j is node i or one of its ancestors."""
         n = self.size
         seen = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
@@ -99,7 +99,7 @@ class DraftTree:
         """Indices of the children of `node` (-1: the root), eldest first."""
         return (self.parents == node).nonzero().flatten().tolist()
 
-    def path_tokens(self, path: list[int]) -> torch.LongTensor:
+    def path_tokens(self, path: list[int]) -> torch.Tensor:
         return self.tokens[torch.tensor(path, dtype=torch.long, device=self.tokens.device)] if path else self.tokens[:0]
 
     def best_branch(self, node: int) -> list[int]:
@@ -154,7 +154,7 @@ def node_path(node: int, parents: list[int]) -> list[int]:
 
 # expand(nodes, tokens, parents) feeds the given new nodes (indices into the growing tree) to the
 # drafter and returns their next-token log-probabilities [len(nodes), V].
-ExpandFn = Callable[[list[int], torch.LongTensor, torch.LongTensor], torch.Tensor]
+ExpandFn = Callable[[list[int], torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def grow_tree(root_logprobs: torch.Tensor, config: TreeConfig, expand: ExpandFn,

@@ -18,11 +18,11 @@ class Proposal:
     treat q as one-hot on the drafted token, which keeps speculative sampling lossless.
     """
 
-    tokens: torch.LongTensor
+    tokens: torch.Tensor
     probs: torch.Tensor | None = None
     # Drafts per row [B] when rows drafted different numbers (n-gram lookup in a batch); a row's
     # tokens past its length are padding that rules never accept. None: every row drafted k.
-    lengths: torch.LongTensor | None = None
+    lengths: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -47,8 +47,8 @@ class Verdict:
     The added token is the correction (on a rejection) or the bonus token (all drafts accepted).
     """
 
-    num_accepted: torch.LongTensor
-    next_token: torch.LongTensor
+    num_accepted: torch.Tensor
+    next_token: torch.Tensor
     # The target's distribution [B, k + 1, V] the rule judged against, when it computed one (rules
     # written on probabilities); a Jacobi drafter samples its next iterate from it.
     target_probs: torch.Tensor | None = None

@@ -20,7 +20,14 @@ from .audio import DEFAULT_SAMPLING_RATE, is_silent, load_audio, split_chunks
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper, read_ct2_checkpoint
 from .fast_decoder import CTCFastDecoder, CTCFastDecoderConfig, ctc_greedy_decode
 from .feature_drafter import WhisperFeatureDrafter, WhisperFeatureDrafterModel, load_feature_drafter
-from .hybrid import HybridDrafter, align_hypothesis, hybrid_drafter_for, hybrid_generate, hybrid_rule, relaxed_top_r_rule
+from .hybrid import (
+    HybridDrafter,
+    align_hypothesis,
+    hybrid_drafter_for,
+    hybrid_generate,
+    hybrid_rule,
+    relaxed_top_r_rule,
+)
 from .target import WhisperTarget, whisper_logits_processors, whisper_prompt_ids
 from .train_fast import read_clip_folder, train_ar_fast_decoder, train_ctc_fast_decoder, train_from_folder
 from .train_feature import train_feature_drafter

@@ -67,7 +67,12 @@ from ..errors import MMSpecError
 from ..stats import SpecStats
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
-from .feature_drafter import FEATURE_DRAFTER_FOLDER, WhisperFeatureDrafter, WhisperFeatureDrafterModel, load_feature_drafter
+from .feature_drafter import (
+    FEATURE_DRAFTER_FOLDER,
+    WhisperFeatureDrafter,
+    WhisperFeatureDrafterModel,
+    load_feature_drafter,
+)
 from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
 from .precision import apply_compute_type, check_compute_type, compute_type_of
@@ -272,7 +277,8 @@ class SpeechBenchReport(TableReport):
             alpha = f"{r.alpha:.2f}" if r.alpha is not None else "-"
             same = "yes" if r.identical_to_greedy else f"NO ({r.mismatched_outputs})"
             lines.append(f"{r.method:<24} {r.wer:>6.1%} {r.repetitions:>5} {r.decoder_passes_per_utterance:>10.1f} {r.tau:>5.2f} "
-                         f"{alpha:>5} {r.drafter_forwards:>7} {r.encoder_time_s:>9.3f} {r.decoder_time_s:>9.3f} {r.decoder_speed_up:>7.2f}x "
+                         f"{alpha:>5} {r.drafter_forwards:>7} {r.encoder_time_s:>9.3f} {r.decoder_time_s:>9.3f} "
+                         f"{r.decoder_speed_up:>7.2f}x "
                          f"{r.transcription_time_s:>8.3f} {span(r.transcription_times_s):>15} {r.transcription_speed_up:>7.2f}x "
                          f"{r.cpu_time_s:>7.3f}  {same}")
         lines.append(f"(WER after normalising: {NORMALISATION}; reps = immediately repeated word 1..{REPETITION_MAX_N}-grams "

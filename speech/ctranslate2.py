@@ -376,7 +376,13 @@ def is_ct2_whisper_folder(path: str | os.PathLike) -> bool:
 def load_ct2_whisper(folder: str | os.PathLike, dtype: Any = None, device: Any = "cpu") -> tuple[Any, Any]:
     """`(WhisperForConditionalGeneration, WhisperProcessor)` from a CTranslate2 Whisper folder (faster-whisper layout)."""
     import torch
-    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor
+    from transformers import (
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+    )
 
     folder = Path(folder)
     if not (folder / CT2_MODEL_FILE).is_file():

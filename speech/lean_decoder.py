@@ -84,8 +84,9 @@ class LeanWhisperDecoder:
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
             # Once per utterance over every frame, by the layers as the model runs them (at its compute type) and
-            # laid out as transformers' Whisper lays them out (contiguous [B, H, T, D/H]): a target with these very layers can take them as its own (a
-            # self-drafter hands them over, see WhisperTarget.reuse_cross_attention), and attention reads them faster.
+            # laid out as transformers' Whisper lays them out (contiguous [B, H, T, D/H]): a target with these very
+            # layers can take them as its own (a self-drafter hands them over, see
+            # WhisperTarget.reuse_cross_attention), and attention reads them faster.
             cross.append(tuple(self._split(_linear(encoder_states, proj)).contiguous()
                                for proj in (attn.k_proj, attn.v_proj)))
         return LeanDecoderState(cross=cross, self_kv=[None] * len(cross))

@@ -67,21 +67,27 @@ from ..decoding import SpeculativeDecoder
 from ..devices import as_device, input_device, load_options, place_drafter
 from ..drafters import Drafter, NoDrafter
 from ..errors import MMSpecError, first_line
+from ..kernels.certified_head import certified_head_available, certified_head_for
 from ..loading import from_pretrained_complete
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, per_item
 from ..pipelines import (
-    DrafterFactory, RoundCallback, RoundReporter, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder,
+    DrafterFactory,
+    RoundCallback,
+    RoundReporter,
+    SpeculativePipeline,
+    TextPipelineOutput,
+    resolve_dtype,
+    saved_pipeline_folder,
 )
-from ..kernels.certified_head import certified_head_available, certified_head_for
 from ..stats import SpecStats
 from ..targets import Target
 from ..zoo import cannot_load, folder_card
-from .audio import AudioSource, load_audio
 from .ar_fast_decoder import AR_FAST_DECODER_FOLDER, ARFastDecoder, attach_ar_fast_decoder
+from .audio import AudioSource, load_audio
+from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .fast_decoder import CTCFastDecoder
 from .feature_drafter import WhisperFeatureDrafterModel
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
-from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
 from .precision import apply_compute_type, check_compute_type, compute_type_of, has_compute_type_layers
@@ -670,7 +676,8 @@ def check_fast_decoder(fast_decoder: CTCFastDecoder, model: PreTrainedModel) -> 
     config = fast_decoder.config
     vocab = model_vocab_size(model)
     if config.vocab_size != vocab:
-        raise MMSpecError(f"the fast decoder predicts {config.vocab_size} tokens but the model has {vocab}: it was trained for another model")
+        raise MMSpecError(f"the fast decoder predicts {config.vocab_size} tokens but the model has {vocab}: "
+                          "it was trained for another model")
     width = getattr(model.config, "d_model", None)
     if width is not None and config.encoder_hidden_size != width:
         raise MMSpecError(f"the fast decoder reads {config.encoder_hidden_size}-wide encoder states, the model's are {width}")

@@ -29,7 +29,6 @@ short-form clip (one encoder window) in transformers 5.x, and how it is reproduc
 from __future__ import annotations
 
 import copy
-
 from typing import Any, Iterable
 
 import torch

@@ -383,8 +383,8 @@ def train_from_folder(
     `init_from`: a saved fast decoder of the same kind to continue training (e.g. on more clips)
     instead of a fresh one initialised from the target.
     """
-    from .models import speech_model_path
     from .ar_fast_decoder import attach_ar_fast_decoder
+    from .models import speech_model_path
     from .pipeline import check_fast_decoder, load_fast_decoder, load_whisper
 
     if kind not in KINDS:

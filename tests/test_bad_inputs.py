@@ -303,6 +303,7 @@ def test_exit_status_of_a_real_process(fields):
     assert err.strip().splitlines() == [expected]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_importing_is_one_line():
     process = mmspec_process("generate", "a small red circle", "--max-new-tokens", "4")
     time.sleep(1.0)  # inside main(), importing torch (several seconds on a cold start)
@@ -372,6 +373,7 @@ def test_ctrl_c_turned_into_an_import_error_is_still_an_interrupt(monkeypatch, c
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
 
 
+@pytest.mark.slow
 def test_zoo_names_never_ask_the_hub_and_hub_questions_are_bounded(monkeypatch):
     import huggingface_hub
 

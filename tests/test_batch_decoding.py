@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mmspec import SamplingConfig, speculative_generate, speculative_sampling
+from mmspec.decoding import SpeculativeDecoder
 from mmspec.drafters import ModelDrafter, NoDrafter, PromptLookupDrafter
 from mmspec.errors import MMSpecError
-from mmspec.decoding import SpeculativeDecoder
 from mmspec.policies import ConfidenceStopDraftLength
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, tiny_llama
 from mmspec.trees import TreeConfig
@@ -148,12 +148,14 @@ def check_rows(target, rows):
         assert_distribution_preserved(lambda generator: next(replay), exact, num_draws=len(draws))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [3, 8])
 def test_sampled_rows_follow_the_target(peaked_pair, size):
     target, drafter = peaked_pair
     check_rows(target, batch_draws(target, drafter, None, num_draws=2500, size=size))
 
 
+@pytest.mark.slow
 def test_control_wrong_residual_fails_in_a_batch(peaked_pair):
     target, drafter = peaked_pair
     with pytest.raises(AssertionError, match="differs from the reference"):
@@ -206,6 +208,7 @@ def test_batch_bench_rows_are_identical_to_plain_batched_generate(target, small_
     assert "batch" in report.to_table().splitlines()[1]
 
 
+@pytest.mark.slow
 def test_cli_bench_text_batch_sizes(capsys):
     import json
 

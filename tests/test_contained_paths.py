@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from mmspec.vision.distill_data import DISTILL_FORMAT, DistillDataset
 
 from mmspec.errors import MMSpecError
+from mmspec.vision.distill_data import DISTILL_FORMAT, DistillDataset
 from mmspec.zoo import entries, resolve
 
 needs_zoo = pytest.mark.skipif(not any(e.name == "shapes-video-captioner" for e in entries()), reason="needs the zoo")

@@ -15,7 +15,8 @@ from .device_checks import ROOT, stale_exceptions, unreviewed, violations
 
 # Modules a generation call runs through (training recipes and benches' data prep are not listed).
 DECODING_MODULES = [
-    "mmspec/decoding.py", "mmspec/batch_decoding.py", "mmspec/ragged.py", "mmspec/rules.py", "mmspec/sampling.py", "mmspec/targets.py", "mmspec/cached_model.py",
+    "mmspec/decoding.py", "mmspec/batch_decoding.py", "mmspec/ragged.py", "mmspec/rules.py", "mmspec/sampling.py",
+    "mmspec/targets.py", "mmspec/cached_model.py",
     "mmspec/generation.py", "mmspec/policies.py", "mmspec/drafters/base.py", "mmspec/drafters/model_drafter.py",
     "mmspec/drafters/no_drafter.py", "mmspec/drafters/prompt_lookup.py",
     "speech/target.py", "speech/hybrid.py", "speech/ar_fast_decoder.py", "speech/lean_decoder.py",

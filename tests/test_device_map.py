@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, WhisperForConditionalGeneration
 
 from mmspec import MMSpecError, speculative_generate
 from mmspec.devices import as_device, input_device, load_options, place_drafter
@@ -222,6 +221,7 @@ def whisper(tmp_path_factory):
     return dispatched(tiny_whisper(), WHISPER_MAP, tmp_path_factory.mktemp("whisper"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["model", "never"])
 def test_whisper_with_decoder_layers_on_disk_equals_its_generate(whisper, kind):
     assert set(whisper.hf_device_map.values()) == {"cpu", "disk"}
@@ -530,6 +530,7 @@ def test_cli_with_the_first_parameter_on_disk(tiny_captioner_folder, asr_folder,
 from .vision.test_feature_methods import drafters, zoo_like_folder  # noqa: E402,F401 - fixtures: msd/ and flash/ drafters
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["head", "first", "embeddings"])
 @pytest.mark.parametrize("method", ["msd", "flash"])
 def test_feature_drafters_on_a_dispatched_captioner(zoo_like_folder, frames, tmp_path, method, where):

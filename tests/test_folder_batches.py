@@ -4,6 +4,7 @@ that fails to load is an error line and its batch-mates still decode together; r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,7 @@ def one_by_one(folder, tmp_path_factory):  # noqa: F811
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["text", "ar"])
 def test_batches_give_the_one_by_one_lines(folder, one_by_one, method, tmp_path, batch_rows):  # noqa: F811
     out = tmp_path / "captions.jsonl"
@@ -104,6 +106,7 @@ def test_a_batch_that_fails_whole_runs_file_by_file(tmp_path):
                        {"file": "c.txt", "n": 1, "error": None}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batching", [True, False])
 def test_transcribe_batches_follow_the_target(tmp_path, capsys, monkeypatch, batching):
     from mmspec.speech.target import WhisperTarget

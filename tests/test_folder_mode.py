@@ -81,6 +81,7 @@ def test_one_line_per_file_sorted_and_a_corrupt_file_is_an_error_line(reference,
         assert record["stats"]["new_tokens"] == 8 and record["method"] == "flash"
 
 
+@pytest.mark.slow
 def test_failures_are_counted_at_the_end(folder, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
     assert caption(folder, out, "--json") == 2
@@ -90,6 +91,7 @@ def test_failures_are_counted_at_the_end(folder, tmp_path, capsys):
     assert json.loads(captured.out) == {"out": str(out), "files": 6, "failed": ["clip02b.mp4"]}
 
 
+@pytest.mark.slow
 def test_rerun_skips_recorded_files_and_leaves_their_lines_alone(folder, reference, tmp_path, capsys):
     out = tmp_path / "captions.jsonl"
     kept = lines(reference)[:2]
@@ -124,6 +126,7 @@ def test_retry_failed_reruns_only_error_lines(folder, reference, tmp_path, capsy
     assert lines(out)[:3] == first[:3]
 
 
+@pytest.mark.slow
 def test_a_torn_last_line_is_dropped_and_redone(folder, reference, tmp_path):
     out = tmp_path / "captions.jsonl"
     whole = lines(reference)
@@ -148,6 +151,7 @@ def test_ordered_keeps_the_latest_record_per_file_in_input_order():
     assert batch_files.ordered(records, ["a", "b", "c"]) == [{"file": "a", "v": 1}, {"file": "b", "v": 2}, {"file": "x", "v": 0}]
 
 
+@pytest.mark.slow
 def test_killed_half_way_then_rerun_finishes_the_rest(tmp_path):
     folder = tmp_path / "videos"
     names = make_videos(folder, 8, seed=11)
@@ -179,6 +183,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_accelerate_two_processes_merge_to_the_one_process_result(folder, reference, tmp_path):
     out = tmp_path / "captions.jsonl"
     # accelerate's torchrun launcher (--multi_gpu) starts the processes; on a machine without GPUs they meet over gloo.
@@ -210,6 +215,7 @@ def audio_folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_transcribe_a_folder_into_json_lines(tmp_path, capsys):
     folder = audio_folder(tmp_path)
     out = tmp_path / "transcripts.jsonl"

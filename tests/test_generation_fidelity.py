@@ -58,7 +58,9 @@ def with_generation_config(model, **settings):
     return copy
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+# Four settings in the fast tier (one of them all at once); each one in the slow tier.
+@pytest.mark.parametrize("name", [n if n in ("combined", "repetition_penalty", "suppress_tokens", "min_new_tokens")
+                                  else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SETTINGS)])
 def test_generation_config_settings_are_in_force(target, small, name):
     model = with_generation_config(target, **SETTINGS[name])
     plain = with_generation_config(target, eos_token_id=SETTINGS[name].get("eos_token_id", 3))
@@ -100,6 +102,7 @@ def test_sampling_defaults_come_from_the_generation_config(target):
     assert settings.sampling.top_k == 50
 
 
+@pytest.mark.slow
 def test_sampled_distribution_with_processors(target):
     """Lossless sampling with a repetition penalty in force: exact law of 2 tokens vs draws (and a control)."""
     from mmspec.testing import assert_distribution_preserved
@@ -143,7 +146,7 @@ def tiny_mistral(seed: int, layers: int = 2, hidden: int = 64, window: int = 16)
     return reload_from_disk(AutoModelForCausalLM.from_config(config))
 
 
-@pytest.mark.parametrize("k", [1, 4, 9])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 4, pytest.param(9, marks=pytest.mark.slow)])
 def test_sliding_window_target_and_drafter(k):
     target, small = tiny_mistral(0), tiny_mistral(1, layers=1, hidden=32)
     expected = target.generate(PROMPT, do_sample=False, max_new_tokens=30)
@@ -178,8 +181,9 @@ def test_seq2seq_drafter_of_another_width():
 
 
 def test_whisper_drafter_of_another_width():
-    from .speech.tiny_whisper import features, tiny_whisper
     from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from .speech.tiny_whisper import features, tiny_whisper
 
     target = tiny_whisper(seed=0)
     config = WhisperConfig(**{**target.config.to_dict(), "d_model": 32, "decoder_layers": 1, "encoder_layers": 1})

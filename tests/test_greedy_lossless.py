@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from mmspec import ConfidenceStopDraftLength, FixedDraftLength, HeuristicDraftLength, PromptLookupDrafter, speculative_generate
+from mmspec import (
+    ConfidenceStopDraftLength,
+    FixedDraftLength,
+    HeuristicDraftLength,
+    PromptLookupDrafter,
+    speculative_generate,
+)
 from mmspec.drafters import JacobiDrafter
 from mmspec.testing import NeverAgreeDrafter, assert_greedy_equal
 
@@ -27,7 +33,8 @@ def make_drafter(kind, target, small_drafter):
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@pytest.mark.parametrize("k", range(1, 9))
+# k = 1, 3 and 8 in the fast tier; every k in the slow tier.
+@pytest.mark.parametrize("k", [k if k in (1, 3, 8) else pytest.param(k, marks=pytest.mark.slow) for k in range(1, 9)])
 @pytest.mark.parametrize("kind", ["self", "never", "small", "lookup", "jacobi"])
 def test_greedy_identical(kind, k, policy, target, small_drafter, prompt):
     drafter = make_drafter(kind, target, small_drafter)

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from mmspec.speech.pipeline import load_whisper
 
 from mmspec.errors import MMSpecError
+from mmspec.speech.pipeline import load_whisper
 from mmspec.zoo import load_causal_lm
 
 from .speech.test_pipeline import tiny_processor

@@ -62,9 +62,8 @@ def test_an_installed_library_that_fails_to_import_is_not_called_missing(tmp_pat
 
 
 def test_writing_and_decoding_video_without_av(monkeypatch, tmp_path):
-    from mmspec.vision import load_video
-
     from mmspec.media import write_video
+    from mmspec.vision import load_video
 
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(MissingExtraError, match=r"writing a video needs av, .*mmspec\[vision\]"):
@@ -100,7 +99,6 @@ def test_mar_and_the_judge_without_timm(monkeypatch, tmp_path):
 def test_the_captioners_processor_without_torchvision_names_the_vision_extra(monkeypatch):
     """transformers' video processors need torchvision; its own error would say nothing of mmspec's extras."""
     from mmspec.vision.pipeline import CaptionPipeline
-
     from mmspec.zoo import entries
 
     if "shapes-video-captioner" not in {entry.name for entry in entries()}:
@@ -157,6 +155,7 @@ def test_import_mmspec_and_help_import_no_extra():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_text_decoding_needs_no_extra():
     done = run_without_extras("""
         import torch

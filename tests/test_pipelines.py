@@ -24,7 +24,14 @@ from PIL import Image
 from transformers import AutoConfig
 
 from mmspec import MMSpecError
-from mmspec.pipelines import RoundInfo, RoundReporter, SpeculativePipeline, SpeculativePipelineOutput, TextPipelineOutput, resolve_dtype
+from mmspec.pipelines import (
+    RoundInfo,
+    RoundReporter,
+    SpeculativePipeline,
+    SpeculativePipelineOutput,
+    TextPipelineOutput,
+    resolve_dtype,
+)
 from mmspec.speech import AR_FAST_DECODER_FOLDER, load_audio
 from mmspec.speech.pipeline import TranscriptionOutput, TranscriptionPipeline
 from mmspec.vision.pipeline import CaptionOutput, CaptionPipeline

@@ -1,6 +1,13 @@
 import pytest
 
-from mmspec import ConfidenceStopDraftLength, HeuristicDraftLength, MMSpecError, SpecStats, make_policy, speculative_generate
+from mmspec import (
+    ConfidenceStopDraftLength,
+    HeuristicDraftLength,
+    MMSpecError,
+    SpecStats,
+    make_policy,
+    speculative_generate,
+)
 
 
 def test_heuristic_schedule_matches_transformers():

@@ -34,6 +34,7 @@ def test_quick_start_captions_the_sample_video_right(capsys):
     assert "Loading weights" not in captured.err  # transformers' bars stay hidden without --verbose
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("shapes-video-captioner" not in {e.name for e in entries()}, reason="needs the zoo captioner")
 def test_temperature_zero_is_greedy_and_lengths_past_the_context_are_cut(capsys, monkeypatch):
     from mmspec.vision.pipeline import CaptionPipeline

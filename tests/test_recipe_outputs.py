@@ -6,8 +6,13 @@ from pathlib import Path
 import pytest
 
 from mmspec.speech.recipes import train_whisper_asr
-from mmspec.vision.recipes import (captioner_data, train_caption_lm, train_captioner_drafters, train_detailed_captioner,
-                                   train_video_captioner)
+from mmspec.vision.recipes import (
+    captioner_data,
+    train_caption_lm,
+    train_captioner_drafters,
+    train_detailed_captioner,
+    train_video_captioner,
+)
 from mmspec.zoo import MODELS_DIR
 
 ASR = ["--train", "clips", "--heldout", "clips"]
@@ -96,6 +101,7 @@ def test_caption_lm_detailed_scenes_train_a_text_drafter_only(tmp_path, monkeypa
         assert "--scenes detailed trains a text drafter" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_caption_lm_detailed_drafter_learns_the_detailed_grammar(tmp_path, monkeypatch):
     import json
 

@@ -8,8 +8,8 @@ import torch
 from mmspec import Proposal, SamplingConfig, greedy_match, speculative_sampling
 from mmspec.rules import leading_true_count, on_target_probabilities, target_choice
 from mmspec.sampling import choose_next, probabilities
-from mmspec.types import Verdict
 from mmspec.testing import chi_square
+from mmspec.types import Verdict
 
 SAMPLE = SamplingConfig(do_sample=True)
 

@@ -5,8 +5,8 @@ import torch
 
 from mmspec import SamplingConfig, speculative_generate, speculative_sampling
 from mmspec.drafters import JacobiDrafter
-from mmspec.types import Proposal
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, tiny_llama
+from mmspec.types import Proposal
 
 VOCAB = 5
 NEW_TOKENS = 4  # first token from prefill, then rounds drafting up to 3 tokens
@@ -21,12 +21,17 @@ def peaked_pair():
 
 
 PROMPT = torch.tensor([[1, 2, 0, 4]])
+SLOW = pytest.mark.slow
+# Each draw is one speculative_generate call. 600 draws already reject the wrong-residual control (p ~ 1e-9);
+# the slow tier draws 3000, which the subtler argmax-Jacobi control needs.
+DRAWS = [pytest.param(600, id="600"), pytest.param(3000, id="3000", marks=SLOW)]
 
 
 def draw_with(target, drafter, rule=None, **sampling):
     def draw(generator):
         out = speculative_generate(
-            target, drafter, PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, generator=generator, num_draft_tokens=3, rule=rule, **sampling
+            target, drafter, PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, generator=generator, num_draft_tokens=3,
+            rule=rule, **sampling
         )
         return tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
 
@@ -34,12 +39,15 @@ def draw_with(target, drafter, rule=None, **sampling):
 
 
 @pytest.mark.parametrize(
-    "sampling", [{}, {"temperature": 0.7, "top_k": 4}, {"top_p": 0.9}], ids=["plain", "temp-topk", "topp"]
+    "sampling, num_draws",
+    [pytest.param({}, 600, id="plain-600"), pytest.param({}, 3000, id="plain-3000", marks=SLOW),
+     pytest.param({"temperature": 0.7, "top_k": 4}, 3000, id="temp-topk-3000", marks=SLOW),
+     pytest.param({"top_p": 0.9}, 3000, id="topp-3000", marks=SLOW)],
 )
-def test_speculative_sampling_matches_target(peaked_pair, sampling):
+def test_speculative_sampling_matches_target(peaked_pair, sampling, num_draws):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True, **sampling))
-    assert_distribution_preserved(draw_with(target, drafter, **sampling), exact, num_draws=3000, seed=11)
+    assert_distribution_preserved(draw_with(target, drafter, **sampling), exact, num_draws=num_draws, seed=11)
 
 
 def resample_from_target_rule(proposal, target_logits, sampling, generator):
@@ -51,19 +59,25 @@ def resample_from_target_rule(proposal, target_logits, sampling, generator):
     return verdict
 
 
-def test_control_wrong_residual_fails(peaked_pair):
+@pytest.mark.parametrize("num_draws", DRAWS)
+def test_control_wrong_residual_fails(peaked_pair, num_draws):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
     with pytest.raises(AssertionError, match="differs from the reference"):
-        assert_distribution_preserved(draw_with(target, drafter, rule=resample_from_target_rule), exact, num_draws=3000, seed=11)
+        assert_distribution_preserved(draw_with(target, drafter, rule=resample_from_target_rule), exact,
+                                      num_draws=num_draws, seed=11)
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 4}], ids=["plain", "temp-topk"])
-def test_jacobi_drafts_with_speculative_sampling_match_target(peaked_pair, sampling):
+@pytest.mark.parametrize(
+    "sampling, num_draws",
+    [pytest.param({}, 600, id="plain-600"), pytest.param({}, 3000, id="plain-3000", marks=SLOW),
+     pytest.param({"temperature": 0.7, "top_k": 4}, 3000, id="temp-topk-3000", marks=SLOW)],
+)
+def test_jacobi_drafts_with_speculative_sampling_match_target(peaked_pair, sampling, num_draws):
     """The Jacobi iterate (drafts sampled from the target's previous rows, q = those rows) is lossless."""
     target, _ = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True, **sampling))
-    assert_distribution_preserved(draw_with(target, JacobiDrafter(VOCAB), **sampling), exact, num_draws=3000, seed=11)
+    assert_distribution_preserved(draw_with(target, JacobiDrafter(VOCAB), **sampling), exact, num_draws=num_draws, seed=11)
 
 
 class ArgmaxJacobiDrafter(JacobiDrafter):
@@ -74,6 +88,7 @@ class ArgmaxJacobiDrafter(JacobiDrafter):
         return Proposal(tokens=proposal.probs.argmax(-1), probs=proposal.probs)
 
 
+@SLOW  # needs the 3000 draws
 def test_control_jacobi_drafts_not_drawn_from_q_fail(peaked_pair):
     target, _ = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))

@@ -7,11 +7,11 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config
 
 from mmspec import MMSpecError, SamplingConfig, speculative_generate
 from mmspec.drafters import ModelDrafter, PromptLookupDrafter
+from mmspec.rule_capabilities import declare_rule
+from mmspec.sampling import probabilities, rand, sample
 from mmspec.targets import as_target
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, reload_from_disk, tiny_llama
-from mmspec.sampling import probabilities, rand, sample
 from mmspec.tree_rules import TREE_RULE, children_lists, greedy_tree_match, tree_verdict
-from mmspec.rule_capabilities import declare_rule
 from mmspec.trees import DraftTree, TreeConfig, keep_cache_positions
 
 TREES = [TreeConfig(num_nodes=8, top_k=2, depth=4), TreeConfig(num_nodes=20, top_k=4, depth=5),
@@ -179,13 +179,19 @@ def draw_with(target, drafter, tree, rule=None, **sampling):
 SMALL_TREE = TreeConfig(num_nodes=6, top_k=2, depth=2)
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 4}], ids=["plain", "temp-topk"])
-def test_tree_sampling_with_top_k_tree_matches_target(peaked_pair, sampling):
+# Each draw is one speculative_generate call: the fast tier draws 600 once; the slow tier draws 3000, as the control does.
+@pytest.mark.parametrize(
+    "sampling, num_draws",
+    [pytest.param({}, 600, id="plain-600"), pytest.param({}, 3000, id="plain-3000", marks=pytest.mark.slow),
+     pytest.param({"temperature": 0.7, "top_k": 4}, 3000, id="temp-topk-3000", marks=pytest.mark.slow)],
+)
+def test_tree_sampling_with_top_k_tree_matches_target(peaked_pair, sampling, num_draws):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True, **sampling))
-    assert_distribution_preserved(draw_with(target, drafter, SMALL_TREE, **sampling), exact, num_draws=3000, seed=11)
+    assert_distribution_preserved(draw_with(target, drafter, SMALL_TREE, **sampling), exact, num_draws=num_draws, seed=11)
 
 
+@pytest.mark.slow
 def test_tree_sampling_with_sampled_children_matches_target(peaked_pair):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
@@ -215,6 +221,7 @@ def q_not_renormalised_rule(tree, target_logits, sampling, generator):
         node = chosen
 
 
+@pytest.mark.slow
 def test_control_q_not_renormalised_fails(peaked_pair):
     target, drafter = peaked_pair
     exact = exact_continuation_distribution(target, PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))

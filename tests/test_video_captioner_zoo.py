@@ -16,8 +16,10 @@ from mmspec.vision.recipes import captioner_data as cd
 
 FOLDER = Path(os.environ.get("MMSPEC_CAPTIONER_DIR", cd.zoo_folder()))
 
-pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(),
-                                reason=f"no captioner weights in {FOLDER}")
+pytestmark = [
+    pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), reason=f"no captioner weights in {FOLDER}"),
+    pytest.mark.slow,  # runs the shipped zoo captioner
+]
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,24 @@ import random
 import numpy as np
 import pytest
 
-from mmspec.world import (COLOURS, KINDS, MOTIONS, Scene, Shape, caption, caption_corpus,
-                          describe, example_seed, heldout_prompts, render_image, render_video,
-                          sample_scene, shape_state, write_prompts_file, write_video)
+from mmspec.world import (
+    COLOURS,
+    KINDS,
+    MOTIONS,
+    Scene,
+    Shape,
+    caption,
+    caption_corpus,
+    describe,
+    example_seed,
+    heldout_prompts,
+    render_image,
+    render_video,
+    sample_scene,
+    shape_state,
+    write_prompts_file,
+    write_video,
+)
 
 
 def test_scene_is_deterministic_for_a_seed():

@@ -9,9 +9,23 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from mmspec.world import (LONG_FRAMES, DetailedScene, Shape, all_correct, check_caption, detailed_caption,
-                          detailed_examples, estimate_tokens, event_slots, interactions, parse_facts,
-                          render_video, sample_detailed_example, sample_detailed_scene, scene_facts)
+from mmspec.world import (
+    LONG_FRAMES,
+    DetailedScene,
+    Shape,
+    all_correct,
+    check_caption,
+    detailed_caption,
+    detailed_examples,
+    estimate_tokens,
+    event_slots,
+    interactions,
+    parse_facts,
+    render_video,
+    sample_detailed_example,
+    sample_detailed_scene,
+    scene_facts,
+)
 from mmspec.world.detailed_captions import MAX_TOKENS, MIN_TOKENS
 
 N = 200

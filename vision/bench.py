@@ -32,8 +32,8 @@ from typing import Any, Mapping
 import torch
 from transformers import PreTrainedModel
 
-from ..cached_model import cache_argument
 from ..bench.harness import BenchReport, ForwardCounter, MethodFn, run_benchmark
+from ..cached_model import cache_argument
 from ..decoding import SpeculativeDecoder
 from ..devices import synchronize
 from ..drafters import NoDrafter
@@ -105,7 +105,8 @@ def visual_attention_share(model: PreTrainedModel, item: CaptionInput, repeats: 
                 mask = torch.ones(1, 1, 1, kv_length, dtype=torch.bool, device=device)
                 synchronize(device)
                 start = time.perf_counter()
-                model(input_ids=token, **{cache_argument(model): cache}, position_ids=position, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                model(input_ids=token, **{cache_argument(model): cache}, position_ids=position, attention_mask=mask,
+                      use_cache=True, logits_to_keep=1)
                 synchronize(device)
                 times.append(time.perf_counter() - start)
             return sorted(times)[len(times) // 2]

@@ -38,8 +38,8 @@ from mmspec.sampling import SamplingConfig
 from mmspec.trees import DraftTree, TreeConfig
 from mmspec.types import Proposal
 
-from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
 from .feature_drafter import TargetFeatureDrafter, load_drafter_model
+from .flash_model import FlashConfig, FlashDrafterModel, compress_visual
 
 __all__ = ["FlashConfig", "FlashDrafterModel", "FlashDrafter", "compress_visual", "load_flash_drafter"]
 

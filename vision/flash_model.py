@@ -52,12 +52,18 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from ..cached_model import cache_argument
 from ..errors import MMSpecError
 from ..kernels.lean_llama import lean_layer_supported, llama_layer_forward
-from .feature_drafter import (DistillBatch, FeatureDrafterModel, drafter_layer_config, eagle_loss,
-                              plain_rope_parameters, target_layer_shape, uniform_noise_like)
+from .feature_drafter import (
+    DistillBatch,
+    FeatureDrafterModel,
+    drafter_layer_config,
+    eagle_loss,
+    plain_rope_parameters,
+    target_layer_shape,
+    uniform_noise_like,
+)
 from .own_device import on_own_device
 from .rope_positions import mrope_section as target_mrope_section
 from .rope_positions import require_trace_positions, rotary_embedding
-
 
 # ---- pure tensor functions -------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..media import available_video_codec, write_video  # noqa: F401 (re-exported)
 
+
 def test_video_frames(num_frames: int = 16, height: int = 64, width: int = 64) -> np.ndarray:
     """Frames whose flat grey level encodes the frame index (level 8 + 15 * i), so sampling is checkable."""
     levels = (8 + 15 * np.arange(num_frames)) % 256

@@ -11,8 +11,9 @@ the target's feature f_{t+1}:
   enters the drafter as the target saw it instead of being mixed with a text-trained fusion.
 
 Slot t sits at position t (the position of the feature it reads), with a causal mask, as in
-EAGLE; on a Qwen2-VL target that is the target's own M-RoPE position of token t (`rope_positions`). Training (in `drafter_training`) uses EAGLE's loss on self-distilled traces, with MSD's
-two-stage curriculum: text-only traces first, then a rising share of multimodal ones.
+EAGLE; on a Qwen2-VL target that is the target's own M-RoPE position of token t (`rope_positions`).
+Training (in `drafter_training`) uses EAGLE's loss on self-distilled traces, with MSD's two-stage
+curriculum: text-only traces first, then a rising share of multimodal ones.
 """
 
 from __future__ import annotations
@@ -36,9 +37,17 @@ from mmspec.sampling import SamplingConfig
 from mmspec.trees import DraftTree, TreeConfig
 from mmspec.types import Proposal
 
-from .feature_drafter import (DistillBatch, FeatureDrafterModel, TargetFeatureDrafter, drafter_layer_config,
-                              eagle_loss, load_drafter_model, plain_rope_parameters, target_layer_shape,
-                              uniform_noise_like)
+from .feature_drafter import (
+    DistillBatch,
+    FeatureDrafterModel,
+    TargetFeatureDrafter,
+    drafter_layer_config,
+    eagle_loss,
+    load_drafter_model,
+    plain_rope_parameters,
+    target_layer_shape,
+    uniform_noise_like,
+)
 from .own_device import on_own_device
 from .rope_positions import mrope_section, require_trace_positions, rotary_embedding
 

@@ -40,7 +40,14 @@ from ..drafters import NoDrafter
 from ..errors import MMSpecError, first_line
 from ..optional import ensure
 from ..pipeline_batches import batching_refusal, check_batch_size, check_batching, groups, left_padding, per_item
-from ..pipelines import DrafterFactory, RoundCallback, SpeculativePipeline, TextPipelineOutput, resolve_dtype, saved_pipeline_folder
+from ..pipelines import (
+    DrafterFactory,
+    RoundCallback,
+    SpeculativePipeline,
+    TextPipelineOutput,
+    resolve_dtype,
+    saved_pipeline_folder,
+)
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..sampling import SamplingConfig
 from ..trees import TreeConfig
@@ -176,7 +183,8 @@ class CaptionPipeline(SpeculativePipeline):
         """Load a model (zoo name, local folder, saved pipeline or Hub id available offline) and, optionally, a drafter.
 
         With no `drafter`, a model folder's `text/` subfolder is its text drafter; failing that, a zoo model
-        gets the text drafter its card pairs it with (a saved pipeline: the one it was saved with). `feature_drafters` maps a method ("msd", "flash") to a drafter folder
+        gets the text drafter its card pairs it with (a saved pipeline: the one it was saved with).
+        `feature_drafters` maps a method ("msd", "flash") to a drafter folder
         (or model); a method not given is loaded from the folder's `<method>/` subfolder when there is
         one. `dtype` (or `torch_dtype`, the same) defaults to float32. Other keyword arguments go to
         the constructor (`num_draft_tokens`, `std_kv_budget`, ...).

@@ -29,8 +29,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from mmspec.cached_model import cache_argument, model_vocab_size
 from mmspec.compat import attention_implementation
-from mmspec.drafters.base import Drafter
 from mmspec.drafters.autoregressive import choose_draft_token
+from mmspec.drafters.base import Drafter
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch

@@ -32,6 +32,7 @@ import json
 import time
 from pathlib import Path
 from typing import Callable
+
 from mmspec.training import add_output_arguments
 
 from . import image_ar_data as data

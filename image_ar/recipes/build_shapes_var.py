@@ -21,7 +21,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
-import json
 from pathlib import Path
 
 import torch

@@ -124,10 +124,12 @@ def train(args: argparse.Namespace) -> dict:
         "trained_on": (f"the target's training codes (first {args.train_n} train examples); {loop.done} steps x "
                        f"{args.batch_size}; loss {1 - args.distil_weight:g} x cross-entropy + {args.distil_weight:g} x "
                        "KL(target || drafter), same dropped labels for both"),
-        "optimiser": f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, bf16 autocast {data.autocast_state(args.bf16)}",
+        "optimiser": (f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, "
+                      f"bf16 autocast {data.autocast_state(args.bf16)}"),
         **data.timing_facts(loop, wall, args.threads, prep),
         "quality": {**quality, "measured_on": (f"held-out sequences (loss: {args.heldout_n}, agreement: "
-                                               f"{int(agree_codes.shape[0])}) teacher-forced through drafter and target, fp16 weights upcast to fp32; acceptance_rate_t1 = mean sum_x "
+                                               f"{int(agree_codes.shape[0])}) teacher-forced through drafter and target, "
+                                               "fp16 weights upcast to fp32; acceptance_rate_t1 = mean sum_x "
                                                "min(p, q)")},
         "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_drafter --steps {loop.done} --max-minutes 60",
     }

@@ -53,9 +53,8 @@ from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_vq import VQVAE
 from mmspec.training import IndexBatches, optimizer_step, seed_everything, set_lr, warmup_cosine
 
-from . import build_shapes_var
+from . import build_shapes_var, shapes_var
 from . import image_ar_data as data
-from . import shapes_var
 from .train_shapes_var import cached_scale_codes, optimiser_text, saved_var_facts, split_scales, training_parts
 
 STAGES = {"refiner": "refiner", "drafter": "model"}  # stage -> the folder it starts from

@@ -211,7 +211,8 @@ def train(args: argparse.Namespace) -> dict:
         "loss": (f"L1 + L2 reconstruction (shape pixels weighted {1 + args.fg_weight:g}x) + codebook + 0.25 commitment "
                  "(l2-normalised codes, straight-through)"),
         "dead_code_restarts": restarted,
-        "optimiser": f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, bf16 autocast {data.autocast_state(args.bf16)}",
+        "optimiser": (f"AdamW lr {args.lr}, betas (0.9, 0.95), warm-up {args.warmup}, cosine to 10%, "
+                      f"bf16 autocast {data.autocast_state(args.bf16)}"),
         **data.timing_facts(loop, wall, args.threads),
         "quality": {**quality, "measured_on": f"image_ar_data.images({args.eval_n}, seed={args.seed}, split='heldout'), fp16 weights"},
         "rebuild_command": f"python -m mmspec.image_ar.recipes.train_shapes_vq --steps {loop.done} --max-minutes 60",

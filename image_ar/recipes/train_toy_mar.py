@@ -42,8 +42,16 @@ from diffusers import AutoencoderKL
 from tqdm import tqdm
 
 from mmspec.image_ar.mar import MAR
-from mmspec.training import (TrainingLoop, add_output_arguments, adamw, optimizer_step, parse_output_folder,
-                             seed_everything, set_lr, warmup_cosine)
+from mmspec.training import (
+    TrainingLoop,
+    adamw,
+    add_output_arguments,
+    optimizer_step,
+    parse_output_folder,
+    seed_everything,
+    set_lr,
+    warmup_cosine,
+)
 
 from . import image_ar_data as data
 from .train_shapes_vq import foreground_weights

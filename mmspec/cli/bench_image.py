@@ -65,7 +65,8 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="MAR models: scale of the cspd acceptance ratio's exponent (default 1, the paper's ratio; "
                         "the official runner uses 42, which accepts more and no longer keeps the target's law)")
     parser.add_argument("--repeats", type=checks.positive_int, default=1)
-    parser.add_argument("--grid-out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None, help="write a grid of samples per method to this image file")
+    parser.add_argument("--grid-out", type=checks.output_file(IMAGE_SUFFIXES, "image"), default=None,
+                        help="write a grid of samples per method to this image file")
     parser.set_defaults(func=run)
 
 

@@ -16,7 +16,8 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser = benches.add_parser("text", parents=[flags.seed, flags.repeats, flags.threads, flags.json],
                                 help="plain greedy vs mmspec (each policy) vs transformers assisted generation")
     add_pair_args(parser)
-    parser.add_argument("--prompts", type=checks.text_file, help="file with one prompt per line (default: prefixes of held-out detailed shapes-world "
+    parser.add_argument("--prompts", type=checks.text_file,
+                        help="file with one prompt per line (default: prefixes of held-out detailed shapes-world "
                              "captions, the text the default pair knows)")
     add_size_flag(parser, 50, "prompts to run", "--num-prompts")
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if folder is not None:
         if args.batch_size > 1:
             if args.tree is not None:
-                raise MMSpecError(f"--tree drafts one sequence at a time; use --batch-size 1 (or chains) with --batch-size {args.batch_size}")
+                raise MMSpecError("--tree drafts one sequence at a time; use --batch-size 1 (or chains) "
+                                  f"with --batch-size {args.batch_size}")
             pipe.check_batches(args.method, args.batch_size)  # a method that cannot batch fails once, before any file
         return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned", as_json=args.json,
                           batch_size=args.batch_size, records_for=lambda paths: caption_records(pipe, paths, args))

@@ -7,9 +7,10 @@
 One line per file (`{"file": NAME, ..., "error": null}` or `{"file": NAME, "error": MESSAGE}`, each with the
 file's `"source"`: resolved path, size, modification time), written and fsync'd as soon as that file
 finishes; a re-run skips files already recorded with the same source (another folder's file of the same
-name, or a file changed since, runs again; `--retry-failed`: the failed ones too). Under a distributed launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left
-to do between the processes; each appends to its own part file and the main process merges the parts into
-the results file, ordered by file name, so the result equals a one-process run.
+name, or a file changed since, runs again; `--retry-failed`: the failed ones too). Under a distributed
+launcher (WORLD_SIZE > 1) accelerate's `PartialState` splits the files left to do between the processes;
+each appends to its own part file and the main process merges the parts into the results file, ordered by
+file name, so the result equals a one-process run.
 
 `--batch-size N` decodes the files N at a time (`records_for` of the verb): each file is loaded on its own
 first, so one that fails to load is an error line and the others still decode together; a batch that fails
@@ -147,7 +148,8 @@ class FolderRun:
         failed = [r["file"] for r in records if r["file"] in wanted and r.get("error") is not None]
         if rank == 0:
             print(f"mmspec: {verb} {len(self.files) - len(failed)} of {len(self.files)} file(s) into {self.out}"
-                  + (f"; {len(failed)} failed ({', '.join(map(outputs.printable, failed))}): see their \"error\" in {self.out}" if failed else ""),
+                  + (f"; {len(failed)} failed ({', '.join(map(outputs.printable, failed))}): "
+                     f"see their \"error\" in {self.out}" if failed else ""),
                   file=sys.stderr)
             if as_json:
                 print(json.dumps({"out": str(self.out), "files": len(self.files), "failed": failed}, indent=2))

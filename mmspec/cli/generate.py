@@ -10,7 +10,6 @@ from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, announce_toy, set_threads, stats_json
 
-
 DEFAULT_DRAFT_TOKENS = 5
 
 

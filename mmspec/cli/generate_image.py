@@ -35,7 +35,8 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
     parser.add_argument("--drafter", default=None, help="drafter folder or Hub id (default: the model folder's drafter/; "
                         "for Janus: a smaller Janus sharing its codebook and tokenizer, enabling sd; for a VAR: its refiner, "
                         "also by the name of a folder inside the model's, e.g. refiner-6)")
-    parser.add_argument("--guidance-scale", type=checks.finite_float, default=None, help="classifier-free guidance (default: the model card's)")
+    parser.add_argument("--guidance-scale", type=checks.finite_float, default=None,
+                        help="classifier-free guidance (default: the model card's)")
     parser.add_argument("--temperature", type=checks.temperature, default=1.0,
                         help="0 = greedy; VAR models: also one value per scale, comma-separated (CoDe's sampler: "
                         "1.1 for all but the last three scales, then 1.0)")

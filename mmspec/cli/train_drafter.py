@@ -17,8 +17,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                       "self-distillation traces (vision.distill_data)")
     parser.add_argument("--target", required=True, help="local folder or Hub id of the vision-language target")
     parser.add_argument("--kind", default="msd", choices=["msd", "flash"], help="drafter kind")
-    parser.add_argument("--data", required=True, type=checks.existing_folder, help="folder written by generate_distill_data (metadata.json + shards)")
-    parser.add_argument("--out", required=True, type=checks.output_folder, help="folder to save_pretrained into (checkpoints go to OUT/checkpoints)")
+    parser.add_argument("--data", required=True, type=checks.existing_folder,
+                        help="folder written by generate_distill_data (metadata.json + shards)")
+    parser.add_argument("--out", required=True, type=checks.output_folder,
+                        help="folder to save_pretrained into (checkpoints go to OUT/checkpoints)")
     parser.add_argument("--steps", type=checks.positive_int, default=1000)
     parser.add_argument("--batch-size", type=checks.positive_int, default=4)
     parser.add_argument("--lr", type=checks.positive_float, default=1e-4)

@@ -13,7 +13,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                                  help="train a fast decoder (CTC or one-layer AR) on a Whisper model's frozen encoder, "
                                       "for hybrid decoding")
     parser.add_argument("--target", required=True, help="zoo name, local folder or Hub id of the Whisper model")
-    parser.add_argument("--data", required=True, type=checks.existing_folder, help='folder with metadata.jsonl ({"file": ..., "text": ...} per line) + clips')
+    parser.add_argument("--data", required=True, type=checks.existing_folder,
+                        help='folder with metadata.jsonl ({"file": ..., "text": ...} per line) + clips')
     parser.add_argument("--out", required=True, type=checks.output_folder,
                         help="folder to save_pretrained into (e.g. MODEL/fast_decoder, MODEL/ar_fast_decoder)")
     parser.add_argument("--kind", choices=["ctc", "ar"], default="ctc",

@@ -57,7 +57,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
-                             "(required), one FILE_STEM.FORMAT per audio file (FILE_NAME.FORMAT where stems collide), or a FILE.jsonl: one JSON line per audio "
+                             "(required), one FILE_STEM.FORMAT per audio file (FILE_NAME.FORMAT where stems collide), "
+                             "or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="with --out FILE.jsonl: run again the files whose line records an error")

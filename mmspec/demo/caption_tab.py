@@ -8,11 +8,17 @@ import gradio as gr
 
 from ..errors import MMSpecError
 from . import rounds as R
-from .fields import checked_seed
 from .display import acceptance_frame, stats_markdown
+from .fields import checked_seed
 from .models import caption_pipeline
-from .round_tab import (add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs,
-                        rounds_table)
+from .round_tab import (
+    add_samples,
+    compare_and_run,
+    comparison_with_plain,
+    model_and_method,
+    round_outputs,
+    rounds_table,
+)
 from .streaming import stream_rounds
 from .uploads import LIMITS_NOTE, checked_upload, page_message
 

@@ -10,8 +10,14 @@ from ..errors import MMSpecError
 from . import rounds as R
 from .display import stats_markdown
 from .models import transcription_pipeline
-from .round_tab import (add_samples, compare_and_run, comparison_with_plain, model_and_method, round_outputs,
-                        rounds_table)
+from .round_tab import (
+    add_samples,
+    compare_and_run,
+    comparison_with_plain,
+    model_and_method,
+    round_outputs,
+    rounds_table,
+)
 from .streaming import stream_rounds
 from .uploads import LIMITS_NOTE, check_audio_length, checked_upload, page_message
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
 from ..ragged import RaggedBatch
-from ..errors import MMSpecError
 from ..sampling import SamplingConfig
 from ..trees import DraftTree, TreeConfig
 from ..types import Proposal, Verdict

@@ -13,8 +13,15 @@ from ..errors import MMSpecError
 from ..generation import process_prefixed_rows
 from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig, probabilities
-from ..trees import (DraftTree, TreeConfig, grow_tree, keep_cache_positions, level_attention_mask, node_path,
-                     refuse_flash_attention)
+from ..trees import (
+    DraftTree,
+    TreeConfig,
+    grow_tree,
+    keep_cache_positions,
+    level_attention_mask,
+    node_path,
+    refuse_flash_attention,
+)
 from ..types import Proposal, Verdict
 from .autoregressive import AutoregressiveDrafter, common_prefix_length
 

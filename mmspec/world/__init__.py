@@ -9,15 +9,24 @@ embedded toy model zoo and the benchmarks with data generated on the fly.
 """
 
 from .captions import caption, describe, group_shapes
-from .datasets import (caption_corpus, caption_prefix, caption_token_cap, captioner_examples, detailed_examples,
-                       example_seed, examples, heldout_prompts,
-                       sample_detailed_example, sample_example, write_prompts_file)
+from .datasets import (
+                       caption_corpus,
+                       caption_prefix,
+                       caption_token_cap,
+                       captioner_examples,
+                       detailed_examples,
+                       example_seed,
+                       examples,
+                       heldout_prompts,
+                       sample_detailed_example,
+                       sample_example,
+                       write_prompts_file,
+)
 from .detailed_captions import detailed_caption, estimate_tokens
 from .detailed_facts import all_correct, check_caption, parse_facts, scene_facts, score_facts
 from .detailed_scenes import LONG_FRAMES, DetailedScene, Interaction, event_slots, interactions, sample_detailed_scene
 from .render import render_image, render_video, shape_state, write_video
-from .scenes import (BACKGROUNDS, COLOURS, DIRECTIONS, KINDS, MOTIONS, SIZES, Scene, Shape, region,
-                     sample_scene)
+from .scenes import BACKGROUNDS, COLOURS, DIRECTIONS, KINDS, MOTIONS, SIZES, Scene, Shape, region, sample_scene
 
 __all__ = [
     "BACKGROUNDS", "COLOURS", "DIRECTIONS", "KINDS", "LONG_FRAMES", "MOTIONS", "SIZES", "DetailedScene", "Interaction",

@@ -17,8 +17,17 @@ import random
 import re
 from dataclasses import dataclass
 
-from .captions import (BACKGROUND_PHRASES, DIRECTION_WORDS, INTROS, KIND_WORDS, LEADS, REGION_PHRASES, SIZE_WORDS,
-                       VERBS, _choose)
+from .captions import (
+    BACKGROUND_PHRASES,
+    DIRECTION_WORDS,
+    INTROS,
+    KIND_WORDS,
+    LEADS,
+    REGION_PHRASES,
+    SIZE_WORDS,
+    VERBS,
+    _choose,
+)
 from .detailed_scenes import DetailedScene, event_slots, interactions
 from .scenes import BACKGROUNDS, COLOURS, as_rng, region
 

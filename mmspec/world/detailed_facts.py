@@ -18,8 +18,16 @@ from __future__ import annotations
 import re
 
 from .captions import DIRECTION_WORDS, KIND_WORDS, REGION_PHRASES, SIZE_WORDS
-from .detailed_captions import (COUNT_PHRASES, EVENT_VERBS, FIRST_TURN, LAST_TURN, NEXT_TURN, ONE_TURN,
-                                RELATION_PHRASES, STILL_PHRASES)
+from .detailed_captions import (
+    COUNT_PHRASES,
+    EVENT_VERBS,
+    FIRST_TURN,
+    LAST_TURN,
+    NEXT_TURN,
+    ONE_TURN,
+    RELATION_PHRASES,
+    STILL_PHRASES,
+)
 from .detailed_scenes import DetailedScene, event_slots, interactions, key
 from .scenes import BACKGROUNDS, COLOURS, region
 

@@ -20,8 +20,19 @@ import random
 from dataclasses import dataclass, replace
 
 from .render import shape_state
-from .scenes import (BACKGROUNDS, COLOURS, DIRECTION_VECTORS, KINDS, SIZES, Scene, Shape,
-                     _motion_details, _pick, _start, as_rng)
+from .scenes import (
+    BACKGROUNDS,
+    COLOURS,
+    DIRECTION_VECTORS,
+    KINDS,
+    SIZES,
+    Scene,
+    Shape,
+    _motion_details,
+    _pick,
+    _start,
+    as_rng,
+)
 
 MAX_SHAPES = 4
 # No bouncing (see the module docstring); moving is the most common so interactions are common.

@@ -8,11 +8,11 @@ colour-changing shapes switch colour half-way.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 from PIL import Image, ImageDraw
 
 from ..media import write_video  # noqa: F401 (re-exported: the world writes its videos with it)
-
 from .scenes import RGB, SIZE_RADIUS, Scene, Shape
 
 GROW_TO = 1.8  # radius multiplier reached at t = 1 by a growing shape

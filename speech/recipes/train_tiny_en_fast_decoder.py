@@ -51,7 +51,6 @@ from mmspec.errors import MMSpecError
 from mmspec.speech.ar_fast_decoder import ARFastDecoder
 from mmspec.speech.models import speech_model_path
 from mmspec.speech.pipeline import load_whisper
-from mmspec.speech.train_feature import DEFAULT_FEATURE_LEARNING_RATE, target_features, train_feature_drafter
 from mmspec.speech.train_fast import (
     DEFAULT_LEARNING_RATE,
     Example,
@@ -62,6 +61,7 @@ from mmspec.speech.train_fast import (
     train_ar_fast_decoder,
     train_ctc_fast_decoder,
 )
+from mmspec.speech.train_feature import DEFAULT_FEATURE_LEARNING_RATE, target_features, train_feature_drafter
 
 MODEL = "whisper-tiny.en"
 
@@ -76,7 +76,7 @@ def cached_examples(model, processor, data: str, cache: str | None) -> list[Exam
     :data:`SHARD` clips written as they are done, so a long run that is stopped resumes.
     """
     if cache and Path(cache).is_file():
-        return [Example(states=s, prompt=p, labels=l) for s, p, l in torch.load(cache)]
+        return [Example(states=s, prompt=p, labels=y) for s, p, y in torch.load(cache)]
     clips = read_clip_folder(data)
     if not (cache and (cache.endswith("/") or Path(cache).is_dir())):
         examples = prepare_examples(model, processor, clips, "target")
@@ -93,7 +93,7 @@ def cached_examples(model, processor, data: str, cache: str | None) -> list[Exam
             partial = shard.with_suffix(".part")
             torch.save([(e.states.half(), e.prompt, e.labels) for e in done], partial)
             partial.replace(shard)
-        examples += [Example(states=s, prompt=p, labels=l) for s, p, l in torch.load(shard)]
+        examples += [Example(states=s, prompt=p, labels=y) for s, p, y in torch.load(shard)]
     return examples
 
 

@@ -13,8 +13,9 @@ Model: Whisper architecture, English-only, transcribe-only, no timestamps, with 
 input window: 8 s chunks, 80 mel bins at a 20 ms hop (Whisper uses 10 ms: halving the frame rate
 halves the encoder's cost and still leaves 25 encoder frames per second for ~4 tokens per second
 of speech), so the encoder reads 400 frames -> 200 positions. d_model 256, 4 encoder and
-4 decoder layers. Clips longer than the window are left out of training and evaluation. Tokenizer: a byte-level BPE (Whisper's scheme) trained on the sentence
-generators, with Whisper's special tokens after the ordinary vocabulary; prompt
+4 decoder layers. Clips longer than the window are left out of training and evaluation.
+Tokenizer: a byte-level BPE (Whisper's scheme) trained on the sentence generators, with Whisper's
+special tokens after the ordinary vocabulary; prompt
 ``<|startoftranscript|><|notimestamps|>`` like Whisper's English-only checkpoints.
 
 Training: teacher-forced cross-entropy on the transcript, plus an auxiliary CTC loss on the
@@ -44,14 +45,18 @@ import torch
 import torch.nn.functional as F
 from tokenizers import ByteLevelBPETokenizer
 from tqdm import tqdm
-from transformers import (WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
-                          WhisperProcessor, WhisperTokenizer)
+from transformers import (
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperProcessor,
+    WhisperTokenizer,
+)
 
 from mmspec.compat import mark_generation_config_explicit
 from mmspec.speech.audio import load_audio
-
 from mmspec.speech.wer import word_errors
-from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, set_lr, warmup_cosine
+from mmspec.training import adamw, add_output_arguments, optimizer_step, parse_output_folder, set_lr, warmup_cosine
 from mmspec.zoo import MODELS_DIR
 
 from . import speech_data
@@ -232,7 +237,7 @@ def train(args: argparse.Namespace) -> None:
         logits = model(encoder_outputs=(encoder,), decoder_input_ids=ids[:, :-1]).logits
         target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
         ce = F.cross_entropy(logits.flatten(0, 1), target.flatten())
-        text = [l[2:-1] for l in (labels[i] for i in batch)]  # the transcript tokens only, for CTC
+        text = [labels[i][2:-1] for i in batch]  # the transcript tokens only, for CTC
         flat = torch.tensor([t for seq in text for t in seq])
         log_probs = ctc_head(encoder).log_softmax(-1).transpose(0, 1)
         ctc = F.ctc_loss(log_probs, flat, torch.full((len(batch),), encoder.shape[1], dtype=torch.long),

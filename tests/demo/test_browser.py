@@ -39,6 +39,7 @@ RESULT_WAIT_MS = 240_000  # generous: a loaded CI machine may be slow; a passing
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.is_file(), reason="Debian's chromium is not installed (apt-get install chromium)"),
     pytest.mark.timeout(600),
+    pytest.mark.slow,  # drives a real browser
 ]
 
 

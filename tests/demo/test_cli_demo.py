@@ -35,6 +35,7 @@ def test_demos_app_py_is_the_same_command():
     assert done.stderr.strip() == "mmspec: error: --port must be in 1..65535, got 0"
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_clear_error(capsys):
     pytest.importorskip("gradio")
     with socket.socket() as taken:

@@ -92,6 +92,7 @@ def test_step_map_refuses_rounds_that_do_not_fill_the_image():
         step_map([(0, 1), (1, 3)], (3, 3))
 
 
+@pytest.mark.slow
 def test_step_map_of_a_real_image_has_one_step_per_target_forward():
     pytest.importorskip("gradio")
     from mmspec import ImagePipeline

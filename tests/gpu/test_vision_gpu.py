@@ -11,11 +11,11 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 from mmspec import speculative_generate  # noqa: E402
+from mmspec.trees import TreeConfig  # noqa: E402
 from mmspec.vision.distill_data import generate_distill_data  # noqa: E402
 from mmspec.vision.drafter_training import train_drafter  # noqa: E402
 from mmspec.vision.feature_methods import runtime_drafter  # noqa: E402
 from mmspec.vision.models import inputs_on_model  # noqa: E402
-from mmspec.trees import TreeConfig  # noqa: E402
 from mmspec.vision.pipeline import CaptionPipeline  # noqa: E402
 
 from ..vision.methods import METHODS, method_drafter  # noqa: E402

@@ -26,9 +26,8 @@ def test_a_batch_beyond_the_memory_is_refused_with_the_size_that_fits(model, cap
 @needs_zoo
 @pytest.mark.parametrize("model", ["shapes-var", "shapes-mar"])
 def test_the_benchmarks_batch_sizes_fit(model):
-    from mmspec.image_ar.pipeline import SpeculativeImagePipeline
-
     from mmspec.cli.image_batches import check_batch_fits
+    from mmspec.image_ar.pipeline import SpeculativeImagePipeline
 
     pipe = SpeculativeImagePipeline.from_pretrained(model)
     check_batch_fits(pipe, 16, available=2 * 1024**3)  # BENCHMARKS.md's --batch-size 16, with 2 GB free

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from mmspec.errors import MMSpecError
 from mmspec.image_ar.code import code_generate
 from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_vq import tiny_var_vq
-
-from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 
 from ..device_checks import default_device_elsewhere

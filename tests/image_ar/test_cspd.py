@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from mmspec.errors import MMSpecError
 from mmspec.image_ar import cspd
 from mmspec.image_ar.cspd import accept_drafts, cspd_generate, cspd_schedule, sample_residual
 from mmspec.image_ar.mar import tiny_mar
 from mmspec.image_ar.masked_decode import cosine_lefts, target_generate
-
-from mmspec.errors import MMSpecError
 from mmspec.sampling import seeded_generator
 
 from .mixture_toy import MixtureDensity, MixtureTokenModel, energy_distance_test
@@ -54,6 +54,7 @@ def test_control_accepting_every_draft_fails_the_same_test(mixtures, monkeypatch
     assert out.stats.alpha == 1.0 and p_value < ALPHA
 
 
+@pytest.mark.slow
 def test_control_the_official_inner_temperature_is_not_exact(mixtures):
     """T = 42 in the exponent (the official runner's default) flattens p/q to ~ the ratio of the
     normalisers: nearly every draft passes, and the output is the draft's, not the target's."""
@@ -63,6 +64,7 @@ def test_control_the_official_inner_temperature_is_not_exact(mixtures):
     assert p_value < ALPHA
 
 
+@pytest.mark.slow
 def test_residual_sampler_draws_from_the_normalised_positive_part():
     """1-D check of norm(max(0, p - q)) against an exact sample of it (rejection from a fine grid)."""
     n = 4000

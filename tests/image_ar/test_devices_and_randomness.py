@@ -30,7 +30,6 @@ from mmspec.sampling import SamplingConfig, seeded_generator
 
 from ..device_checks import ROOT, decoding_modules, default_device_elsewhere, stale_exceptions, unreviewed
 
-
 # (module, function) -> why a device-less torch factory is right there.
 REVIEWED = {
     ("image_ar/llamagen.py", "rope_table_2d"): "the rotary table is computed once on the CPU and moved to the model's "

@@ -7,8 +7,15 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import (CFGTarget, GuidedImageDrafter, ar_generate, draft_generate, lantern_neighbours, lantern_rule,
-                             tiny_llamagen)
+from mmspec.image_ar import (
+    CFGTarget,
+    GuidedImageDrafter,
+    ar_generate,
+    draft_generate,
+    lantern_neighbours,
+    lantern_rule,
+    tiny_llamagen,
+)
 from mmspec.rules import speculative_sampling
 from mmspec.sampling import probabilities, sample
 from mmspec.testing import assert_distribution_preserved
@@ -136,6 +143,7 @@ def draws(model, drafter, sampling, guidance_scale, rule=None):
     return draw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling, guidance_scale",
     [(SAMPLE, 1.0), (SAMPLE, 3.0), (SamplingConfig(do_sample=True, temperature=0.7, top_k=2), 2.0)],
@@ -155,6 +163,7 @@ def wrong_residual(proposal, target_logits, sampling, generator):
     return verdict
 
 
+@pytest.mark.slow
 def test_control_wrong_residual_fails(micro_model, micro_drafter):
     exact = exact_image_distribution(micro_model, SAMPLE, 3.0)
     with pytest.raises(AssertionError, match="differs from the reference"):

@@ -10,17 +10,19 @@ import torch
 
 from mmspec.errors import MMSpecError
 from mmspec.image_ar import tiny_vq
-from mmspec.world import BACKGROUNDS, COLOURS, KINDS
-from mmspec.world.scenes import RGB
 from mmspec.image_ar.recipes import (
     build_shapes_image_ar,
-    image_ar_data as data,
     train_shapes_drafter,
     train_shapes_image_ar,
     train_shapes_judge,
     train_shapes_vq,
 )
+from mmspec.image_ar.recipes import (
+    image_ar_data as data,
+)
 from mmspec.training import warmup_cosine
+from mmspec.world import BACKGROUNDS, COLOURS, KINDS
+from mmspec.world.scenes import RGB
 
 
 def test_classes_are_every_kind_times_every_colour_in_id_order():

@@ -118,6 +118,7 @@ def last_error_line(err):
     return err.strip().splitlines()[-1]  # after transformers' weight-loading bars
 
 
+@pytest.mark.slow
 def test_generate_image_lantern_options_from_the_card_and_the_command_line(folder, tmp_path, capsys):
     """LANTERN's k and delta: the model card's lantern_defaults, else the authors' (k = 1000, checked against the
     codebook: one clear error on this 12-code toy), overridden by --lantern-k / --lantern-delta."""

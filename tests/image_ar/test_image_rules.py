@@ -221,7 +221,8 @@ def test_gsd_with_singleton_group_is_sjd_draw_for_draw(neutral, seed):
     assert torch.equal(sjd.next_token, gsd.next_token)
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(do_sample=True), SamplingConfig(do_sample=True, temperature=0.8, top_k=4)], ids=["plain", "topk"])
+@pytest.mark.parametrize("sampling", [SamplingConfig(do_sample=True), SamplingConfig(do_sample=True, temperature=0.8, top_k=4)],
+                         ids=["plain", "topk"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-q", "one-hot-q"])
 @pytest.mark.parametrize("neutral", [dict(delta=0.0), dict(lam=1.0)], ids=["delta0", "lambda1"])
 def test_lantern_neutral_is_core_speculative_sampling(sampling, deterministic, neutral):

@@ -8,7 +8,15 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import CFGTarget, ar_generate, gsd_accept, jacobi_generate, lantern_accept, lantern_neighbours, sjd_accept
+from mmspec.image_ar import (
+    CFGTarget,
+    ar_generate,
+    gsd_accept,
+    jacobi_generate,
+    lantern_accept,
+    lantern_neighbours,
+    sjd_accept,
+)
 from mmspec.sampling import probabilities
 from mmspec.testing import assert_distribution_preserved
 
@@ -108,6 +116,7 @@ def draw_with(model, sampling, guidance_scale, rule=sjd_accept, init="random"):
     return draw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling, guidance_scale, init",
     [(SAMPLE, 1.0, "random"), (SAMPLE, 3.0, "left"), (SamplingConfig(do_sample=True, temperature=0.7, top_k=2), 2.0, "random")],
@@ -127,6 +136,7 @@ def wrong_residual_rule(tokens, d, p, generator):
     return verdict
 
 
+@pytest.mark.slow
 def test_control_wrong_residual_fails(micro_model):
     exact = exact_image_distribution(micro_model, SAMPLE, 3.0)
     with pytest.raises(AssertionError, match="differs from the reference"):

@@ -5,8 +5,15 @@ import torch
 
 from mmspec import SamplingConfig
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import (GuidedImageDrafter, JanusCFGTarget, ar_generate, draft_generate, jacobi_generate, janus_generate,
-                             sjd_accept)
+from mmspec.image_ar import (
+    GuidedImageDrafter,
+    JanusCFGTarget,
+    ar_generate,
+    draft_generate,
+    jacobi_generate,
+    janus_generate,
+    sjd_accept,
+)
 from mmspec.testing import reload_from_disk
 
 from .tiny_janus import BOI, BOS, PAD, tiny_janus
@@ -136,6 +143,7 @@ def test_gsd_latents_are_what_the_language_model_reads_for_each_code(janus):
     assert not torch.equal(runs["embeddings"], runs["codebook"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ar", "sjd", "sd"])
 def test_shipped_text_generation_settings_do_not_reach_the_image_methods(method):
     """A checkpoint's generation config (guidance_scale, text sampling settings, penalties) is Janus' text side:

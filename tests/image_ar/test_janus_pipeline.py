@@ -136,6 +136,7 @@ def test_a_janus_drafter_enables_sd(folder, tmp_path_factory, seed):
             assert stats.accepted == stats.drafted and stats.target_forwards < 16
 
 
+@pytest.mark.slow
 def test_janus_sd_sampling_is_seeded(drafted):
     a = drafted(["a red circle", "a blue square"], method="sd", generator=seeded(5), progress_bar=False)
     b = drafted(["a red circle", "a blue square"], method="sd", generator=seeded(5), progress_bar=False)
@@ -174,6 +175,7 @@ def test_cli_errors(folder, capsys, argv, message):
     generate_image_fails(folder, capsys, argv, message)
 
 
+@pytest.mark.slow
 def test_cli_bench_image_on_janus(folder, capsys):
     code = main(["bench", "image", "--model", str(folder), "--prompts", "a red circle", "a blue square", "--n", "2",
                  "--lantern", "0.1,4", "--guidance-scale", "2", "--threads", "1", "--json"])
@@ -188,6 +190,7 @@ def test_cli_bench_image_on_janus(folder, capsys):
     assert "--prompts" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_cli_with_a_janus_drafter(folder, tmp_path, capsys):
     drafter_folder = tmp_path / "drafter"
     tiny_janus(seed=1).save_pretrained(drafter_folder)

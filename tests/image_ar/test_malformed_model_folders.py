@@ -4,11 +4,11 @@ clear error from the pipeline and from the CLI, not a UnicodeDecodeError / TypeE
 import os
 
 import pytest
-from mmspec.image_ar.janus_pipeline import is_janus_folder
-from mmspec.image_ar.pipeline import SpeculativeImagePipeline, image_family
 
 from mmspec import MMSpecError
 from mmspec.cli import main
+from mmspec.image_ar.janus_pipeline import is_janus_folder
+from mmspec.image_ar.pipeline import SpeculativeImagePipeline, image_family
 
 CONFIGS = {
     "random bytes": b"\x96\xbb" + os.urandom(510),  # not UTF-8 from its first byte

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDPMScheduler
-from mmspec.image_ar.diffloss import cosine_scheduler, step_gaussian
-from mmspec.image_ar.mar import MAR, load_official_mar, tiny_mar
 
 from mmspec.errors import MMSpecError
+from mmspec.image_ar.diffloss import cosine_scheduler, step_gaussian
+from mmspec.image_ar.mar import MAR, load_official_mar, tiny_mar
 from mmspec.sampling import seeded_generator
 
 SMALL = dict(img_size=32, vae_stride=16, patch_size=1, encoder_embed_dim=64, encoder_depth=2, encoder_num_heads=4,

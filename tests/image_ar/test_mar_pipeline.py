@@ -147,6 +147,7 @@ def test_generate_image_refuses_what_mar_does_not_take(saved, tmp_path, capsys, 
     assert all(line.startswith("mmspec: ") for line in lines) and len(lines) <= 2
 
 
+@pytest.mark.slow
 def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
     from mmspec.cli import main
 
@@ -175,6 +176,7 @@ def test_bench_image_gives_ar_and_cspd_rows(saved, tmp_path, capsys):
         assert "not options of MAR rows" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_image_batches_the_mar_rows(saved, capsys):
     """--batch-size B: B images per call in every row; --inner-temperature is stated as leaving the target's law."""
     from mmspec.cli import main

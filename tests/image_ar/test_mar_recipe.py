@@ -7,16 +7,17 @@ import json
 import pytest
 import torch
 from diffusers import AutoencoderKL
+
 from mmspec.image_ar.cspd import cspd_generate
 from mmspec.image_ar.mar import MAR
 from mmspec.image_ar.recipes import train_toy_mar
-
 from mmspec.sampling import seeded_generator
 
 SMOKE = ["--steps", "3", "--batch-size", "4", "--width-mult", "0.25", "--vae-ch", "8", "--sampling-steps", "5",
          "--diffusion-batch-mul", "1", "--threads", "1", "--train-n", "16", "--sample-n", "0"]
 
 
+@pytest.mark.slow
 def test_three_steps_of_each_stage_save_a_loadable_pair(tmp_path):
     out = tmp_path / "shapes-mar"
     info = train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE])
@@ -40,6 +41,7 @@ def test_a_model_stage_without_a_vae_is_a_usage_error(tmp_path, capsys):
     assert info.value.code == 2 and "run --stage vae first" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_three_stages_make_a_saved_pipeline(tmp_path):
     from mmspec.image_ar.mar_pipeline import MARPipeline
 
@@ -52,6 +54,7 @@ def test_the_three_stages_make_a_saved_pipeline(tmp_path):
     assert image.size == (64, 64)
 
 
+@pytest.mark.slow
 def test_init_from_continues_a_saved_mar(tmp_path, capsys):
     out = tmp_path / "shapes-mar"
     train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE])
@@ -70,6 +73,7 @@ def test_init_from_continues_a_saved_mar(tmp_path, capsys):
         train_toy_mar.main(["--stage", "draft", "--out", str(out), "--init-from", str(tmp_path / "none"), *SMOKE])
 
 
+@pytest.mark.slow
 def test_the_card_stage_judges_every_part_and_sets_the_best_cfg(tmp_path):
     out = tmp_path / "shapes-mar"
     info = train_toy_mar.main(["--stage", "all", "--out", str(out), *SMOKE, "--sample-n", "2", "--eval-cfgs", "1", "2"])

@@ -20,8 +20,10 @@ from mmspec.sampling import seeded_generator
 
 from .mixture_toy import energy_distance_test
 
-pytestmark = pytest.mark.skipif(not (train_toy_mar.ZOO_DIR / "model_index.json").is_file(),
-                                reason="no shapes-mar in the zoo")
+pytestmark = [
+    pytest.mark.skipif(not (train_toy_mar.ZOO_DIR / "model_index.json").is_file(), reason="no shapes-mar in the zoo"),
+    pytest.mark.slow,  # samples the trained zoo pair thousands of times
+]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from mmspec.sampling import SamplingConfig
 from .pipeline_checks import OPTIONS, seeded
 from .tiny_image_folder import CLASSES, build_tiny_folder
 
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build_tiny_folder(tmp_path_factory.mktemp("tiny-image-ar"))
@@ -84,6 +85,7 @@ def test_progress_advances_by_committed_tokens(pipe, method):
         assert max(counts) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_callback_on_round_sees_every_committed_token_where_it_goes(pipe, method):
     """Rebuilding the grids from the rounds' (chunk, position, tokens) gives the output exactly."""

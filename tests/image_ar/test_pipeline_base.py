@@ -36,6 +36,7 @@ def test_the_pipeline_is_a_diffusers_pipeline(pipe):
     assert pipe.methods == ["ar", "sd", "sjd", "gsd", "lantern"] and pipe.check_method(None) == "sjd"
 
 
+@pytest.mark.slow
 def test_save_and_load_round_trip_gives_identical_seeded_images(pipe, tmp_path):
     pipe.save_pretrained(tmp_path / "saved")
     index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
@@ -64,6 +65,7 @@ def test_a_saved_pipeline_without_a_drafter_loads_without_one(tmp_path):
         loaded(class_labels=0, method="sd", progress_bar=False)
 
 
+@pytest.mark.slow
 def test_torch_dtype_and_to(folder):
     half = SpeculativeImagePipeline.from_pretrained(folder, torch_dtype=torch.bfloat16)
     assert half.dtype == torch.bfloat16 and half.vq.dtype == torch.bfloat16 and half.drafter.dtype == torch.bfloat16
@@ -107,6 +109,7 @@ def test_janus_on_the_base(tmp_path):
         pipe(prompt="a red circle", method="sd", progress_bar=False)
 
 
+@pytest.mark.slow
 def test_the_generic_loader_finds_the_saved_class(pipe, tmp_path):
     """diffusers' own loader (SpeculativePipeline.from_pretrained) looks the saved class up on `mmspec`."""
     pipe.save_pretrained(tmp_path / "saved")

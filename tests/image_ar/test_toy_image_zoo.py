@@ -13,7 +13,10 @@ from mmspec.cli import main
 from mmspec.zoo import MODELS_DIR
 
 FOLDER = MODELS_DIR / "shapes-image-ar"
-pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), reason=f"no weights in {FOLDER}")
+pytestmark = [
+    pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), reason=f"no weights in {FOLDER}"),
+    pytest.mark.slow,  # runs the shipped zoo model end to end
+]
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mmspec.image_ar.var import VAR, VARSampling
-from mmspec.image_ar.var_vq import VQVAE, tiny_var_vq
 
 from mmspec.errors import MMSpecError
+from mmspec.image_ar.var import VAR, VARSampling
+from mmspec.image_ar.var_vq import VQVAE, tiny_var_vq
 from mmspec.sampling import seeded_generator
 
 from ..device_checks import default_device_elsewhere
@@ -77,7 +77,9 @@ def conv_keys(prefix, cout, cin, k=3):
 
 def official_vq_keys():
     """ch 16, ch_mult (1, 2), 1 res block, z 8, vocab 16, 4 shared phi, patch_nums (1, 2, 3, 4)."""
-    mid = lambda p, c: resnet_keys(f"{p}.mid.block_1", c, c) | attn_keys(f"{p}.mid.attn_1", c) | resnet_keys(f"{p}.mid.block_2", c, c)
+    def mid(p, c):
+        return resnet_keys(f"{p}.mid.block_1", c, c) | attn_keys(f"{p}.mid.attn_1", c) | resnet_keys(f"{p}.mid.block_2", c, c)
+
     enc = (conv_keys("encoder.conv_in", 16, 3) | resnet_keys("encoder.down.0.block.0", 16, 16)
            | conv_keys("encoder.down.0.downsample.conv", 16, 16) | resnet_keys("encoder.down.1.block.0", 16, 32)
            | attn_keys("encoder.down.1.attn.0", 32) | mid("encoder", 32)
@@ -235,8 +237,10 @@ def test_greedy_generation_is_the_argmax_of_the_guided_teacher_forced_logits(var
 
 
 def test_sampling_is_seeded_and_the_seed_matters(var, vq):
-    run = lambda seed: var.autoregressive_infer_cfg(vq, 2, [1, 2], generator=seeded_generator("cpu", seed),
-                                                    cfg=1.5, top_k=8, top_p=0.95)
+    def run(seed):
+        return var.autoregressive_infer_cfg(vq, 2, [1, 2], generator=seeded_generator("cpu", seed),
+                                            cfg=1.5, top_k=8, top_p=0.95)
+
     first, again, other = run(0), run(0), run(1)
     assert first.shape == (2, 3, 8, 8) and 0 <= first.min() and first.max() <= 1
     assert torch.equal(first, again)

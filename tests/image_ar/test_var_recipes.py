@@ -10,12 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmspec.image_ar.recipes import (build_shapes_var, shapes_var, train_shapes_var, train_shapes_var_code,
-                                     train_shapes_var_vq)
+from mmspec.image_ar.recipes import (
+    build_shapes_var,
+    shapes_var,
+    train_shapes_var,
+    train_shapes_var_code,
+    train_shapes_var_vq,
+)
 from mmspec.image_ar.var import VAR
 from mmspec.image_ar.var_pipeline import VARPipeline
 
 
+@pytest.mark.slow
 def test_a_three_step_build_makes_a_loadable_var_pipeline(tmp_path):
     out = tmp_path / "shapes-var"
     build_shapes_var.main(["--out", str(out), "--smoke", "--threads", "1"])
@@ -47,6 +53,7 @@ def test_recipes_never_write_into_the_package_without_into_zoo(recipe, argv, cap
     assert "inside the installed mmspec package; pass --into-zoo" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_init_from_continues_a_saved_var(tmp_path):
     """--init-from starts from the saved weights (a learning rate too small to move them leaves them as they were),
     keeps that model's size whatever the role's, and says so in the card; a VAR of other codes is refused."""
@@ -89,6 +96,7 @@ def code_recipe(out, *argv):
                                        *argv])
 
 
+@pytest.mark.slow
 def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(built):
     """Each stage writes STAGE-N/ (a VAR the pipeline takes as its refiner or as a model) and a card section with
     the quality before and after; the refiner's before/after KL is to the large VAR on the scales it generates."""
@@ -110,6 +118,7 @@ def test_code_fine_tune_writes_a_refiner_and_a_drafter_for_one_n(built):
     assert VAR.from_pretrained(out / "drafter-5").patch_nums == shapes_var.PATCH_NUMS
 
 
+@pytest.mark.slow
 def test_code_refiner_distils_on_the_large_var_s_own_samples_too(built):
     """--large-samples M: M sequences the large VAR samples itself (classes in turn) join the real ones, a share of
     every batch; the card and the rebuild command say so, and the samples are cached for the next run."""
@@ -126,6 +135,7 @@ def test_code_refiner_distils_on_the_large_var_s_own_samples_too(built):
     assert int(saved["codes"].max()) < large.V
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["--stage", "drafter", "--large-samples", "4"], "use it with --stage refiner"),
     (["--stage", "refiner", "--large-samples", "-1"], "--large-samples must be >= 0"),
@@ -136,6 +146,7 @@ def test_code_recipe_refuses_bad_sample_settings(built, capsys, argv, message):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(built, tmp_path):
     """Eight steps of stage two (its own scales only) lower the refiner's KL to the large VAR on those scales; the
     control, a learning rate too small to move the weights, leaves it where it was."""
@@ -156,6 +167,7 @@ def test_code_refiner_fine_tune_moves_towards_the_large_var_on_its_scales(built,
     assert after == pytest.approx(before, rel=1e-3)  # only the fp16 rounding of the saved weights
 
 
+@pytest.mark.slow
 def test_continuing_a_fine_tuned_refiner_keeps_its_earlier_runs_in_the_card(built):
     """--init-from OUT/refiner-N continues that refiner: the card keeps each earlier run, sums the training time and
     chains the rebuild commands, so the section still says how to remake what ships."""
@@ -183,6 +195,7 @@ def test_continuing_a_fine_tuned_refiner_keeps_its_earlier_runs_in_the_card(buil
     assert "earlier_runs" not in other and f"--init-from {out / 'refiner-6'}" in other["rebuild_command"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["--draft-scales", "8"], "draft_steps must be in 1..7"),
     (["--draft-scales", "0"], "draft_steps must be in 1..7"),

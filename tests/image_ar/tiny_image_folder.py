@@ -14,7 +14,8 @@ def build_tiny_folder(folder: Path, drafter: bool = True, classes: bool = True, 
     tiny_llamagen(vocab_size=12, grid_size=4, num_classes=3, seed=0, initializer_range=0.3).save_pretrained(folder)
     tiny_vq(codebook_size=12).save_pretrained(folder / "vq")
     if drafter:
-        tiny_llamagen(vocab_size=12, grid_size=4, num_classes=3, n_layer=1, seed=1, initializer_range=0.3).save_pretrained(folder / "drafter")
+        drafter_model = tiny_llamagen(vocab_size=12, grid_size=4, num_classes=3, n_layer=1, seed=1, initializer_range=0.3)
+        drafter_model.save_pretrained(folder / "drafter")
     if classes:
         (folder / "classes.json").write_text(json.dumps(CLASSES))
     if card is not None:

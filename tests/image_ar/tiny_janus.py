@@ -4,8 +4,17 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusImageProcessor, JanusProcessor,
-                          JanusVisionConfig, JanusVQVAEConfig, LlamaConfig, PreTrainedTokenizerFast)
+from transformers import (
+    GenerationConfig,
+    JanusConfig,
+    JanusForConditionalGeneration,
+    JanusImageProcessor,
+    JanusProcessor,
+    JanusVisionConfig,
+    JanusVQVAEConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
 
 PAD, BOS, EOS, BOI = 0, 1, 2, 3
 IMAGE_TOKEN = 5

@@ -18,14 +18,23 @@ from transformers.generation import logits_process as lp
 
 from mmspec import PromptLookupDrafter, SamplingConfig, speculative_generate
 from mmspec.generation import resolve_generation
-from mmspec.image_ar import (GuidedImageDrafter, JanusCFGTarget, LlamaGenConfig, LlamaGenForClassConditional, ar_generate,
-                             draft_generate, jacobi_generate)
+from mmspec.image_ar import (
+    GuidedImageDrafter,
+    JanusCFGTarget,
+    LlamaGenConfig,
+    LlamaGenForClassConditional,
+    ar_generate,
+    draft_generate,
+    jacobi_generate,
+)
 from mmspec.speech.target import WhisperTarget
 from mmspec.testing import NeverAgreeDrafter, first_difference
 
 from ..vision.drafters import MultimodalNeverAgreeDrafter, MultimodalSelfDrafter
 from ..vision.tiny_vlms import Case, text_ids
 from .real_models import build, fixture, shipped_generation_config, shipped_json
+
+pytestmark = pytest.mark.slow  # every real architecture's config, model by model
 
 MAX_NEW = 16
 GREEDY = SamplingConfig(do_sample=False)

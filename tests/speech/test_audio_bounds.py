@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mmspec.speech.audio import load_audio
 
 from mmspec.errors import MMSpecError
+from mmspec.speech.audio import load_audio
 
 from .test_pipeline import speechy
 

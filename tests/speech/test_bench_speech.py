@@ -10,11 +10,11 @@ import pytest
 
 from mmspec import MMSpecError
 from mmspec.cli import main
-from mmspec.speech.feature_drafter import WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.bench import REFERENCE, bench_speech, repeated_ngrams, repetition_count
-from mmspec.speech.wer import corpus_wer, normalise, word_errors
+from mmspec.speech.feature_drafter import WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.pipeline import load_fast_decoder, load_whisper
 from mmspec.speech.train_fast import read_clip_folder
+from mmspec.speech.wer import corpus_wer, normalise, word_errors
 
 from .tiny_asr import make_asr_folder, make_clip_folder
 
@@ -50,6 +50,7 @@ def folders(tmp_path_factory):
     return make_asr_folder(root / "asr"), make_clip_folder(root / "clips", count=3)
 
 
+@pytest.mark.slow
 def test_bench_runs_every_method(folders):
     asr, clips_folder = folders
     model, processor = load_whisper("tiny", str(asr))
@@ -127,6 +128,7 @@ def test_bench_chain_rows(folders):
         bench_speech(model, processor, clips, ar_fast_decoder=ar, chain_tokens=(0,), repeats=1, progress=False)
 
 
+@pytest.mark.slow
 def test_bench_feature_drafter_rows(folders, tmp_path, capsys):
     asr, clips_folder = folders
     model, processor = load_whisper("tiny", str(asr))

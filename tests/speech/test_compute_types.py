@@ -14,7 +14,13 @@ from mmspec.speech.ar_fast_decoder import AR_FAST_DECODER_FOLDER, attach_ar_fast
 from mmspec.speech.hybrid import hybrid_policy, hybrid_rule
 from mmspec.speech.pipeline import TranscriptionPipeline
 from mmspec.speech.precision import (
-    COMPUTE_TYPES, ROW_ATTENTION, Float32Head, RowByRowLinear, RowInt8Linear, apply_compute_type, compute_type_of,
+    COMPUTE_TYPES,
+    ROW_ATTENTION,
+    Float32Head,
+    RowByRowLinear,
+    RowInt8Linear,
+    apply_compute_type,
+    compute_type_of,
     reference_row_int8_linear,
 )
 

@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from mmspec.speech.ctranslate2 import load_ct2_whisper
 
 from mmspec.errors import MMSpecError
+from mmspec.speech.ctranslate2 import load_ct2_whisper
 
 from .ct2_writer import ct2_variables, tiny_ct2_whisper, write_ct2_folder
 

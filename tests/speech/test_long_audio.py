@@ -128,6 +128,7 @@ def ten_minutes(tmp_path_factory):
     return write_wav(tmp_path_factory.mktemp("long") / "ten-minutes.wav", audio), bursts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])
 def test_ten_minute_file_gives_valid_subtitles(asr_folder, ten_minutes, tmp_path, capsys, fmt):
     path, bursts = ten_minutes

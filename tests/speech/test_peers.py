@@ -71,6 +71,7 @@ def test_the_peer_passes_the_documented_settings_and_threads(tiny_en_folder, mon
     assert call.encoder_time > 0 and call.cpu_time > 0 and call.wall_time >= call.encoder_time + call.decoder_time
 
 
+@pytest.mark.slow
 def test_a_shipped_clip_runs_through_the_peer_rows_of_the_bench(tiny_en_folder):
     import torch
 

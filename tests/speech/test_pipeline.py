@@ -116,6 +116,7 @@ def test_methods_equal_greedy_generate(pipe, clip, method, max_new_tokens):
         assert out.stats.drafter_forwards == 1
 
 
+@pytest.mark.slow
 def test_long_audio_windows_overlap_and_each_equals_greedy(pipe, tmp_path):
     samples = speechy(2.5, seed=3)
     path = write_wav(tmp_path / "long.wav", samples)

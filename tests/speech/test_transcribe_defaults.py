@@ -24,6 +24,7 @@ def test_the_package_folder_decodes_with_the_shipped_self_drafter(package_folder
     assert fast_decoder_root(package_folder, package_folder) == zoo_entry("whisper-tiny.en").path
 
 
+@pytest.mark.slow
 def test_cli_default_is_hybrid_strict_with_start_up_apart(package_folder, capsys):
     assert main(["transcribe", str(EVERYDAY), "--model", package_folder, "--json", "--compute-type", "int8"]) == 0
     captured = capsys.readouterr()

@@ -35,6 +35,7 @@ def test_split_of_is_a_function_of_the_words():
     assert 0.05 < splits.count("heldout") / len(splits) < 0.15
 
 
+@pytest.mark.slow
 @needs_sources
 def test_streams_keep_the_splits_apart_and_replay():
     train = list(itertools.islice(varied_speech.sentence_stream("train", 0), 300))
@@ -57,6 +58,7 @@ def test_markov_sentences_come_from_the_chain():
     assert all(ch.isalpha() or ch in " ,'-." for ch in first[0])
 
 
+@pytest.mark.slow
 @needs_espeak
 @needs_sources
 def test_build_resumes_where_it_stopped(tmp_path):

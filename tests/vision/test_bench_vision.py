@@ -2,8 +2,13 @@
 
 import pytest
 import torch
-from transformers import (CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaNextVideoConfig,
-                          LlavaNextVideoForConditionalGeneration)
+from transformers import (
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlavaNextVideoConfig,
+    LlavaNextVideoForConditionalGeneration,
+)
 
 from mmspec.errors import MMSpecError
 from mmspec.testing import reload_from_disk, tiny_llama
@@ -77,6 +82,7 @@ def test_bench_vision_confidence_stop_rows(tiny_llava):
     assert "flash stop<1 k<=6" in extras["modelled_memory_bound_speed_up"]
 
 
+@pytest.mark.slow
 def test_bench_vision_lean_ablation_twins_draft_the_same(tiny_llava):
     text = tiny_llava.config.get_text_config()
     torch.manual_seed(0)
@@ -155,6 +161,7 @@ def test_assistant_for_widens_and_masks_visual_ids(tiny_next_video):
         assistant_for(tiny_llama(vocab_size=TEXT_VOCAB - 1, num_layers=1, hidden_size=32), tiny_next_video)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["random", "text-part"])
 def test_bench_vision_hf_assisted_row(tiny_next_video, which):
     if which == "random":

@@ -12,6 +12,8 @@ from mmspec.zoo import entries
 
 from .test_pipeline import pipe, tiny_captioner_folder  # noqa: F401 - fixtures
 
+pytestmark = pytest.mark.slow  # bench tables over batch sizes
+
 
 @pytest.fixture(scope="module")
 def videos():

@@ -14,6 +14,7 @@ from mmspec.vision.recipes import train_detailed_captioner as recipe
 from mmspec.world import DetailedScene, Shape, sample_detailed_example
 
 
+@pytest.mark.slow
 def test_three_step_run_writes_a_captioner(tmp_path, capsys):
     out = tmp_path / "run"
     recipe.main(["--text-steps", "1", "--steps", "3", "--batch-size", "2", "--eval-n", "2",
@@ -37,6 +38,7 @@ def test_three_step_run_writes_a_captioner(tmp_path, capsys):
     assert int((inputs["input_ids"] == model.config.video_token_index).sum()) == cd.VISUAL_TOKENS
 
 
+@pytest.mark.slow
 def test_a_low_rank_run_writes_an_overlay_on_the_zoo_captioner(tmp_path, capsys, monkeypatch):
     """--rope/--lora: a few MB of overlay and a card deriving from the zoo captioner; loaded through the zoo it is
     the captioner with YaRN positions, its vision tower untouched and its language model moved."""
@@ -110,6 +112,7 @@ def test_worker_processes_prepare_the_same_batches_in_order(tmp_path):
     assert tok.decode(ids[ids != tok.pad_token_id][len(cd.prompt_ids(tok)):], skip_special_tokens=True).strip() == caption
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps, resumed_at, runs", [(2, "stage B, step 0", "B step 1"), (1, "stage T, step 1", "B step 0")])
 def test_a_killed_run_resumes_to_the_same_captioner(tmp_path, capsys, monkeypatch, steps, resumed_at, runs):
     """Checkpoints every step; a run stopped after training keeps its two newest, and loses the newest of

@@ -37,6 +37,8 @@ from .test_pipeline import frames, tiny_captioner_folder  # noqa: F401 (fixtures
 from .tiny_vlms import BUILDERS, Case
 
 CASES = sorted(BUILDERS)
+# The per-method grids run two model classes in the fast tier (LLaVA, Qwen2-VL video) and all of them in the slow tier.
+GRID_CASES = [n if n in ("llava-image", "qwen2vl-video") else pytest.param(n, marks=pytest.mark.slow) for n in CASES]
 MAX_NEW = 10
 
 # ---- source scan -----------------------------------------------------------------------------
@@ -82,7 +84,7 @@ def expected(case: Case) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", GRID_CASES)
 def test_no_tensor_is_made_on_the_default_device(name, method, vlm_cases, text_lm):
     """Greedy (equal to `generate`) and sampled with a CPU generator, drafter and target built inside."""
     case = vlm_cases[name]
@@ -129,7 +131,7 @@ def float64_cases(vlm_cases) -> dict[str, Case]:
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", GRID_CASES)
 def test_float64_greedy_equals_generate(name, method, float64_cases, text_lm):
     case = float64_cases[name]
     want = case.model.generate(case.input_ids, do_sample=False, max_new_tokens=MAX_NEW, **case.inputs)
@@ -190,6 +192,7 @@ def float64_pipe(tiny_captioner_folder, drafters):
                                            feature_drafters={"msd": drafters["msd"], "flash": drafters["flash"]})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_pipeline_in_float64(method, float64_pipe, frames):
     """The pipeline hands the model its pixels in the model's dtype; every method still gives `generate`'s caption."""
@@ -208,6 +211,7 @@ def bfloat16_drafters_pipe(tiny_captioner_folder, drafters):
                                            feature_drafters=own)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["text", "msd", "flash"])
 def test_drafters_in_bfloat16_keep_a_float32_targets_output(method, bfloat16_drafters_pipe, frames):
     """`drafter_dtype` changes what the drafters compute in, never the caption: greedy still equals `generate`."""

@@ -7,6 +7,7 @@ layers receive their inputs on. On a machine with a CUDA GPU the whole run is ch
 
 import pytest
 import torch
+
 from mmspec.vision.feature_methods import runtime_drafter
 from mmspec.vision.pipeline import CaptionPipeline
 
@@ -62,7 +63,8 @@ def test_the_network_computes_on_its_own_device(tiny_captioner_folder, method):
     fuse = (lambda: network.slot_inputs(embeds, features)) if method == "msd" else (lambda: network.text_inputs(embeds, features))
     assert {d.type for d in devices_reaching(network.fc, fuse)} == {"meta"}
     positions = torch.arange(3)[None]
-    forward = lambda: network(embeds, positions)
+    def forward():
+        return network(embeds, positions)
     assert {d.type for d in devices_reaching(network.layers[0] if method == "msd" else network.layer, forward)} == {"meta"}
 
 

@@ -54,7 +54,7 @@ class Recording:
         self._box.logits = []
         proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
         if self._box.logits:
-            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([l[0] for l in self._box.logits]))})
+            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([logit[0] for logit in self._box.logits]))})
         return proposal
 
     def propose_batch(self, batch, max_tokens, sampling, generator):
@@ -105,7 +105,7 @@ def test_flash_batch_equals_generate(case, n):
     assert torch.equal(out.sequences, expected)
 
 
-@pytest.fixture(scope="module", params=["msd", "flash"])
+@pytest.fixture(scope="module", params=["msd", pytest.param("flash", marks=pytest.mark.slow)])
 def fitted(case, tmp_path_factory, request):
     """A drafter fitted to the target's traces of the very rows decoded below: it accepts often, so
     rounds end at every acceptance depth and the features after each depth are exercised."""

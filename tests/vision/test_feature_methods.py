@@ -172,7 +172,8 @@ def test_build_script_smoke(tiny_captioner_folder, tmp_path):
     """The whole build on the tiny captioner: data, both drafters shipped, the card updated, an ablation kept aside."""
     folder = tmp_path / "captioner"
     shutil.copytree(tiny_captioner_folder, folder)
-    code = build.main(["--captioner", str(folder), "--out", str(folder), "--out-root", str(tmp_path / "out"), "--videos", "2", "--steps", "2",
+    code = build.main(["--captioner", str(folder), "--out", str(folder), "--out-root", str(tmp_path / "out"),
+                       "--videos", "2", "--steps", "2",
                        "--max-new-tokens", "4", "--flash-queries", "4", "--flash-semi-ar", "2", "--threads", "1",
                        "--checkpoint-every", "0"])
     assert code == 0

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
-from mmspec.vision import load_image, load_video, write_test_video, write_video
-from mmspec.vision.media_writer import available_video_codec
 from PIL import Image
 
 from mmspec import MMSpecError
+from mmspec.vision import load_image, load_video, write_test_video, write_video
+from mmspec.vision.media_writer import available_video_codec
 
 
 def grey_level(frames: np.ndarray) -> list[int]:
@@ -127,7 +127,8 @@ def test_truncated_png(tmp_path):
         load_image(tmp_path / "cut.png")
 
 
-@pytest.mark.parametrize("array", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 3)), np.zeros((3, 4, 4), np.uint8), np.zeros((0, 4, 3), np.uint8)])
+@pytest.mark.parametrize("array", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 3)), np.zeros((3, 4, 4), np.uint8),
+                                   np.zeros((0, 4, 3), np.uint8)])
 def test_bad_image_arrays(array):
     with pytest.raises(MMSpecError):
         load_image(array)
@@ -159,9 +160,8 @@ COLOURS = [(250, 0, 0), (0, 250, 0), (0, 0, 250), (250, 250, 0), (0, 250, 250), 
 
 @pytest.mark.parametrize("suffix", [".gif", ".webp"])
 def test_animated_image_is_a_video(tmp_path, suffix):
-    from mmspec.vision.inputs import is_animated_image
-
     from mmspec.cli.caption import media_kind
+    from mmspec.vision.inputs import is_animated_image
 
     path = animated(tmp_path / f"anim{suffix}", COLOURS)
     still = tmp_path / f"still{suffix}"

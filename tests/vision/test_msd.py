@@ -6,7 +6,12 @@ import torch
 from transformers import DynamicCache
 
 from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, speculative_generate
-from mmspec.testing import assert_distribution_preserved, assert_greedy_equal, exact_continuation_distribution, tiny_llama
+from mmspec.testing import (
+    assert_distribution_preserved,
+    assert_greedy_equal,
+    exact_continuation_distribution,
+    tiny_llama,
+)
 from mmspec.types import Proposal
 from mmspec.vision.distill_data import generate_distill_data
 from mmspec.vision.drafter_training import train_drafter
@@ -137,6 +142,7 @@ class UniformClaimDrafter(MSDDrafter):
         return Proposal(tokens=proposal.tokens, probs=probs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_class, lossless", [(MSDDrafter, True), (UniformClaimDrafter, False)], ids=["msd", "control"])
 def test_sampled_distribution_is_the_targets(drafter_class, lossless):
     """On a tiny text vocabulary MSD is plain EAGLE: the sampled continuations follow the target's law exactly."""

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from mmspec.vision.msd import MSDDrafterModel, load_msd_drafter
 
 from mmspec.errors import MMSpecError
+from mmspec.vision.msd import MSDDrafterModel, load_msd_drafter
 
 from .tiny_vlms import llava
 

@@ -9,13 +9,19 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, CLIPVisionConfig, LlamaConfig, LlavaNextVideoConfig, LlavaNextVideoForConditionalGeneration
+from transformers import (
+    AutoTokenizer,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaNextVideoConfig,
+    LlavaNextVideoForConditionalGeneration,
+)
 
 from mmspec.cli import main
 from mmspec.vision import write_video
 from mmspec.vision.pipeline import CaptionPipeline
-from mmspec.zoo import load_causal_lm, resolve
 from mmspec.vision.recipes import captioner_data as cd
+from mmspec.zoo import load_causal_lm, resolve
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +194,8 @@ def test_cli_caption_json_on_a_foreign_video(tiny_captioner_folder, tmp_path, ca
     assert code == 0, captured.err
     result = json.loads(captured.out)
     assert result["method"] == "text" and "method 'text'" in captured.err
-    assert {"new_tokens", "target_forwards", "mean_accepted_length", "acceptance_rate", "wall_time_s", "tokens_per_s"} <= set(result["stats"])
+    stats = {"new_tokens", "target_forwards", "mean_accepted_length", "acceptance_rate", "wall_time_s", "tokens_per_s"}
+    assert stats <= set(result["stats"])
 
 
 def test_cli_caption_corrupt_file(tiny_captioner_folder, tmp_path, capsys):

@@ -28,7 +28,8 @@ def test_drafter_never_sees_visual_tokens_or_pixels(name, vlm_cases, text_lm):
     case = vlm_cases[name]
     calls, handle = record_calls(text_lm)
     try:
-        out = speculative_generate(VisionTarget(case.model), TextOnlyDrafter(text_lm, case.model), case.input_ids, max_new_tokens=12, num_draft_tokens=3, **case.inputs)
+        out = speculative_generate(VisionTarget(case.model), TextOnlyDrafter(text_lm, case.model), case.input_ids,
+                                   max_new_tokens=12, num_draft_tokens=3, **case.inputs)
     finally:
         handle.remove()
     assert calls, "the drafter never ran"

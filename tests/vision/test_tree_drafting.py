@@ -7,8 +7,8 @@ import torch
 
 from mmspec import speculative_generate
 from mmspec.drafters import Drafter
-from mmspec.testing import assert_greedy_equal
 from mmspec.rule_capabilities import declare_rule
+from mmspec.testing import assert_greedy_equal
 from mmspec.tree_rules import TREE_RULE
 from mmspec.trees import DraftTree, TreeConfig
 from mmspec.types import Proposal
@@ -104,6 +104,7 @@ def test_flash_tree_identical(name, semi_ar_tokens, vlm_cases):
     assert out.stats.rounds > 0 and out.stats.drafter_forwards > out.stats.rounds  # a forward per level, not one per round
 
 
+@pytest.mark.slow
 def test_caption_cli_tree_picks_flash_and_matches_the_chain_caption(capsys):
     """`mmspec caption --tree` without --method picks FLASH (the fastest tree); its caption is the chain's."""
     import json

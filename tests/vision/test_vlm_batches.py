@@ -8,14 +8,24 @@ from mmspec import speculative_generate
 from mmspec.drafters import NoDrafter
 from mmspec.policies import FixedDraftLength
 from mmspec.sampling import SamplingConfig
-from mmspec.vision.text_drafter import TextOnlyDrafter
-
 from mmspec.vision.flash import FlashDrafterModel
 from mmspec.vision.models import modality_token_types
 from mmspec.vision.msd import MSDDrafterModel
 from mmspec.vision.sparse_to_dense import SparseToDenseDrafter
+from mmspec.vision.text_drafter import TextOnlyDrafter
 
-from .tiny_vlms import BOS, IMAGE, VIDEO, VISION_END, VISION_START, llava, next_video, onevision, qwen2_vl_model, text_drafter_lm
+from .tiny_vlms import (
+    BOS,
+    IMAGE,
+    VIDEO,
+    VISION_END,
+    VISION_START,
+    llava,
+    next_video,
+    onevision,
+    qwen2_vl_model,
+    text_drafter_lm,
+)
 
 # Per row: text before and after the media placeholders (ragged lengths).
 ROWS = [([BOS, 11, 12], [13, 14, 15, 11, 12]), ([BOS, 40], [41, 42]), ([BOS, 7, 8, 9, 10, 11], [12, 13, 14])]

@@ -45,7 +45,7 @@ def run(case, drafter, k, wrap="vision-target", **overrides):
 
 
 @pytest.mark.parametrize("wrap", ["vision-target", "raw-model", "core-target"])
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["text-only", "never", "lookup"])
 @pytest.mark.parametrize("name", CASES)
 def test_greedy_identical(name, kind, k, wrap, vlm_cases, text_lm):
@@ -56,7 +56,7 @@ def test_greedy_identical(name, kind, k, wrap, vlm_cases, text_lm):
         assert out.stats.target_forwards == out.stats.new_tokens + (1 if wrap == "core-target" else 0)
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["self", "flaky"])
 @pytest.mark.parametrize("name", CASES)
 def test_greedy_identical_with_agreeing_drafters(name, kind, k, vlm_cases, text_lm):
@@ -81,7 +81,8 @@ def test_qwen2_vl_positions_really_are_3d(vlm_cases):
 def test_qwen2_vl_token_types_are_built_when_missing(name, vlm_cases, text_lm):
     case = vlm_cases[name]
     inputs = {k: v for k, v in case.inputs.items() if k != "mm_token_type_ids"}
-    out = speculative_generate(VisionTarget(case.model), TextOnlyDrafter(text_lm, case.model), case.input_ids, max_new_tokens=MAX_NEW, num_draft_tokens=3, **inputs)
+    out = speculative_generate(VisionTarget(case.model), TextOnlyDrafter(text_lm, case.model), case.input_ids,
+                               max_new_tokens=MAX_NEW, num_draft_tokens=3, **inputs)
     assert torch.equal(out.sequences, expected(case))
 
 
@@ -98,7 +99,8 @@ def test_sampling_runs_and_repeats_with_a_seed(name, vlm_cases, text_lm):
     def sample(seed):
         generator = torch.Generator().manual_seed(seed)
         drafter = TextOnlyDrafter(text_lm, case.model)
-        return speculative_generate(VisionTarget(case.model), drafter, case.input_ids, max_new_tokens=10, do_sample=True, generator=generator, num_draft_tokens=3, **case.inputs).sequences
+        return speculative_generate(VisionTarget(case.model), drafter, case.input_ids, max_new_tokens=10, do_sample=True,
+                                    generator=generator, num_draft_tokens=3, **case.inputs).sequences
 
     first = sample(0)
     assert first.shape[1] > case.input_ids.shape[1]

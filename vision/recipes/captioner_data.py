@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from mmspec.zoo import MODELS_DIR
 
 FRAMES = 8  # frames per video

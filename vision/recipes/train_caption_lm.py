@@ -36,7 +36,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything, warmup_cosine
+from mmspec.training import (
+    adamw,
+    add_output_arguments,
+    optimizer_step,
+    parse_output_folder,
+    seed_everything,
+    warmup_cosine,
+)
 from mmspec.world import caption_corpus, detailed_examples
 from mmspec.zoo import MODELS_DIR
 

@@ -60,8 +60,7 @@ from typing import Any, Iterator
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder
-
+from mmspec.training import adamw, add_output_arguments, optimizer_step, parse_output_folder
 from mmspec.world import caption_token_cap
 
 from . import captioner_data as cd

@@ -83,19 +83,41 @@ from transformers import AutoConfig, AutoTokenizer, LlavaNextVideoForConditional
 from mmspec.devices import synchronize, usable_device
 from mmspec.errors import MMSpecError
 from mmspec.low_rank import add_low_rank, apply_overlay, overlay_of, remove_low_rank
-from mmspec.training import (Checkpoints, add_output_arguments, adamw, optimizer_step, parse_output_folder,
-                             seed_everything, warmup_cosine)
-from mmspec.world import (event_slots, example_seed, interactions, parse_facts, render_video, sample_detailed_example,
-                          scene_facts, score_facts)
-from mmspec.world.detailed_facts import ATTRIBUTES
+from mmspec.training import (
+    Checkpoints,
+    adamw,
+    add_output_arguments,
+    optimizer_step,
+    parse_output_folder,
+    seed_everything,
+    warmup_cosine,
+)
+from mmspec.world import (
+    event_slots,
+    example_seed,
+    interactions,
+    parse_facts,
+    render_video,
+    sample_detailed_example,
+    scene_facts,
+    score_facts,
+)
 from mmspec.world.detailed_captions import MAX_TOKENS
+from mmspec.world.detailed_facts import ATTRIBUTES
 from mmspec.world.detailed_scenes import MAX_SHAPES
 from mmspec.zoo import MODELS_DIR, entries
 from mmspec.zoo.derived import file_digest
 
 from . import captioner_data as cd
-from .train_video_captioner import (LM_DIR, VideoHead, build_model, caption_batch, save_captioner_weights, target_card,
-                                    write_card_and_samples)
+from .train_video_captioner import (
+    LM_DIR,
+    VideoHead,
+    build_model,
+    caption_batch,
+    save_captioner_weights,
+    target_card,
+    write_card_and_samples,
+)
 
 OUT_DIR = MODELS_DIR / "shapes-video-captioner"
 CHECKPOINT_ROOT = Path.home() / ".cache" / "mmspec" / "detailed-captioner-checkpoints"
@@ -418,7 +440,7 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, samples: lis
                        f"example_seed('train', {args.seed}, i)), render_video(scene, {args.frames}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage T: {args.text_steps} LM-only steps; stage B: {args.steps} "
                        f"steps x {args.batch_size} videos, caption cross-entropy"
-                       + (f" of the low-rank updates and the projector (vision tower and other weights frozen)"
+                       + (" of the low-rank updates and the projector (vision tower and other weights frozen)"
                           if args.lora else f" + {args.aux_weight} x video-level multi-label loss on a throw-away head")),
         "seed": args.seed,
         "optimiser": (f"AdamW; stage T lr {args.text_lr}; stage B lr "
@@ -494,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", default=str(OUT_DIR),
                         help="a saved captioner folder to start from, or 'none' for a fresh vision tower")
-    parser.add_argument("--lm-dir", default=str(LM_DIR), help="the caption LM to start from with --init-from none (train_caption_lm --which target)")
+    parser.add_argument("--lm-dir", default=str(LM_DIR),
+                        help="the caption LM to start from with --init-from none (train_caption_lm --which target)")
     add_output_arguments(parser, OUT_DIR.name, "the captioner")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="where to train: cpu, cuda, cuda:1, ...")

@@ -60,10 +60,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import (AutoTokenizer, CLIPVisionConfig, LlamaForCausalLM, LlavaNextVideoConfig,
-                          LlavaNextVideoForConditionalGeneration)
+from transformers import (
+    AutoTokenizer,
+    CLIPVisionConfig,
+    LlamaForCausalLM,
+    LlavaNextVideoConfig,
+    LlavaNextVideoForConditionalGeneration,
+)
 
-from mmspec.training import add_output_arguments, adamw, optimizer_step, parse_output_folder, seed_everything, warmup_cosine
+from mmspec.training import (
+    adamw,
+    add_output_arguments,
+    optimizer_step,
+    parse_output_folder,
+    seed_everything,
+    warmup_cosine,
+)
 from mmspec.world import example_seed, render_video, sample_example
 from mmspec.zoo import MODELS_DIR
 
@@ -564,7 +576,8 @@ def train(args) -> None:
     for r in rows[:8]:
         print(f"  truth: {r['truth']}\n  gen:   {r['generated']}", flush=True)
     info = {
-        "n_params": n_params, "old_vocab": old_vocab, "train_wall": train_wall, "aux_steps": aux_steps_done, "frame_steps": frame_steps_done, "frame_kind_acc": frame_acc,
+        "n_params": n_params, "old_vocab": old_vocab, "train_wall": train_wall, "aux_steps": aux_steps_done,
+        "frame_steps": frame_steps_done, "frame_kind_acc": frame_acc,
         "steps": steps_done, "lm_start": lm_start, "step_times": med, "stage_a_s": stage_a_s, "aux_acc": aux_acc,
         "data_size": stream.max_index,
     }
@@ -638,9 +651,11 @@ def save(model, tok, folder: Path, args, info: dict, quality: dict, rows: list[d
             "vision_feature_select_strategy": "default (CLS dropped)",
         },
         "trained_on": (f"shapes-world train examples rendered on the fly (mmspec.world.sample_example("
-                       f"example_seed('train', {args.seed}, i), max_shapes={args.max_shapes}), render_video(scene, {cd.FRAMES}, {cd.FRAME_SIZE})), "
+                       f"example_seed('train', {args.seed}, i), max_shapes={args.max_shapes}), "
+                       f"render_video(scene, {cd.FRAMES}, {cd.FRAME_SIZE})), "
                        f"i < {info['data_size']}; stage A: {info['aux_steps']} steps x {args.aux_batch_size} videos, "
-                       f"per-token colour/kind cross-entropy + per-video multi-label scene-content loss on throw-away heads over the pooled vision tokens; "
+                       "per-token colour/kind cross-entropy + per-video multi-label scene-content loss on throw-away heads "
+                       "over the pooled vision tokens; "
                        f"stage A1: {info['frame_steps']} steps x {args.frame_batch_size} single frames of one-shape scenes, shape kind "
                        f"from the mean pooled token + per-token colour/kind; stage B: {info['steps']} steps x "
                        f"{args.batch_size} videos, caption cross-entropy (+{args.aux_weight} x stage-A loss), LM frozen"
