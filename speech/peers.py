@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmspec.optional import require
+
 PEER_COMPUTE_TYPES = ("float32", "int8")
 PEER_PREFIX = "faster-whisper-"
 # Greedy decoding as mmspec does it; every setting that would differ from plain greedy is turned off.
@@ -75,7 +77,7 @@ class _TimedCall:
 
 def timed_whisper_model(folder: str | Path, compute_type: str, threads: int) -> Any:
     """faster-whisper's `WhisperModel` on `folder`, recording the time its `encode` calls take."""
-    from faster_whisper import WhisperModel
+    WhisperModel = require("faster_whisper", "peers", "the faster-whisper bench rows").WhisperModel
 
     class TimedWhisperModel(WhisperModel):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
