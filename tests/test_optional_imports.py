@@ -44,8 +44,16 @@ def test_a_missing_library_names_its_extra(monkeypatch):
         ensure("av", "vision", "the processor")
 
 
+def uninstall(monkeypatch, package: str) -> None:
+    """Make `package` look absent: a None entry blocks its import, and submodules that earlier tests imported are
+    dropped (importlib would return them from sys.modules whatever their parent's entry)."""
+    for name in [n for n in sys.modules if n.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, package, None)
+
+
 def test_a_missing_package_above_the_module_is_named_by_its_pip_name(monkeypatch):
-    monkeypatch.setitem(sys.modules, "essential_generators", None)
+    uninstall(monkeypatch, "essential_generators")
     with pytest.raises(MissingExtraError, match=r"needs essential-generators, .*: pip install 'mmspec\[recipes\]'"):
         require("essential_generators.markov_textgen", "recipes", "the Markov text source")
 
@@ -88,7 +96,7 @@ def test_mar_and_the_judge_without_timm(monkeypatch, tmp_path):
     from mmspec.image_ar.judge import load_judge
     from mmspec.image_ar.mar import tiny_mar
 
-    monkeypatch.setitem(sys.modules, "timm", None)
+    uninstall(monkeypatch, "timm")
     with pytest.raises(MissingExtraError, match=r"a MAR model needs timm, .*mmspec\[image\]"):
         tiny_mar()
     (tmp_path / "config.json").write_text("{}")
