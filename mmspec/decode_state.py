@@ -17,13 +17,12 @@ import torch
 
 from .drafters import Drafter
 from .policies import DraftLengthPolicy
-from .rule_capabilities import RuleCapabilities, check_proposal
-from .rules import drop_nonfinite_drafts
+from .rule_capabilities import RuleCapabilities
 from .sampling import SamplingConfig
 from .stats import SpecStats
 from .targets import Target, TargetStep
-from .trees import DraftTree, TreeConfig
-from .types import Proposal
+from .trees import TreeConfig
+from .types import Verdict
 
 # on_round(tokens, drafted, accepted, proposed): the tokens committed, the draft count, how many drafts were
 # kept, and the drafts themselves (1-D, before verification; empty for the prefill's token).
@@ -94,12 +93,6 @@ class DecodeState:
     on_round: RoundHook | None = None
     streamer: Any = None
 
-    def propose(self, sequence: torch.LongTensor, k: int) -> Proposal:
-        """The drafter's chain proposal, drafts from a non-finite distribution counted as rejected."""
-        proposal = drop_nonfinite_drafts(self.drafter.propose(sequence, k, self.sampling, self.generator, self.policy))
-        check_proposal(self.capabilities, self.rule, proposal)
-        return proposal
-
     def announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
         """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""
         if self.on_tokens is not None:
@@ -109,51 +102,6 @@ class DecodeState:
         if self.streamer is not None:
             self.streamer.put(new_tokens[None].cpu())
 
-    def commit(self, sequence: torch.LongTensor, proposal: Proposal, step: TargetStep) -> tuple[torch.LongTensor, bool]:
-        """Judge one proposal, append the accepted drafts plus the target's token, roll caches back."""
-        verdict = self.rule(proposal, step.logits, self.sampling, self.generator)
-        accepted = int(verdict.num_accepted[0])
-        new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
-        new_tokens, done = truncate_at_stop(new_tokens, self.stops)
-        sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-        self.announce(new_tokens, proposal.tokens[0], accepted)
-        # The cache now holds every committed token but the newest; drop the rejected drafts.
-        self.target.truncate(self.target.length - (proposal.length - accepted))
-        self.drafter.observe(sequence, verdict, step)
-        self.policy.update(proposal.length, accepted)
-        self.stats.record_round(proposal.length, accepted)
-        return sequence, done
-
-    def tree_round(self, sequence: torch.LongTensor, max_drafts: int) -> tuple[torch.LongTensor, bool]:
-        """Draft a tree, verify it in one target forward, commit the accepted path plus the target's token."""
-        assert self.tree is not None
-        with self.stats.timer("draft"):
-            if max_drafts >= 1:
-                tree = self.drafter.propose_tree(sequence, self.tree.limited(max_drafts), self.sampling, self.generator)
-            else:
-                tree = DraftTree.empty(sequence.device)
-        with self.stats.timer("verify"):
-            step = self.target.score_tree(sequence, tree)
-            verdict = self.rule(tree, step.logits, self.sampling, self.generator)
-            path = verdict.path
-            new_tokens = torch.cat([tree.path_tokens(path), verdict.next_token[:1]])
-            new_tokens, done = truncate_at_stop(new_tokens, self.stops)
-            sequence = torch.cat([sequence, new_tokens[None]], dim=1)
-            # The hook's drafts: the accepted path, then the drafter's own first choice below it (rejected).
-            proposed = tree.path_tokens(path + tree.best_branch(path[-1] if path else -1))
-            self.announce(new_tokens, proposed, len(path))
-            self.target.keep_tree_path(tree, path)
-            # Drafters see the verify forward as if it had covered [root, path] only, as after a chain.
-            rows = torch.tensor([0] + [i + 1 for i in path], device=step.logits.device)
-            hidden = None if step.hidden_states is None else tuple(h.index_select(1, rows.to(h.device)) for h in step.hidden_states)
-            self.drafter.observe(sequence, verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
-            # For trees `drafted` is the tree's depth: the most tokens a round could accept.
-            self.stats.record_round(int(tree.depths().max()) if tree.size else 0, len(path))
-        return sequence, done
-
-
-def truncate_at_stop(new_tokens: torch.Tensor, stops: set[int]) -> tuple[torch.Tensor, bool]:
-    for i, token in enumerate(new_tokens.tolist()):
-        if token in stops:
-            return new_tokens[: i + 1], True
-    return new_tokens, False
+    def judge(self, proposal: Any, step: TargetStep) -> Verdict:
+        """The rule's verdict on a round's drafts (a chain `Proposal` or a `DraftTree`) against the target's logits."""
+        return self.rule(proposal, step.logits, self.sampling, self.generator)

@@ -1,19 +1,18 @@
 """The shared draft/verify loop (Leviathan et al. 2023, "Fast Inference from Transformers via
 Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling").
 
-    prefill target (and drafter); the target picks the first new token
-    while not done:
+    prefill drafter and target; the first drafts ride along with the target's prefill when they can
+    while live:
         proposal = drafter.propose(k)               # tokens [B, k] (+ q [B, k, V] or None)
         step     = target.score(last + proposal)    # ONE target forward over k + 1 positions
         verdict  = rule(proposal, step.logits, ...) # accepted count + correction / bonus token
-        commit; roll the target cache back; drafter.observe(...)
+        commit; roll the caches back; drafter.observe(...)
 
-With `tree=TreeConfig(...)` the drafter proposes a draft tree instead (`mmspec.trees`), the target
-verifies all its nodes in that one forward with a tree attention mask, a tree rule
-(`mmspec.tree_rules`) picks the accepted path, and both caches keep that path only.
-
-A batch of several rows runs the same steps in `mmspec.batch_decoding`, where rejected drafts become
-masked holes instead of being cropped (rows accept different numbers of drafts).
+One loop body serves three shapes (`mmspec.rounds`, chosen once per call): one sequence drafting chains
+(rejected drafts are cropped from the caches); one sequence drafting a tree (`tree=TreeConfig(...)`,
+`mmspec.trees`: the target verifies all its nodes in one forward with a tree attention mask, a tree rule
+from `mmspec.tree_rules` picks the accepted path, both caches keep that path only); and a batch of several
+rows (`mmspec.ragged`: rejected drafts become masked holes, as rows accept different numbers of drafts).
 
 Each call keeps everything it changes in a `DecodeState` (`mmspec.decode_state`), with working copies of
 the target and drafter (shared weights, own caches): one decoder may serve several threads at once.
@@ -29,13 +28,13 @@ import torch
 from transformers import PreTrainedModel
 
 from .arguments import check_arguments
-from .batch_decoding import check_batch_support, decode_batch
 from .decode_state import DecodeState, RoundHook, working_copies
 from .devices import input_device
 from .drafters import Drafter, ModelDrafter
 from .errors import MMSpecError
 from .generation import resolve_generation
 from .policies import DraftLengthPolicy, FixedDraftLength
+from .rounds import choose_rounds
 from .rule_capabilities import check_rule_shape
 from .rules import AcceptanceRule, default_rule, greedy_match
 from .sampling import SamplingConfig, choose_next, seeded_generator
@@ -168,14 +167,7 @@ class SpeculativeDecoder:
         target.output_hidden_states = drafter.needs_target_hidden_states
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
         target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
-        if batched:
-            if settings.streamer is not None or on_round is not None:
-                raise MMSpecError("streamers and on_round hooks follow one sequence; pass a batch of one")
-            check_batch_support(target, drafter, self.tree, state.policy)
-            # Decoder-only: the mask marks each prompt's left padding and joins the batch's columns.
-            padding = None if target.is_encoder_decoder else model_inputs.pop("attention_mask", None)
-        elif not target.is_encoder_decoder:
-            self._drop_trivial_attention_mask(model_inputs)
+        rounds = choose_rounds(state, batched, model_inputs, settings.pad_token_id)
         drafter.accept_inputs(input_ids, model_inputs)
         stats = state.stats
 
@@ -200,57 +192,24 @@ class SpeculativeDecoder:
                 drafter.logits_processor = processors
                 if state.streamer is not None:
                     state.streamer.put(sequence.cpu())
-                if not batched:  # (a batch: decode_batch prefills drafter and target with the batch's layout)
-                    sequence, done = self._prefill(state, sequence, model_inputs)
-
-            if batched:
-                sequence = decode_batch(state, sequence, padding, model_inputs, pad_token_id=settings.pad_token_id)
-            else:
-                while not done and sequence.shape[1] - prompt_length < max_new_tokens:
-                    remaining = max_new_tokens - (sequence.shape[1] - prompt_length)
-                    if self.tree is not None:
-                        sequence, done = state.tree_round(sequence, remaining - 1)
-                        continue
-                    k = min(state.policy.max_tokens(), remaining - 1)
-                    with stats.timer("draft"):
-                        proposal = state.propose(sequence, k)
-                    with stats.timer("verify"):
-                        step = target.score(torch.cat([sequence[:, -1:], proposal.tokens], dim=1))
-                        sequence, done = state.commit(sequence, proposal, step)
+                # The drafter's prefill; the first drafts ride along with the target's when they can.
+                proposal = rounds.begin(sequence, model_inputs)
+                step = rounds.start(proposal, model_inputs)
+                if proposal is None:
+                    rounds.first(choose_next(step.logits[:, -1], sampling, generator))
+                else:
+                    rounds.commit(proposal, step, state.judge(proposal, step))
+            while rounds.live:
+                with stats.timer("draft"):
+                    proposal = rounds.propose()
+                with stats.timer("verify"):
+                    step = rounds.verify(proposal)
+                    rounds.commit(proposal, step, state.judge(proposal, step))
 
         if state.streamer is not None:
             state.streamer.end()
-        if batched:  # counts were filled per row; each row spent the batch's time
-            for row in stats.rows:
-                row.total_time = stats.total_time
-        else:
-            stats.new_tokens = sequence.shape[1] - prompt_length
-            stats.target_forwards = target.forwards - self.target.forwards
-            stats.drafter_forwards = drafter.forwards - self.drafter.forwards
-        return SpeculativeOutput(sequences=sequence, stats=stats, target=target, drafter=drafter)
-
-    def _prefill(self, state: DecodeState, sequence: torch.LongTensor, model_inputs: dict[str, Any]
-                 ) -> tuple[torch.LongTensor, bool]:
-        """Prefill the drafter and the target (one sequence); the first drafts ride along when they can."""
-        target, drafter = state.target, state.drafter
-        drafter.prefill(sequence, model_inputs)
-        if drafter.drafts_from_prompt and self.tree is None:
-            # Like transformers' assisted generation: the first drafts ride along with the prefill.
-            proposal = state.propose(sequence, min(state.policy.max_tokens(), state.max_new_tokens - 1))
-            step = target.start(torch.cat([sequence, proposal.tokens], dim=1), num_logits=proposal.length + 1, **model_inputs)
-            return state.commit(sequence, proposal, step)
-        step = target.start(sequence, **model_inputs)
-        drafter.on_target_prefill(sequence, step)
-        first = choose_next(step.logits[:, -1], state.sampling, state.generator)
-        state.announce(first, first[:0])
-        return torch.cat([sequence, first[:, None]], dim=1), int(first[0]) in state.stops
-
-    @staticmethod
-    def _drop_trivial_attention_mask(model_inputs: dict[str, Any]) -> None:
-        """With one unpadded sequence the causal mask is implied; a padded mask would be ignored, so refuse it."""
-        mask = model_inputs.pop("attention_mask", None)
-        if mask is not None and not bool(mask.bool().all()):
-            raise MMSpecError("attention_mask with padding is not supported (batch size 1 needs no padding)")
+        sequences = rounds.finish()
+        return SpeculativeOutput(sequences=sequences, stats=stats, target=target, drafter=drafter)
 
 
 def batch_size_of(input_ids: torch.Tensor | None, model_inputs: dict[str, Any]) -> int:
@@ -303,7 +262,7 @@ def speculative_generate(
         target: a transformers causal or encoder-decoder LM (or an mmspec `Target`).
         drafter: a transformers LM with the same vocabulary, or an mmspec `Drafter`.
         input_ids: prompts [B, L] (the encoder input for encoder-decoder targets). With B > 1, pad on the
-            left and pass `attention_mask`; each row accepts its own drafts (`mmspec.batch_decoding`) and
+            left and pass `attention_mask`; each row accepts its own drafts (`mmspec.rounds.BatchRounds`) and
             the output is `generate`'s for the batch: rows that stop early are padded with the pad token.
         max_new_tokens: as in `generate` (unset: the generation config's, else `max_length` - prompt).
         generator: the source of all randomness; a CPU generator works with a model on any device.

@@ -2,7 +2,7 @@
 
 A pipeline called with a list returns a list (one output per item, in order). `batch_size=1`
 decodes the items one by one through the pipeline's single-input path (every method); a larger
-`batch_size` decodes that many items in one left-padded batch (`mmspec.batch_decoding`), which
+`batch_size` decodes that many items in one left-padded batch (`mmspec.rounds.BatchRounds`), which
 needs a target that `decodes_batches` and a drafter that `drafts_batches`.
 
 This module is core: it imports no adapter.

@@ -15,7 +15,7 @@ from .device_checks import ROOT, stale_exceptions, unreviewed, violations
 
 # Modules a generation call runs through (training recipes and benches' data prep are not listed).
 DECODING_MODULES = [
-    "mmspec/decoding.py", "mmspec/batch_decoding.py", "mmspec/ragged.py", "mmspec/rules.py", "mmspec/sampling.py",
+    "mmspec/decoding.py", "mmspec/rounds.py", "mmspec/decode_state.py", "mmspec/ragged.py", "mmspec/rules.py", "mmspec/sampling.py",
     "mmspec/targets.py", "mmspec/cached_model.py",
     "mmspec/generation.py", "mmspec/policies.py", "mmspec/drafters/base.py", "mmspec/drafters/model_drafter.py",
     "mmspec/drafters/no_drafter.py", "mmspec/drafters/prompt_lookup.py",
