@@ -2,7 +2,8 @@
 
 Everything a call changes lives here: its settings, callbacks, streamer, stop tokens, stats, the policy's
 per-call copy, and working copies of the target and drafter (`working_copies`): the same weights, their own
-caches, counters and processors. The shared objects the user built are only read.
+caches, counters and processors. The tokens committed so far live in the call's round strategy
+(`mmspec.rounds`), which holds this state. The shared objects the user built are only read.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from .policies import DraftLengthPolicy
 from .rule_capabilities import RuleCapabilities
 from .sampling import SamplingConfig
 from .stats import SpecStats
-from .targets import Target, TargetStep
+from .targets import Target
 from .trees import TreeConfig
-from .types import Verdict
 
 # on_round(tokens, drafted, accepted, proposed): the tokens committed, the draft count, how many drafts were
 # kept, and the drafts themselves (1-D, before verification; empty for the prefill's token).
@@ -101,7 +101,3 @@ class DecodeState:
             self.on_round(new_tokens, int(proposed.shape[0]), accepted, proposed)
         if self.streamer is not None:
             self.streamer.put(new_tokens[None].cpu())
-
-    def judge(self, proposal: Any, step: TargetStep) -> Verdict:
-        """The rule's verdict on a round's drafts (a chain `Proposal` or a `DraftTree`) against the target's logits."""
-        return self.rule(proposal, step.logits, self.sampling, self.generator)

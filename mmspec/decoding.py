@@ -198,13 +198,13 @@ class SpeculativeDecoder:
                 if proposal is None:
                     rounds.first(choose_next(step.logits[:, -1], sampling, generator))
                 else:
-                    rounds.commit(proposal, step, state.judge(proposal, step))
+                    rounds.commit(proposal, step, rule(proposal, step.logits, sampling, generator))
             while rounds.live:
                 with stats.timer("draft"):
                     proposal = rounds.propose()
                 with stats.timer("verify"):
                     step = rounds.verify(proposal)
-                    rounds.commit(proposal, step, state.judge(proposal, step))
+                    rounds.commit(proposal, step, rule(proposal, step.logits, sampling, generator))
 
         if state.streamer is not None:
             state.streamer.end()
