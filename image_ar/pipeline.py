@@ -330,8 +330,8 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         batched = check_batch_size(batch_size, method, callback_on_round) > 1
         with self.progress_bar(total=len(labels) * per_image, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
             if batched:
-                self.runner.target.guidance_scale = float(scale)
-                outs = [ar_generate(self.runner.target, labels[i:i + batch_size], sampling, generator, scale, on_tokens=bar.update)
+                target = self.runner.target.for_call(scale)  # the call's own scale and cache
+                outs = [ar_generate(target, labels[i:i + batch_size], sampling, generator, scale, on_tokens=bar.update)
                         for i in range(0, len(labels), batch_size)]
                 out = ImageTokensOutput(tokens=torch.cat([o.tokens for o in outs]), stats=sum((o.stats for o in outs[1:]), outs[0].stats))
             else:
