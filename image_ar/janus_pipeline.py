@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -173,9 +174,11 @@ class JanusImagePipeline(SpeculativePipeline):
         return float(scale) if scale else DEFAULT_JANUS_GUIDANCE_SCALE
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
-        """`JANUS_METHODS`, then `sd` (None without a drafter); a factory gives the pipeline's `MethodRunner`."""
-        factories: dict[str, DrafterFactory | None] = {method: (lambda: self.runner) for method in JANUS_METHODS}
-        factories["sd"] = (lambda: self.runner) if self.drafter is not None else None
+        """`JANUS_METHODS`, then `sd` (None without a drafter): a factory gives the core-loop drafter the method runs
+        with its default options (`MethodRunner.drafter`)."""
+        factories: dict[str, DrafterFactory | None] = {
+            method: partial(self.runner.drafter, MethodConfig(method=method)) for method in JANUS_METHODS}
+        factories["sd"] = partial(self.runner.drafter, MethodConfig(method="sd")) if self.drafter is not None else None
         return factories
 
     def unavailable_reason(self, method: str) -> str:

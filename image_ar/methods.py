@@ -13,9 +13,9 @@ Used by the pipeline and the benchmark, so both run exactly the same code for a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -188,12 +188,15 @@ class MethodRunner:
 
     def check(self, config: MethodConfig) -> None:
         """Validate a method config against this model before any generation (codebook size, drafter)."""
-        if config.uses_drafter(self.drafter_model is not None) and self.drafter_model is None:
-            raise MMSpecError(f"method {config.method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
+        self.check_drafter(config)
         if config.method == "lantern":
             self.check_lantern_k(config.lantern_k)
         if config.method == "gsd" and config.gsd_latents == "codebook" and self.codebook is None:
             raise MMSpecError("GSD with gsd_latents='codebook' needs the VQ codebook; none was given")
+
+    def check_drafter(self, config: MethodConfig) -> None:
+        if config.uses_drafter(self.drafter_model is not None) and self.drafter_model is None:
+            raise MMSpecError(f"method {config.method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
 
     def neighbours(self, k: int) -> torch.LongTensor:
         """LANTERN's k nearest codes of every code (computed once per k; 1 <= k < codebook size)."""
@@ -245,10 +248,10 @@ class MethodRunner:
             if method == "lantern":
                 rule = lantern_rule(self.neighbours(config.lantern_k), delta=config.lantern_delta, lam=config.lantern_lam,
                                     observe=observe)
-            return self.guided_drafter(target, prompts), rule, FixedDraftLength(config.num_draft_tokens)
+            return self.drafter(config, target, prompts), rule, FixedDraftLength(config.num_draft_tokens)
         if method == "ar":
-            return NoDrafter(), target_choice, FixedDraftLength(1)
-        drafter = GridJacobiDrafter(self.target.vocab_size, self.target.grid_size, config.init)
+            return self.drafter(config), target_choice, FixedDraftLength(1)
+        drafter = self.drafter(config)
         settings: dict[str, Any] = {}
         if method == "sjd":
             rule = sjd_accept
@@ -263,6 +266,18 @@ class MethodRunner:
             if observe is not None and sampling.do_sample:
                 rule = observed(rule, observe)
         return drafter, on_target_probabilities(rule, RuleCapabilities(settings=settings)), JacobiWindow(config.window)
+
+    def drafter(self, config: MethodConfig, target: CFGTarget | None = None,
+                prompts: Sequence[torch.Tensor | Sequence[int]] | None = None) -> Drafter:
+        """A fresh core-loop drafter for a method: the guided drafter model (sd, LANTERN on drafter drafts; guided
+        like `target`, reading `prompts`), Jacobi drafts over the grid (sjd, gsd, LANTERN on Jacobi drafts), or
+        none (ar)."""
+        self.check_drafter(config)
+        if config.uses_drafter(self.drafter_model is not None):
+            return self.guided_drafter(target, prompts)
+        if config.method == "ar":
+            return NoDrafter()
+        return GridJacobiDrafter(self.target.vocab_size, self.target.grid_size, config.init)
 
     def guided_drafter(self, target: CFGTarget | None = None,
                        prompts: Sequence[torch.Tensor | Sequence[int]] | None = None) -> GuidedImageDrafter:

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-import torch
 
 from mmspec.image_ar import JanusImagePipeline, SpeculativeImagePipeline
 
