@@ -123,6 +123,9 @@ def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
     assert report["method"] == method and report["class_id"] == 2 and report["settings"]["cfg"] == 1.5
     assert report["settings"]["num_iter"] == 6 and report["stats"]["target_forwards"] > 0
     assert (report["stats"]["drafter_forwards"] > 0) == (method == "cspd")
+    stats = report["stats"]
+    assert stats["schedule"][-1] == 0 and len(stats["windows"]) == stats["rounds"] and stats["residual_fallbacks"] == 0
+    assert sum(w["drafted"] for w in stats["windows"]) == stats["drafted"]
     assert out.is_file()
     assert main(["generate-image", "4", "--model", str(saved), "--method", method, "--out", str(out)]) == 0
     assert f"{method}: 16 tokens in 6 steps" in capsys.readouterr().err

@@ -203,6 +203,9 @@ def test_generate_image_runs_code_with_the_draft_scales(saved, tmp_path, capsys)
     report = json.loads(capsys.readouterr().out)
     assert report["method"] == "code" and report["class_id"] == 2 and report["settings"]["draft_scales"] == 3
     assert report["stats"]["target_forwards"] == 3 and report["stats"]["drafter_forwards"] == 1
+    assert report["stats"]["draft_scales"] == 3
+    assert [(s["scale"], s["by"]) for s in report["stats"]["scales"]] == [(0, "model"), (1, "model"), (2, "model"),
+                                                                          (3, "refiner")]
     assert out.is_file()
 
 
