@@ -12,6 +12,7 @@ import pytest
 from mmspec.image_ar import JanusImagePipeline, SpeculativeImagePipeline
 
 from .pipeline_checks import OPTIONS
+from .tiny_class_conditional import mar_pipeline, var_pipeline
 from .tiny_image_folder import build_tiny_folder
 from .tiny_janus import build_janus_folder
 
@@ -82,3 +83,29 @@ def test_two_threads_through_one_janus_pipeline_match_sequential_calls(janus, me
     expected = [generate(janus, call, method, temperature) for call in JANUS_CALLS]
     assert expected[0] != expected[1]
     assert in_two_threads(janus, JANUS_CALLS, method, temperature) == expected
+
+
+@pytest.mark.parametrize(("build", "method"), [(var_pipeline, "code"), (mar_pipeline, "cspd")], ids=["var", "mar"])
+def test_two_threads_through_one_var_or_mar_pipeline_match_sequential_calls(build, method):
+    """VAR and MAR keep a call's state in the call (a `VARState`, the masked loop's locals); this guards it."""
+    pipe = build()
+    calls = [{"class_labels": [0, 2], "guidance_scale": 1.0, "seed": 3},
+             {"class_labels": [1, 0], "guidance_scale": 3.0, "seed": 5}]
+
+    def run(call: dict[str, Any]) -> list:
+        return pipe(**call, method=method, output_type="np", progress_bar=False).tokens.tolist()
+
+    expected = [run(call) for call in calls]
+    results: list[Any] = [None, None]
+    start = threading.Barrier(2)
+
+    def worker(i: int) -> None:
+        start.wait()
+        results[i] = run(calls[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert expected[0] != expected[1] and results == expected
