@@ -7,11 +7,12 @@ from .bench import bench_image
 from .code import CoDeOutput, code_generate
 from .decode import ar_generate, decode_grids
 from .draft_generate import GuidedImageDrafter, draft_generate, lantern_rule
+from .image_stats import ScaleRecord, ScaleStats, StepStats, WindowRecord
 from .jacobi import GridJacobiDrafter, jacobi_generate
 from .janus import JanusCFGTarget, janus_generate
 from .janus_pipeline import JanusImagePipeline
 from .llamagen import LlamaGenCache, LlamaGenConfig, LlamaGenForClassConditional, tiny_llamagen
-from .mar_pipeline import MARPipeline, MARPipelineOutput
+from .mar_pipeline import MARPipeline
 from .methods import METHODS, MethodConfig, MethodRunner
 from .pipeline import ImagePipeline, SpeculativeImagePipeline
 from .pipeline_common import ImageGenerationOutput
@@ -26,7 +27,7 @@ from .rules import (
 )
 from .target import CFGTarget, GuidedImageTarget, ImageTokensOutput
 from .var import VAR, VARSampling, VARState, tiny_var
-from .var_pipeline import VARPipeline, VARPipelineOutput
+from .var_pipeline import VARPipeline
 from .var_vq import VQVAE, tiny_var_vq
 from .vq import VQConfig, VQModel, tiny_vq
 
@@ -53,19 +54,21 @@ __all__ = [
     "LlamaGenConfig",
     "LlamaGenForClassConditional",
     "MARPipeline",
-    "MARPipelineOutput",
     "METHODS",
     "MethodConfig",
     "MethodRunner",
+    "ScaleRecord",
+    "ScaleStats",
     "SpeculativeImagePipeline",
+    "StepStats",
     "VAR",
     "VARPipeline",
-    "VARPipelineOutput",
     "VARSampling",
     "VARState",
     "VQVAE",
     "VQConfig",
     "VQModel",
+    "WindowRecord",
     "ar_generate",
     "bench_image",
     "code_generate",

@@ -33,7 +33,7 @@ class ImageReport(TableReport):
 
 
 def run_pipeline_rows(pipe: Any, title: str, rows_spec: dict[str, tuple[str, Any]], labels: Sequence[int], *,
-                      knob: str | None, tokens_of: Callable[[Any], list], seed: int, options: dict[str, Any],
+                      knob: str | None, seed: int, options: dict[str, Any],
                       settings: dict[str, Any], repeats: int, warmup: int, progress: bool, batch_size: int = 1):
     """Time a pipeline's rows side by side: row name -> (method, value of the pipeline argument `knob`;
     with knob None, a dict of pipeline arguments).
@@ -51,7 +51,7 @@ def run_pipeline_rows(pipe: Any, title: str, rows_spec: dict[str, tuple[str, Any
                        generator=seeded_generator("cpu", seed + first), **options)
             for j, image in enumerate(out.images):
                 images[name][first + j] = image
-            return tokens_of(out), out.stats
+            return out.tokens.flatten().tolist(), out.stats  # every image pipeline's output has tokens
 
         return run
 

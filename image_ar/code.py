@@ -17,18 +17,30 @@ import torch
 
 from mmspec.errors import MMSpecError
 
+from .image_stats import ScaleRecord, ScaleStats
 from .var import VAR, VARSampling, VARState
 from .var_vq import VQVAE
 
 
 @dataclass
 class CoDeOutput:
-    """Images [B, 3, H, W] in [0, 1], the token maps per scale, and who ran what."""
+    """Images [B, 3, H, W] in [0, 1] (f_hat when not decoded), the token maps per scale, and the stats: a
+    `ScaleStats` (target_forwards = the large drafter VAR's forwards, drafter_forwards = the refiner's, one
+    `ScaleRecord` per scale saying which of the two made it)."""
 
     images: torch.Tensor
     token_maps: list[torch.Tensor]
     f_hat: torch.Tensor
-    stats: dict
+    stats: ScaleStats
+
+
+def scale_records(patch_nums: Sequence[int], token_maps: Sequence[torch.Tensor], draft_steps: int | None) -> list[ScaleRecord]:
+    """One record per scale made: scales before `draft_steps` by the large "model", the rest by the "refiner"
+    (whose first forward is its prefill over the large model's scales); None: all by the model (ar)."""
+    split = len(token_maps) if draft_steps is None else draft_steps
+    return [ScaleRecord(scale=si, side=int(patch_nums[si]), tokens=int(tokens.numel()),
+                        by="model" if si < split else "refiner", prefill=si == split)
+            for si, tokens in enumerate(token_maps)]
 
 
 def check_draft_steps(draft_steps: int, num_scales: int) -> None:
@@ -41,7 +53,8 @@ def code_generate(drafter: VAR, refiner: VAR, vq: VQVAE, labels: torch.Tensor | 
                   sampling: VARSampling | None = None, generator: torch.Generator | None = None,
                   decode: bool = True, on_scale: Callable[[int, str], Any] | None = None) -> CoDeOutput:
     """The drafter runs scales 0..N-1, the refiner scales N..end (N = `draft_steps`, CoDe's `exit_num`);
-    `on_scale(si, "drafter" | "refiner")` after each scale."""
+    `on_scale(si, "drafter" | "refiner")` after each scale. The stats' scale records name the large drafter
+    "model", as the pipeline does."""
     sampling = sampling or VARSampling()
     num_scales = len(drafter.patch_nums)
     check_draft_steps(draft_steps, num_scales)
@@ -60,7 +73,8 @@ def code_generate(drafter: VAR, refiner: VAR, vq: VQVAE, labels: torch.Tensor | 
     if decode:
         with torch.no_grad():
             images = vq.fhat_to_img(state.f_hat.to(vq.device, vq.dtype)).add(1).mul(0.5)
-    stats = {"draft_steps": draft_steps,
-             "forwards": {"drafter": state.forwards.get("drafter", 0), "refiner": state.forwards.get("refiner", 0)},
-             "scales": {"drafter": state.scales_by.get("drafter", 0), "refiner": state.scales_by.get("refiner", 0)}}
+    stats = ScaleStats(method="code", target_forwards=state.forwards.get("drafter", 0),
+                       drafter_forwards=state.forwards.get("refiner", 0),
+                       new_tokens=sum(int(t.numel()) for t in state.token_maps), draft_scales=draft_steps,
+                       scales=scale_records(drafter.patch_nums, state.token_maps, draft_steps))
     return CoDeOutput(images=images, token_maps=state.token_maps, f_hat=state.f_hat, stats=stats)

@@ -17,7 +17,7 @@ Both loops follow MAR's random order and cosine schedule. CSpD:
 - rejection: a rejected token is redrawn from norm(max(0, p - q)) by acceptance-rejection sampling
   with the proposal p and the bound M = 1 (max(0, p - q) <= p): a draw x' ~ p is kept with
   probability max(0, 1 - q(x') / p(x')), at most `max_tries` times; a token never kept takes the last
-  draw of p (the official code leaves a zero vector; `residual_fallbacks` counts them).
+  draw of p (the official code leaves a zero vector; `stats.residual_fallbacks` counts them).
 
 Tokens of a window are accepted or redrawn independently, as in the paper, because MAR samples the
 tokens of one step independently given the known ones: the output is distributed as the target's
@@ -36,26 +36,25 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from mmspec.errors import MMSpecError
 from mmspec.sampling import rand, seeded_generator
-from mmspec.stats import SpecStats
 
+from .image_stats import StepStats, WindowRecord
 from .masked_decode import ContinuousTokenModel, cfg_scale, check_generation, cosine_lefts, mask_by_order
 
 
 @dataclass
 class CSpDOutput:
-    """tokens [B, L, C]; stats: target/drafter forwards, drafted and accepted window tokens, timings."""
+    """tokens [B, L, C]; stats: a `StepStats` (target / drafter forwards, drafted and accepted window tokens,
+    timings, the schedule followed, one `WindowRecord` per verified window with its residual fallbacks)."""
 
     tokens: torch.Tensor
-    stats: SpecStats
-    residual_fallbacks: int = 0
-    steps: list[int] = field(default_factory=list)
+    stats: StepStats
 
 
 def prefill_steps(num_iter: int, prefill_ratio: float) -> int:
@@ -144,7 +143,8 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
     check_generation(target, batch_size, num_iter, cfg, cfg_schedule, temperature)
     check_generation(draft, batch_size, num_iter, cfg, cfg_schedule, temperature)
     _check_pair(draft, target, num_draft, prefill_ratio, inner_temperature, max_tries)
-    stats = SpecStats(method="cspd")
+    first = prefill_steps(num_iter, prefill_ratio)
+    stats = StepStats(method="cspd", prefill_steps=first)
     start = time.perf_counter()
     orders = target.sample_orders(batch_size, generator)
     banks = target.noise_banks(batch_size, generator)
@@ -158,10 +158,8 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
     tokens = torch.zeros(batch_size, target.seq_len, target.token_embed_dim, device=device)
     unknown = torch.ones(batch_size, target.seq_len, dtype=torch.bool, device=device)
     lefts = cosine_lefts(num_iter, target.seq_len)
-    first = prefill_steps(num_iter, prefill_ratio)
     window: list[tuple[torch.Tensor, Any]] = []  # (predict mask, draft density) per drafted step
     known_before = unknown
-    fallbacks, steps = 0, []
     for step, left in enumerate(lefts):
         still = mask_by_order(left, orders)
         predict = unknown & ~still
@@ -171,7 +169,7 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
                 density = target.propose(tokens, unknown, predict, target_cond, scale, temperature, *banks)
             tokens[predict] = density.tokens.to(tokens.dtype)
             stats.target_forwards += 1
-            steps.append(left)
+            stats.schedule.append(left)
         else:
             if not window:
                 known_before = unknown
@@ -182,22 +180,24 @@ def cspd_generate(draft: ContinuousTokenModel, target: ContinuousTokenModel, bat
             window.append((predict, density))
             if len(window) == num_draft or left == 0:
                 with stats.timer("verify"):
-                    fallbacks += _verify(target, tokens, known_before, window, target_cond, scale, temperature, banks,
-                                         inner_temperature, max_tries, generator, stats)
+                    _verify(target, tokens, known_before, window, target_cond, scale, temperature, banks,
+                            inner_temperature, max_tries, generator, stats, left)
                 window = []
-                steps.append(left)
+                stats.schedule.append(left)
         unknown = still
         if on_step is not None:
             on_step(left)
     stats.new_tokens = batch_size * target.seq_len
     stats.total_time = time.perf_counter() - start
-    return CSpDOutput(tokens=tokens, stats=stats, residual_fallbacks=fallbacks, steps=steps)
+    return CSpDOutput(tokens=tokens, stats=stats)
 
 
 def _verify(target: ContinuousTokenModel, tokens: torch.Tensor, known_before: torch.Tensor,
             window: list[tuple[torch.Tensor, Any]], cond: torch.Tensor, scale: float, temperature: float, banks: tuple,
-            inner_temperature: float, max_tries: int, generator: torch.Generator | None, stats: SpecStats) -> int:
-    """One target forward over the window's tokens; accepts or redraws each in place; returns the fallback count."""
+            inner_temperature: float, max_tries: int, generator: torch.Generator | None, stats: StepStats,
+            left: int) -> None:
+    """One target forward over the window's tokens; accepts or redraws each in place; records the window
+    (`left`: tokens unknown after it) in `stats`."""
     length = tokens.shape[1]
     drafted = torch.zeros_like(known_before)
     flat_parts, densities = [], []
@@ -216,7 +216,9 @@ def _verify(target: ContinuousTokenModel, tokens: torch.Tensor, known_before: to
     redrawn, kept = sample_residual(p.rows(~accepted), q.rows(~accepted), max_tries, generator)
     x[~accepted] = redrawn.to(x.dtype)
     tokens[where] = x
+    drafted_count, accepted_count = int(x.shape[0]), int(accepted.sum())
     stats.rounds += 1
-    stats.drafted += int(x.shape[0])
-    stats.accepted += int(accepted.sum())
-    return int((~kept).sum())
+    stats.drafted += drafted_count
+    stats.accepted += accepted_count
+    stats.windows.append(WindowRecord(steps=len(window), drafted=drafted_count, accepted=accepted_count,
+                                      residual_fallbacks=int((~kept).sum()), left=left))

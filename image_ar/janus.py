@@ -18,6 +18,7 @@ Conditions are prompt indices: `start([i])` generates for `prompts[i]`.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import torch
@@ -76,11 +77,23 @@ class JanusCFGTarget(CFGTarget):
         self._prompt_length = 0
 
     def set_prompts(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> None:
-        """Replace the prompts the condition indices refer to (a pipeline call sets its own)."""
+        """Replace the prompts the condition indices refer to (a pipeline call gives its own to `for_call`)."""
         encoded = [torch.as_tensor(p, dtype=torch.long, device=self.model.device).reshape(-1) for p in prompts]
         if not encoded or any(p.numel() == 0 for p in encoded):
             raise MMSpecError("Janus needs at least one non-empty prompt")
         self.prompts = encoded
+
+    def for_call(self, guidance_scale: float | None = None,
+                 prompts: Sequence[torch.Tensor | Sequence[int]] | None = None) -> "JanusCFGTarget":
+        """This target for one call: the call's guidance scale and prompts (None: this one's), its own cache."""
+        call = copy.copy(self)
+        call.guidance_scale = self.guidance_scale if guidance_scale is None else float(guidance_scale)
+        call.cache, call.batch, call.forwards, call._prompt_length = None, 0, 0, 0
+        if call.uses_guidance and call.pad is None:
+            raise MMSpecError("classifier-free guidance needs a pad token to blank the unconditional prompt; pass pad_token_id")
+        if prompts is not None:
+            call.set_prompts(prompts)
+        return call
 
     # ------------------------------------------------------------------ sizes
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -173,9 +174,11 @@ class JanusImagePipeline(SpeculativePipeline):
         return float(scale) if scale else DEFAULT_JANUS_GUIDANCE_SCALE
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
-        """`JANUS_METHODS`, then `sd` (None without a drafter); a factory gives the pipeline's `MethodRunner`."""
-        factories: dict[str, DrafterFactory | None] = {method: (lambda: self.runner) for method in JANUS_METHODS}
-        factories["sd"] = (lambda: self.runner) if self.drafter is not None else None
+        """`JANUS_METHODS`, then `sd` (None without a drafter): a factory gives the core-loop drafter the method runs
+        with its default options (`MethodRunner.drafter`)."""
+        factories: dict[str, DrafterFactory | None] = {
+            method: partial(self.runner.drafter, MethodConfig(method=method)) for method in JANUS_METHODS}
+        factories["sd"] = partial(self.runner.drafter, MethodConfig(method="sd")) if self.drafter is not None else None
         return factories
 
     def unavailable_reason(self, method: str) -> str:
@@ -208,12 +211,17 @@ class JanusImagePipeline(SpeculativePipeline):
             raise MMSpecError("cannot find Janus' begin-of-image token id (generation_config.generation_kwargs.boi_token_id)")
         return torch.tensor([*tokenizer(prompt).input_ids, boi], device=self.model.device)
 
-    def set_prompts(self, prompts: str | Sequence[str]) -> list[str]:
-        """Encode the prompts for the target; condition i of a run then means `prompts[i]`."""
+    def encode_prompts(self, prompts: str | Sequence[str] | None) -> tuple[list[str], list[torch.Tensor]]:
+        """The prompts as a list, and their token ids (one 1-D tensor each); condition i means `prompts[i]`."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
         if not prompts:
             raise MMSpecError("no prompt given: Janus generates from a text description")
-        encoded = [self.encode_prompt(p) for p in prompts]
+        return prompts, [self.encode_prompt(p) for p in prompts]
+
+    def set_prompts(self, prompts: str | Sequence[str]) -> list[str]:
+        """Make `prompts` the ones the runner's own target (and drafter) read when a run passes none (the
+        benchmark's setup); a pipeline call passes its own instead and leaves these alone."""
+        prompts, encoded = self.encode_prompts(prompts)
         self.target.set_prompts(encoded)
         if self.runner.drafter_model is not None:  # same tokenizer: the drafter reads the same ids
             self.runner.drafter_model.set_prompts(encoded)
@@ -267,7 +275,7 @@ class JanusImagePipeline(SpeculativePipeline):
         method = method or self.default_method
         config = self.method_config(method, method_options)
         scale = self.default_guidance_scale if guidance_scale is None else check_guidance_scale(guidance_scale)
-        prompts = self.set_prompts(prompt)
+        prompts, encoded = self.encode_prompts(prompt)
         conditions = [i for i in range(len(prompts)) for _ in range(num_images)]
         sampling = SamplingConfig(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
         # None and sampling: a private generator seeded from torch's global seed (torch.manual_seed repeats runs).
@@ -277,7 +285,7 @@ class JanusImagePipeline(SpeculativePipeline):
                                enabled=progress_bar) as bar:
             on_round = per_image_rounds(self.round_reporter(callback_on_round, bar), per_image)
             out = self.runner.run(config, conditions, sampling=sampling, generator=generator, guidance_scale=scale,
-                                  on_round=on_round)
+                                  prompts=encoded, on_round=on_round)
         images = convert(self.target.decode(out.tokens), output_type)  # stats time token generation only
         return ImageGenerationOutput(images=images, tokens=out.tokens, class_labels=[], method=method, model=self.model_name,
                                      stats=out.stats, prompts=[prompts[i] for i in conditions],

@@ -79,7 +79,7 @@ def bench_mar(pipe: MARPipeline, labels: Sequence[int], *, seed: int = 0, num_dr
             rows_spec.setdefault(f"ar {steps} steps", ("ar", {"num_iter": steps}))
     first = settings[windows[0]]
     report, images, items = run_pipeline_rows(
-        pipe, title, rows_spec, labels, knob=None, tokens_of=lambda out: out.tokens.flatten().tolist(),
+        pipe, title, rows_spec, labels, knob=None,
         seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress, batch_size=batch_size,
         settings={"tokens": pipe.model.seq_len, "num_iter": first["num_iter"], "prefill_ratio": first["prefill_ratio"],
                   "cfg": first["cfg"], "temperature": temperature, "inner_temperature": inner_temperature,

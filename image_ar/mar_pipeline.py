@@ -2,7 +2,7 @@
 
     pipe = MARPipeline(model=target_mar, vae=autoencoder_kl, draft=small_mar, class_names=[...])
     out = pipe(prompt="red circle", method="cspd", num_iter=16, generator=torch.Generator().manual_seed(0))
-    out.images[0].save("x.png"); out.stats.target_forwards, out.stats.acceptance_rate
+    out.images[0].save("x.png"); out.stats.target_forwards, out.stats.alpha
 
 Methods:
     ar    the target MAR alone: `num_iter` steps of MAR's random order and cosine schedule, one forward each
@@ -18,15 +18,17 @@ are its latents times `scaling_factor`) are components; `class_names` and `card`
 prefill_ratio, cfg, default_method) are settings in `model_index.json`. `save_pretrained(folder)` writes
 model_index.json + model/, vae/, draft/; `from_pretrained(folder)` reads them back.
 
-Stats (a `SpecStats`): `target_forwards`, `drafter_forwards` (draft MAR forwards), `drafted` / `accepted`
-(window tokens drafted and kept), `new_tokens` (tokens of every image).
+Output: an `ImageGenerationOutput` whose `tokens` are the continuous tokens [N, L, C]. Stats (a
+`StepStats`): `target_forwards`, `drafter_forwards` (draft MAR forwards), `drafted` / `accepted` (window
+tokens drafted and kept), `new_tokens` (tokens of every image), `schedule` (tokens unknown after each
+target step), and for cspd `prefill_steps`, `windows` (one `WindowRecord` per verified window) and
+`residual_fallbacks`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -34,32 +36,18 @@ from diffusers import AutoencoderKL
 
 from mmspec.devices import synchronize
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline, resolve_dtype
+from mmspec.pipelines import SpeculativePipeline, resolve_dtype
 
 from .cspd import cspd_generate
 from .imaging import convert
 from .mar import MAR
 from .masked_decode import target_generate
-from .pipeline_common import ClassConditionalMixin, check_class_count, check_output_type
+from .pipeline_common import ClassConditionalMixin, ImageGenerationOutput, check_class_count, check_output_type
 
 MAR_METHODS = ("ar", "cspd")
 DEFAULT_NUM_ITER = 64  # the official sampler's steps (256 tokens); fewer tokens cap it at the token count
 DEFAULT_NUM_DRAFT = 8  # the official CSpD runner's window
 DEFAULT_PREFILL_RATIO = 0.15
-
-
-@dataclass
-class MARPipelineOutput(ImagePipelineOutput):
-    """Images (PIL list or float array [N, H, W, 3] in [0, 1]) and how they were made.
-
-    A diffusers `BaseOutput`: `out.images`, `out["images"]` and `out[0]` are the images; method, model,
-    stats as in mmspec's `ImagePipelineOutput`. tokens: the continuous tokens [N, L, C]; class_labels: the
-    class id of each image; settings: what the method ran with (num_iter, num_draft, prefill_ratio, cfg, ...).
-    """
-
-    tokens: torch.Tensor
-    class_labels: list[int]
-    settings: dict[str, Any] | None = None
 
 
 class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
@@ -172,7 +160,7 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
         num_images: int = 1,
         output_type: str = "pil",
         progress_bar: bool = True,
-    ) -> MARPipelineOutput:
+    ) -> ImageGenerationOutput:
         """Generate `num_images` images per class label (or class-name prompt), all in one batch.
 
         num_iter: steps of the cosine schedule (default: the card's, else min(64, tokens)).
@@ -203,7 +191,6 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
                                     num_draft=settings["num_draft"], prefill_ratio=settings["prefill_ratio"],
                                     inner_temperature=settings["inner_temperature"], on_step=on_step, **common)
                 tokens, stats = out.tokens, out.stats
-                settings["residual_fallbacks"] = out.residual_fallbacks
             else:
                 tokens, stats = target_generate(self.model, len(labels), labels=label_tensor, on_step=on_step, **common)
             stats.method = method
@@ -211,5 +198,5 @@ class MARPipeline(ClassConditionalMixin, SpeculativePipeline):
             stats.total_time = time.perf_counter() - start
         latents = self.model.unpatchify(tokens) / self.vae.config.scaling_factor  # stats time token generation only
         pixels = self.vae.decode(latents.to(self.vae.device, self.vae.dtype)).sample
-        return MARPipelineOutput(images=convert(pixels, output_type), method=method, model=self.model_name, stats=stats,
-                                 tokens=tokens, class_labels=labels, settings=settings)
+        return ImageGenerationOutput(images=convert(pixels, output_type), method=method, model=self.model_name,
+                                     stats=stats, tokens=tokens, class_labels=labels, settings=settings)

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.stats import SpecStats
+
+from .image_stats import StepStats
 
 CFG_SCHEDULES = ("linear", "constant")
 
@@ -83,14 +84,14 @@ def check_generation(model: ContinuousTokenModel, batch_size: int, num_iter: int
 def target_generate(model: ContinuousTokenModel, batch_size: int, num_iter: int = 64, cfg: float = 1.0,
                     cfg_schedule: str = "linear", labels: Any = None, temperature: float = 1.0,
                     generator: torch.Generator | None = None, lefts: list[int] | None = None,
-                    on_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, SpecStats]:
+                    on_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, StepStats]:
     """Tokens [B, L, C] by the model alone: one forward per step of `lefts` (default: the cosine schedule).
     `on_step(left)` runs after each step (a progress bar)."""
     check_generation(model, batch_size, num_iter, cfg, cfg_schedule, temperature)
     lefts = cosine_lefts(num_iter, model.seq_len) if lefts is None else list(lefts)
     if not lefts or lefts[-1] != 0 or any(b >= a for a, b in zip([model.seq_len] + lefts, lefts)):
         raise MMSpecError("a schedule must decrease strictly to 0 unknown tokens")
-    stats = SpecStats(method="target")
+    stats = StepStats(method="target", schedule=list(lefts))
     start = time.perf_counter()
     orders = model.sample_orders(batch_size, generator)
     noise, step_noise = model.noise_banks(batch_size, generator)

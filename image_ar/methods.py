@@ -13,6 +13,7 @@ Used by the pipeline and the benchmark, so both run exactly the same code for a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -187,12 +188,15 @@ class MethodRunner:
 
     def check(self, config: MethodConfig) -> None:
         """Validate a method config against this model before any generation (codebook size, drafter)."""
-        if config.uses_drafter(self.drafter_model is not None) and self.drafter_model is None:
-            raise MMSpecError(f"method {config.method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
+        self.check_drafter(config)
         if config.method == "lantern":
             self.check_lantern_k(config.lantern_k)
         if config.method == "gsd" and config.gsd_latents == "codebook" and self.codebook is None:
             raise MMSpecError("GSD with gsd_latents='codebook' needs the VQ codebook; none was given")
+
+    def check_drafter(self, config: MethodConfig) -> None:
+        if config.uses_drafter(self.drafter_model is not None) and self.drafter_model is None:
+            raise MMSpecError(f"method {config.method!r} with drafter drafts needs a drafter (a drafter/ folder, or drafter=...)")
 
     def neighbours(self, k: int) -> torch.LongTensor:
         """LANTERN's k nearest codes of every code (computed once per k; 1 <= k < codebook size)."""
@@ -209,6 +213,7 @@ class MethodRunner:
         sampling: SamplingConfig,
         generator: torch.Generator | None = None,
         guidance_scale: float | None = None,
+        prompts: Sequence[torch.Tensor | Sequence[int]] | None = None,
         on_tokens: Callable[[int], None] | None = None,
         on_round: RoundHook | None = None,
         observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
@@ -220,28 +225,33 @@ class MethodRunner:
         proposed)` are the core loop's per-round hooks. `observe(q, p)`, for LANTERN only, is called at every
         sampled acceptance step with the first draft's draft distribution q [B, V] and the target's
         p [B, V] (the bench measures the exact output law from them; `rules.lantern_output_law`).
+
+        `guidance_scale` (None: the target's) and `prompts` (text-conditional targets: what condition i means)
+        belong to this call: it runs on its own copies of the target and drafter (`CFGTarget.for_call`), so
+        calls at once through one runner do not meet.
         """
         self.check(config)
-        if guidance_scale is not None:
-            self.target.guidance_scale = float(guidance_scale)
-        drafter, rule, policy = self.loop_parts(config, sampling, observe)
-        return decode_grids(self.target, drafter, class_labels, rule=rule, policy=policy, sampling=sampling,
+        target = self.target.for_call(guidance_scale, prompts)
+        drafter, rule, policy = self.loop_parts(config, sampling, observe, target, prompts)
+        return decode_grids(target, drafter, class_labels, rule=rule, policy=policy, sampling=sampling,
                             generator=generator, method=config.method, on_tokens=on_tokens, on_round=on_round)
 
     def loop_parts(self, config: MethodConfig, sampling: SamplingConfig,
                    observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                   target: CFGTarget | None = None, prompts: Sequence[torch.Tensor | Sequence[int]] | None = None,
                    ) -> tuple[Drafter, AcceptanceRule, DraftLengthPolicy]:
-        """The core loop's drafter, acceptance rule and draft-length policy for a method (see `decode`)."""
+        """The core loop's drafter, acceptance rule and draft-length policy for a method (see `decode`);
+        a drafter model is guided like `target` (the call's; default this runner's) and reads its `prompts`."""
         method = config.method
         if config.uses_drafter(self.drafter_model is not None):
             rule = speculative_sampling if sampling.do_sample else greedy_match
             if method == "lantern":
                 rule = lantern_rule(self.neighbours(config.lantern_k), delta=config.lantern_delta, lam=config.lantern_lam,
                                     observe=observe)
-            return self.guided_drafter(), rule, FixedDraftLength(config.num_draft_tokens)
+            return self.drafter(config, target, prompts), rule, FixedDraftLength(config.num_draft_tokens)
         if method == "ar":
-            return NoDrafter(), target_choice, FixedDraftLength(1)
-        drafter = GridJacobiDrafter(self.target.vocab_size, self.target.grid_size, config.init)
+            return self.drafter(config), target_choice, FixedDraftLength(1)
+        drafter = self.drafter(config)
         settings: dict[str, Any] = {}
         if method == "sjd":
             rule = sjd_accept
@@ -257,14 +267,28 @@ class MethodRunner:
                 rule = observed(rule, observe)
         return drafter, on_target_probabilities(rule, RuleCapabilities(settings=settings)), JacobiWindow(config.window)
 
-    def guided_drafter(self) -> GuidedImageDrafter:
-        """The drafter model, guided with the target's scale (when it was trained with a null class)."""
+    def drafter(self, config: MethodConfig, target: CFGTarget | None = None,
+                prompts: Sequence[torch.Tensor | Sequence[int]] | None = None) -> Drafter:
+        """A fresh core-loop drafter for a method: the guided drafter model (sd, LANTERN on drafter drafts; guided
+        like `target`, reading `prompts`), Jacobi drafts over the grid (sjd, gsd, LANTERN on Jacobi drafts), or
+        none (ar)."""
+        self.check_drafter(config)
+        if config.uses_drafter(self.drafter_model is not None):
+            return self.guided_drafter(target, prompts)
+        if config.method == "ar":
+            return NoDrafter()
+        return GridJacobiDrafter(self.target.vocab_size, self.target.grid_size, config.init)
+
+    def guided_drafter(self, target: CFGTarget | None = None,
+                       prompts: Sequence[torch.Tensor | Sequence[int]] | None = None) -> GuidedImageDrafter:
+        """A fresh drafter over the drafter model, guided with `target`'s scale (the call's target; default this
+        runner's) when it was trained with a null class; a guided drafter target gets its own copy for the call."""
+        scale = (target or self.target).guidance_scale
         if isinstance(self.drafter_model, CFGTarget):
-            self.drafter_model.guidance_scale = self.target.guidance_scale  # guided like the target
-            return GuidedImageDrafter(self.drafter_model)
+            return GuidedImageDrafter(self.drafter_model.for_call(scale, prompts))  # guided like the target
         # A drafter trained without a null class drafts unguided: still lossless, q is what it sampled from.
         guided = self.drafter_model.config.class_dropout_prob > 0
-        return GuidedImageDrafter(self.drafter_model, self.target.guidance_scale if guided else 1.0)
+        return GuidedImageDrafter(self.drafter_model, scale if guided else 1.0)
 
 
 def observed(rule: Callable, observe: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable:

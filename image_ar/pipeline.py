@@ -28,6 +28,7 @@ Folder layout read by `from_pretrained` (the `shapes-image-ar` zoo model follows
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -225,10 +226,11 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         return DEFAULT_GUIDANCE_SCALE if self.model.config.class_dropout_prob > 0 else 1.0
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
-        """Every method (`METHODS`) -> None while it cannot run (`sd` without a drafter). Image methods
-        run through the pipeline's `MethodRunner` (which holds the drafter), so a factory gives that."""
-        return {method: (lambda: self.runner) if method != "sd" or self.drafter is not None else None
-                for method in METHODS}
+        """Every method (`METHODS`) -> a factory for the core-loop drafter it runs with its default options
+        (`MethodRunner.drafter`: none for ar, the guided drafter model for sd and LANTERN when one is loaded, Jacobi
+        drafts otherwise); None while it cannot run (`sd` without a drafter)."""
+        return {method: partial(self.runner.drafter, MethodConfig(method=method))
+                if method != "sd" or self.drafter is not None else None for method in METHODS}
 
     def gsd_settings(self, **given: Any) -> dict[str, Any]:
         """GSD's group options: those given, else the zoo card's `gsd_defaults`, else the paper's.
@@ -330,8 +332,8 @@ class SpeculativeImagePipeline(ClassConditionalMixin, SpeculativePipeline):
         batched = check_batch_size(batch_size, method, callback_on_round) > 1
         with self.progress_bar(total=len(labels) * per_image, desc=f"image ({method})", unit="tok", enabled=progress_bar) as bar:
             if batched:
-                self.runner.target.guidance_scale = float(scale)
-                outs = [ar_generate(self.runner.target, labels[i:i + batch_size], sampling, generator, scale, on_tokens=bar.update)
+                target = self.runner.target.for_call(scale)  # the call's own scale and cache
+                outs = [ar_generate(target, labels[i:i + batch_size], sampling, generator, scale, on_tokens=bar.update)
                         for i in range(0, len(labels), batch_size)]
                 out = ImageTokensOutput(tokens=torch.cat([o.tokens for o in outs]), stats=sum((o.stats for o in outs[1:]), outs[0].stats))
             else:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from mmspec.drafters import Drafter
 from mmspec.errors import MMSpecError, first_line
 from mmspec.pipelines import (
     DrafterFactory,
@@ -32,16 +33,19 @@ from .imaging import OUTPUT_TYPES
 
 @dataclass
 class ImageGenerationOutput(ImagePipelineOutput):
-    """Images (PIL list or float array [N, H, W, 3] in [0, 1]), their token grids and how they were made.
+    """What every image pipeline returns (LlamaGen, Janus, VAR, MAR, every method): the images (PIL list or float
+    array [N, H, W, 3] in [0, 1]), their tokens and how they were made.
 
-    A diffusers `BaseOutput` (mmspec's `ImagePipelineOutput`): `out.images`, `out["images"]` and
-    `out[0]` are the images. images, method, model, stats: see `ImagePipelineOutput`; tokens: the
-    token grids [N, H, W]; class_labels: the class id of each image (empty for a text-to-image model);
-    prompts: the text prompt of each image (text-to-image models only); settings: the options the
-    method ran with, as resolved from the call, the model card and the defaults (`MethodConfig.settings()`).
+    A diffusers `BaseOutput` (mmspec's `ImagePipelineOutput`): `out.images`, `out["images"]` and `out[0]` are the
+    images. method, model: see `ImagePipelineOutput`; stats: a `SpecStats` (VAR: a `ScaleStats` with one record
+    per scale; MAR: a `StepStats` with the schedule and CSpD's windows); tokens: per image, the token grid [N, h, w]
+    (LlamaGen, Janus), every scale's token map in scale order [N, sum of side^2] (VAR) or the continuous tokens
+    [N, L, C] (MAR); class_labels: the class id of each image (empty for a text-to-image model); prompts: the text
+    prompt of each image (text-to-image models only); settings: the options the method ran with, as resolved
+    from the call, the model card and the defaults.
     """
 
-    tokens: torch.LongTensor
+    tokens: torch.Tensor
     class_labels: list[int]
     prompts: list[str] | None = None
     settings: dict[str, Any] | None = None
@@ -203,9 +207,19 @@ class ClassConditionalMixin:
 
     def drafter_factories(self) -> dict[str, DrafterFactory | None]:
         """ar always; the speculative method once the optional second model (`_optional_components`: draft,
-        refiner) is loaded (the pipeline runs both itself, so a factory gives that model)."""
+        refiner) is loaded. VAR's and MAR's methods do not run the core token loop (the pipeline runs its models
+        scale by scale or step by step), so none has a core-loop drafter: the factory of an available method
+        refuses in one line (`make_drafter`); LlamaGen's and Janus' pipelines override this with real drafters."""
         second = getattr(self, self._optional_components[0])
-        return {"ar": lambda: None, self.speculative_method: (lambda: second) if second is not None else None}
+        return {"ar": self._no_core_drafter("ar"),
+                self.speculative_method: self._no_core_drafter(self.speculative_method) if second is not None else None}
+
+    def _no_core_drafter(self, method: str) -> DrafterFactory:
+        def refuse() -> Drafter:
+            raise MMSpecError(f"{type(self).__name__}'s method {method!r} runs its models itself, not through the core "
+                              "decoding loop: it has no drafter to make; call the pipeline instead")
+
+        return refuse
 
     def unavailable_reason(self, method: str) -> str:
         return f"method {method!r} needs {self.speculative_needs}"

@@ -15,6 +15,8 @@ guidance_scale == 1 the guided logits equal the conditional ones, and the uncond
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,18 @@ class CFGTarget:
         self.cache: LlamaGenCache | None = None
         self.batch = 0
         self.forwards = 0
+
+    def for_call(self, guidance_scale: float | None = None,
+                 prompts: Sequence[torch.Tensor | Sequence[int]] | None = None) -> "CFGTarget":
+        """This target for one generation call: the same model, the call's own guidance scale (None: this
+        one's), cache and counters, so calls running at once through one pipeline never share them.
+        `prompts`: for text-conditional subclasses (Janus); a class-conditional model takes none."""
+        if prompts is not None:
+            raise MMSpecError(f"{type(self).__name__} is class-conditional: it takes class labels, not prompts")
+        call = copy.copy(self)
+        call.guidance_scale = self.guidance_scale if guidance_scale is None else float(guidance_scale)
+        call.cache, call.batch, call.forwards = None, 0, 0
+        return call
 
     @property
     def uses_guidance(self) -> bool:

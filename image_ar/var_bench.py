@@ -92,7 +92,6 @@ def bench_var(pipe: VARPipeline, labels: Sequence[int], *, seed: int = 0, draft_
                                  *pipe.filters(top_k, top_p))
     report, images, items = run_pipeline_rows(
         pipe, title, rows_spec, labels, knob="draft_scales",
-        tokens_of=lambda out: torch.cat(out.token_maps, dim=1).flatten().tolist(),
         seed=seed, options=options, repeats=repeats, warmup=warmup, progress=progress, batch_size=batch_size,
         settings={"scales": scales, "seed": seed,
                   "cfg": pipe.default_guidance_scale if guidance_scale is None else guidance_scale,

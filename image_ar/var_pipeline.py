@@ -19,16 +19,17 @@ its VQ-VAE `vq` and the optional `refiner` are diffusers `ModelMixin` / `ConfigM
 `from_pretrained(folder or zoo name)` reads them back (weights stored in fp16 load as float32 unless
 `dtype=` says otherwise).
 
-Stats (a `SpecStats`): `target_forwards` = forwards of the large model, `drafter_forwards` = forwards
-of the small refiner (CoDe's paper calls the large model the drafter; here the large model is the
-reference every method is compared with), `new_tokens` = tokens of every scale of every image.
+Output: an `ImageGenerationOutput`; its `tokens` are every scale's token map in scale order, [N, sum of pn^2]
+(`out.stats.scales` gives each scale's side). Stats (a `ScaleStats`): `target_forwards` = forwards of the
+large model, `drafter_forwards` = forwards of the small refiner (CoDe's paper calls the large model the
+drafter; here the large model is the reference every method is compared with), `new_tokens` = tokens of
+every scale of every image, `draft_scales` = CoDe's split, `scales` = one `ScaleRecord` per scale (who made it).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,12 +37,18 @@ import torch
 
 from mmspec.devices import synchronize
 from mmspec.errors import MMSpecError
-from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline, resolve_dtype
-from mmspec.stats import SpecStats
+from mmspec.pipelines import SpeculativePipeline, resolve_dtype
 
-from .code import check_draft_steps, code_generate
+from .code import check_draft_steps, code_generate, scale_records
+from .image_stats import ScaleStats
 from .imaging import convert
-from .pipeline_common import ClassConditionalMixin, check_class_count, check_output_type, load_component
+from .pipeline_common import (
+    ClassConditionalMixin,
+    ImageGenerationOutput,
+    check_class_count,
+    check_output_type,
+    load_component,
+)
 from .var import VAR, VARSampling
 from .var_vq import VQVAE
 
@@ -53,21 +60,6 @@ VAR_METHODS = ("ar", "code")
 def fine_tuned_folder(draft_scales: int) -> str:
     """The subfolder of a saved pipeline holding the refiner fine-tuned for `draft_scales`."""
     return f"refiner-{int(draft_scales)}"
-
-
-@dataclass
-class VARPipelineOutput(ImagePipelineOutput):
-    """Images (PIL list or float array [N, H, W, 3] in [0, 1]) and how they were made.
-
-    A diffusers `BaseOutput` (mmspec's `ImagePipelineOutput`): `out.images`, `out["images"]` and `out[0]`
-    are the images; method, model, stats as there. token_maps: one LongTensor [N, pn^2] per scale;
-    class_labels: the class id of each image; settings: what the method ran with (draft_scales,
-    refiner: the folder name of the refiner CoDe ran, cfg, temperature, top_k, top_p).
-    """
-
-    token_maps: list[torch.LongTensor]
-    class_labels: list[int]
-    settings: dict[str, Any] | None = None
 
 
 class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
@@ -226,7 +218,7 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         num_images: int = 1,
         output_type: str = "pil",
         progress_bar: bool = True,
-    ) -> VARPipelineOutput:
+    ) -> ImageGenerationOutput:
         """Generate `num_images` images per class label (or class-name prompt), all in one batch.
 
         guidance_scale: VAR's CFG, ramped linearly from 0 at the first scale to this value at the last
@@ -244,7 +236,6 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
         top_k, top_p = self.filters(top_k, top_p)
         sampling = self.sampling_for(scale, temperature, top_k, top_p)
         generator = self.generator_for(generator, seed, needed=sampling.do_sample)
-        stats = SpecStats(method=method)
         with self.progress_bar(total=self.num_scales, desc=f"image ({method})", unit="scale", enabled=progress_bar) as bar:
             on_scale = lambda si, name: bar.update(1)  # noqa: E731
             synchronize(self.device)  # on a GPU the timing covers the queued work
@@ -253,24 +244,25 @@ class VARPipeline(ClassConditionalMixin, SpeculativePipeline):
                 refiner, refiner_name = self.refiner_for(n)
                 out = code_generate(self.model, refiner, self.vq, labels, n, sampling, generator, decode=False,
                                     on_scale=on_scale)
-                token_maps, f_hat = out.token_maps, out.f_hat
-                stats.target_forwards, stats.drafter_forwards = out.stats["forwards"]["drafter"], out.stats["forwards"]["refiner"]
+                token_maps, f_hat, stats = out.token_maps, out.f_hat, out.stats
             else:
                 refiner_name = None
                 state = self.model.begin(labels)
                 self.model.run_scales(state, self.vq, 0, self.num_scales, sampling, generator, name="model",
                                       on_scale=on_scale)
                 token_maps, f_hat = state.token_maps, state.f_hat
-                stats.target_forwards = state.forwards["model"]
+                stats = ScaleStats(method=method, target_forwards=state.forwards["model"],
+                                   new_tokens=sum(int(t.numel()) for t in token_maps),
+                                   scales=scale_records(self.model.patch_nums, token_maps, None))
             synchronize(self.device)
             stats.total_time = time.perf_counter() - start
-        stats.new_tokens = sum(int(t.numel()) for t in token_maps)
         pixels = self.vq.fhat_to_img(f_hat.to(self.vq.device, self.vq.dtype))  # stats time token generation only
         settings = {"draft_scales": n, "refiner": refiner_name, "scales": self.num_scales, "cfg": sampling.cfg,
                     "temperature": list(temperature) if isinstance(temperature, (list, tuple)) else temperature,
                     "top_k": top_k, "top_p": top_p}
-        return VARPipelineOutput(images=convert(pixels, output_type), method=method, model=self.model_name, stats=stats,
-                                 token_maps=list(token_maps), class_labels=labels, settings=settings)
+        return ImageGenerationOutput(images=convert(pixels, output_type), method=method, model=self.model_name,
+                                     stats=stats, tokens=torch.cat(list(token_maps), dim=1), class_labels=labels,
+                                     settings=settings)
 
 
 def _finite_at_least_zero(value: Any) -> bool:

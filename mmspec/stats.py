@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterator
 
 
@@ -78,8 +78,10 @@ class SpecStats:
         return [a / n if n else 0.0 for a, n in zip(self.position_accepts, self.position_attempts)]
 
     def __add__(self, other: "SpecStats") -> "SpecStats":
+        """The shared counters and times summed; a subclass's own records (per scale, per window) are not."""
         total = SpecStats(method=self.method)
-        for name, value in asdict(self).items():
+        for spec in fields(SpecStats):
+            name, value = spec.name, getattr(self, spec.name)
             if name in ("method", "rows"):
                 continue
             if isinstance(value, list):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ..errors import MMSpecError
 from . import checks, common
@@ -134,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     s = out.stats
     if args.json:
         print(json.dumps({"method": out.method, "model": out.model, **described, "out": str(out_path),
-                          "settings": out.settings, "stats": common.stats_json(s, step_compression=s.step_compression)},
+                          "settings": out.settings,
+                          "stats": common.stats_json(s, step_compression=s.step_compression, **method_records(s))},
                          indent=2))
     else:
         print(out_path)
@@ -149,6 +152,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{s.summary()}; step compression {s.step_compression:.2f}", file=sys.stderr)
     return 0
+
+
+def method_records(stats: Any) -> dict[str, Any]:
+    """What a VAR or MAR method's stats add to `--json`: VAR's per-scale records (who made each scale), MAR's
+    schedule and CSpD's per-window records; nothing for token-by-token methods."""
+    records: dict[str, Any] = {}
+    for name in ("draft_scales", "scales", "schedule", "prefill_steps", "windows", "residual_fallbacks"):
+        value = getattr(stats, name, None)
+        if value is not None:
+            records[name] = [asdict(item) for item in value] if name in ("scales", "windows") else value
+    return records
 
 
 def family_options(args: argparse.Namespace, family: str, name: str) -> dict:

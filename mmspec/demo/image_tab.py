@@ -96,12 +96,11 @@ def generate(model: str, label: str, method: str, seed: float, progress: gr.Prog
         rounds: list = []
         extra = {"callback_on_round": lambda _i, info: rounds.append(info)} if reports_rounds(pipe) else {}
         out = pipe(prompt=label, method=method, seed=seed, progress_bar=False, **extra)
-        grid = tuple(out.tokens.shape[-2:])
         stats = out.stats
         text = (f"**{method}**: {stats.new_tokens} image tokens in {stats.target_forwards} target forwards: step "
                 f"compression **{stats.step_compression:.2f}** tokens per forward; {stats.total_time * 1e3:.0f} ms "
                 f"(token generation; the VQ decoder's time not included)")
-        picture = step_image(step_map(round_spans(rounds), grid)) if rounds else None
+        picture = step_image(step_map(round_spans(rounds), tuple(out.tokens.shape[-2:]))) if rounds else None
         if picture is None:
             text += "\n\nThe step map needs the image pipeline's per-round callback (`callback_on_round`), which it lacks."
         return _enlarged(out.images[0]), picture, text

@@ -32,7 +32,7 @@ FAMILIES = {
     "mar": Family(mar_pipeline, "cspd", "draft", 10, "is not a folder saved by MARPipeline", "VARPipeline",
                   lambda out: out.tokens),
     "var": Family(var_pipeline, "code", "refiner", 5, "is not a zoo VAR model", "SpeculativeImagePipeline",
-                  lambda out: torch.cat([m.flatten(1) for m in out.token_maps], 1)),
+                  lambda out: out.tokens),
 }
 
 
@@ -54,6 +54,17 @@ def test_a_seed_is_a_cpu_generator_and_none_follows_torch_manual_seed(family):
         c = pipe(class_labels=3, method=unseeded, progress_bar=False)
         torch.manual_seed(1)
         assert torch.equal(tokens(c), tokens(pipe(class_labels=3, method=unseeded, progress_bar=False)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_methods_run_by_the_pipeline_have_no_core_loop_drafter(family):
+    """VAR's and MAR's methods run their models scale by scale or step by step: the registry says which can run,
+    and asking for a drafter is refused in one line instead of handing out a model."""
+    pipe, method = pipeline(family), FAMILIES[family].method
+    assert pipe.available_methods == ["ar", method]
+    for name in ("ar", method):
+        with pytest.raises(MMSpecError, match=f"method '{name}' runs its models itself"):
+            pipe.make_drafter(name)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

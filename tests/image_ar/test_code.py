@@ -88,8 +88,10 @@ def test_the_refiner_continues_from_the_drafted_scales_as_teacher_forcing_says(d
 def test_stats_count_forwards_and_scales_per_model(drafter, refiner, vq, draft_steps):
     out = code_generate(drafter, refiner, vq, [0], draft_steps, SAMPLING, seeded_generator("cpu", 0))
     # The refiner's first forward is the prefill that also yields its first scale.
-    assert out.stats["forwards"] == {"drafter": draft_steps, "refiner": 4 - draft_steps}
-    assert out.stats["scales"] == {"drafter": draft_steps, "refiner": 4 - draft_steps}
+    assert out.stats.target_forwards == draft_steps and out.stats.drafter_forwards == 4 - draft_steps
+    assert out.stats.scales_by("model") == draft_steps and out.stats.scales_by("refiner") == 4 - draft_steps
+    assert out.stats.draft_scales == draft_steps and out.stats.new_tokens == 1 + 4 + 9 + 16
+    assert [r.prefill for r in out.stats.scales] == [si == draft_steps for si in range(4)]
 
 
 @pytest.mark.parametrize("draft_steps", [0, 4, -1, 2.5, None, True])

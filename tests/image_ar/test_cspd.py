@@ -42,7 +42,7 @@ def test_speculative_samples_match_the_target_distribution(mixtures):
     _, p_value = energy_distance_test(out.tokens.flatten(1), reference, permutations=400, seed=0)
     assert p_value > ALPHA
     # the draft is really different and really used: about half its tokens are rejected and redrawn
-    assert 0.3 < out.stats.alpha < 0.7 and out.residual_fallbacks == 0
+    assert 0.3 < out.stats.alpha < 0.7 and out.stats.residual_fallbacks == 0
     assert out.stats.drafted == 3 * N and out.stats.target_forwards == 3 and out.stats.drafter_forwards == 3
 
 
@@ -114,7 +114,9 @@ def test_cspd_on_a_tiny_mar_pair_runs_end_to_end(mar_pair, cfg):
     stats = out.stats
     assert stats.target_forwards == 4 and stats.drafter_forwards == 6  # 2 pre-filled + 2 windows; 6 drafted steps
     assert stats.drafted == 2 * (16 - 2) and 0 <= stats.accepted <= stats.drafted and stats.new_tokens == 32
-    assert out.steps == cspd_schedule(8, 16, 3, 0.15)
+    assert stats.schedule == cspd_schedule(8, 16, 3, 0.15) and stats.prefill_steps == 2
+    assert [(w.steps, w.left) for w in stats.windows] == [(3, stats.schedule[2]), (3, 0)]
+    assert sum(w.drafted for w in stats.windows) == stats.drafted and sum(w.accepted for w in stats.windows) == stats.accepted
     again = cspd_generate(draft, target, 2, labels=torch.tensor([1, 5]), num_iter=8, num_draft=3, prefill_ratio=0.15,
                           cfg=cfg, generator=seeded_generator("cpu", 0))
     assert torch.equal(out.tokens, again.tokens)

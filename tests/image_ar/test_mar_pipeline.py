@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import SpeculativeImagePipeline
+from mmspec.image_ar import ImageGenerationOutput, SpeculativeImagePipeline, StepStats
 from mmspec.image_ar.mar import tiny_mar
 from mmspec.image_ar.mar_pipeline import MARPipeline
 from mmspec.image_ar.masked_decode import target_generate
@@ -60,6 +60,11 @@ def test_the_output_is_a_base_output_with_images_and_stats(pipe):
     assert out.stats.method == "cspd" and out.stats.new_tokens == 2 * 16
     assert out.stats.drafter_forwards > 0 and out.stats.drafted > 0 and out.stats.rounds > 0
     assert out.settings["num_iter"] == 6 and out.settings["num_draft"] == 2  # the card's
+    # one output family: typed per-window records in the stats, not settings or a dict
+    assert isinstance(out, ImageGenerationOutput) and isinstance(out.stats, StepStats)
+    assert len(out.stats.windows) == out.stats.rounds and out.stats.residual_fallbacks == 0
+    assert sum(w.drafted for w in out.stats.windows) == out.stats.drafted and out.stats.schedule[-1] == 0
+    assert "residual_fallbacks" not in out.settings
     assert_np_images(pipe, 16)
 
 
@@ -70,6 +75,7 @@ def test_ar_is_the_target_alone_and_the_images_are_its_decoded_latents(pipe):
                                     generator=seeded_generator("cpu", 9))
     assert torch.equal(out.tokens, tokens)
     assert out.stats.target_forwards == stats.target_forwards == 5 and out.stats.drafter_forwards == 0
+    assert out.stats.schedule == stats.schedule and len(stats.schedule) == 5 and out.stats.windows == []
     latents = pipe.model.unpatchify(tokens) / pipe.vae.config.scaling_factor
     pixels = ((pipe.vae.decode(latents).sample.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).detach().numpy()
     assert np.allclose(out.images, pixels)
@@ -117,6 +123,9 @@ def test_generate_image_runs_each_method(saved, tmp_path, capsys, method):
     assert report["method"] == method and report["class_id"] == 2 and report["settings"]["cfg"] == 1.5
     assert report["settings"]["num_iter"] == 6 and report["stats"]["target_forwards"] > 0
     assert (report["stats"]["drafter_forwards"] > 0) == (method == "cspd")
+    stats = report["stats"]
+    assert stats["schedule"][-1] == 0 and len(stats["windows"]) == stats["rounds"] and stats["residual_fallbacks"] == 0
+    assert sum(w["drafted"] for w in stats["windows"]) == stats["drafted"]
     assert out.is_file()
     assert main(["generate-image", "4", "--model", str(saved), "--method", method, "--out", str(out)]) == 0
     assert f"{method}: 16 tokens in 6 steps" in capsys.readouterr().err

@@ -89,7 +89,7 @@ def test_cspd_on_the_trained_pair_samples_the_targets_distribution(pair):
     draft, model, settings, common, features, reference = pair
     out = cspd_generate(draft, model, N, generator=seeded_generator("cpu", 0), **settings, **common)
     _, p_value = energy_distance_test(features(out.tokens), reference, permutations=400, seed=0)
-    assert p_value > ALPHA and out.stats.drafted > 0 and out.residual_fallbacks == 0
+    assert p_value > ALPHA and out.stats.drafted > 0 and out.stats.residual_fallbacks == 0
 
 
 def test_control_keeping_every_draft_of_the_trained_pair_fails_the_same_test(pair, monkeypatch):

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
+from mmspec.drafters import Drafter, NoDrafter
 from mmspec.errors import MMSpecError
-from mmspec.image_ar import ImageGenerationOutput, JanusImagePipeline, SpeculativeImagePipeline
+from mmspec.image_ar import (
+    GridJacobiDrafter,
+    GuidedImageDrafter,
+    ImageGenerationOutput,
+    JanusImagePipeline,
+    SpeculativeImagePipeline,
+)
 from mmspec.pipelines import ImagePipelineOutput, SpeculativePipeline
 
 from .pipeline_checks import seeded
@@ -88,6 +95,18 @@ def test_output_is_a_base_output(pipe):
     assert out.prompts is None and "prompts" not in out.keys() and out.settings is not None
 
 
+def test_drafter_factories_give_core_loop_drafters(pipe):
+    """The methods registry gives each method's drafter (mmspec.drafters contract), fresh per call, not a model or
+    the pipeline's runner."""
+    kinds = {"ar": NoDrafter, "sd": GuidedImageDrafter, "sjd": GridJacobiDrafter, "gsd": GridJacobiDrafter,
+             "lantern": GuidedImageDrafter}  # LANTERN drafts with the drafter model when one is loaded
+    assert list(pipe.drafter_factories()) == list(kinds)
+    for method, kind in kinds.items():
+        drafter = pipe.make_drafter(method)
+        assert isinstance(drafter, Drafter) and type(drafter) is kind, method
+    assert pipe.make_drafter("sd") is not pipe.make_drafter("sd")
+
+
 def test_seed_is_a_cpu_generator(pipe):
     by_seed = pipe(class_labels=1, method="sjd", seed=7, output_type="np", progress_bar=False)
     by_generator = pipe(class_labels=1, method="sjd", generator=seeded(7), output_type="np", progress_bar=False)
@@ -107,6 +126,7 @@ def test_janus_on_the_base(tmp_path):
     assert out[0] is out.images and out.prompts == ["a red circle"] and out.class_labels == []
     with pytest.raises(MMSpecError, match="needs a drafter"):
         pipe(prompt="a red circle", method="sd", progress_bar=False)
+    assert [type(pipe.make_drafter(m)) for m in pipe.available_methods] == [NoDrafter] + [GridJacobiDrafter] * 3
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmspec.errors import MMSpecError
+from mmspec.image_ar import ImageGenerationOutput, ScaleStats
 from mmspec.image_ar.code import code_generate
 from mmspec.image_ar.var import VAR, VARSampling
 from mmspec.image_ar.var_pipeline import VARPipeline
@@ -34,6 +35,14 @@ def vq(pipe):
     return pipe.vq
 
 
+def maps(x) -> list[torch.Tensor]:
+    """Per-scale token maps: a pipeline output's tokens cut at its stats' scale records, else a state's or
+    code_generate's own list."""
+    if hasattr(x, "token_maps"):
+        return x.token_maps
+    return list(x.tokens.split([record.side**2 for record in x.stats.scales], dim=1))
+
+
 def maps_equal(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
@@ -49,7 +58,7 @@ def test_save_and_load_round_trip(pipe, tmp_path):
     assert_same_components(pipe, loaded, ("model", "vq", "refiner"))
     a = pipe(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
     b = loaded(class_labels=[1, 3], method="code", seed=5, progress_bar=False)
-    assert maps_equal(a.token_maps, b.token_maps)
+    assert maps_equal(maps(a), maps(b))
     pipe.refiner.save_pretrained(tmp_path / "refiner-2")  # a fine-tuned refiner beside the pipeline's own
     named = VARPipeline.from_pretrained(tmp_path, refiner="refiner-2")
     assert_same_components(pipe, named, ("refiner",))
@@ -66,6 +75,12 @@ def test_the_output_is_a_base_output_with_images_and_stats(pipe):
     assert out.stats.target_forwards == 2 and out.stats.drafter_forwards == 2  # the card's draft_scales = 2 of 4
     assert out.stats.new_tokens == 2 * (1 + 4 + 9 + 16)
     assert out.settings["draft_scales"] == 2 and out.settings["cfg"] == 2.0
+    # one output family: every scale's tokens in scale order, typed per-scale records in the stats
+    assert isinstance(out, ImageGenerationOutput) and isinstance(out.stats, ScaleStats)
+    assert out.tokens.shape == (2, 1 + 4 + 9 + 16) and out.stats.draft_scales == 2
+    assert [(r.scale, r.side, r.tokens, r.by, r.prefill) for r in out.stats.scales] == [
+        (0, 1, 2, "model", False), (1, 2, 8, "model", False), (2, 3, 18, "refiner", True), (3, 4, 32, "refiner", False)]
+    assert out.stats.scales_by("model") == 2 and out.stats.scales_by("refiner") == 2
     assert_np_images(pipe, 8)
 
 
@@ -73,10 +88,10 @@ def test_ar_is_the_large_model_alone(pipe, vq):
     out = pipe(class_labels=[2, 4], method="ar", generator=torch.Generator().manual_seed(9), progress_bar=False)
     state = pipe.model.begin([2, 4])
     pipe.model.run_scales(state, vq, 0, 4, VARSampling(cfg=2.0), seeded_generator("cpu", 9))
-    assert maps_equal(out.token_maps, state.token_maps)
+    assert maps_equal(maps(out), maps(state))
     assert out.stats.target_forwards == 4 and out.stats.drafter_forwards == 0
     other = pipe(class_labels=[2, 4], method="ar", seed=10, progress_bar=False)
-    assert not maps_equal(out.token_maps, other.token_maps)  # control: the seed matters
+    assert not maps_equal(maps(out), maps(other))  # control: the seed matters
 
 
 @pytest.mark.parametrize("draft_scales", [1, 3])
@@ -84,7 +99,7 @@ def test_code_runs_code_generate_with_the_draft_scales(pipe, vq, draft_scales):
     out = pipe(class_labels=[0, 1], method="code", draft_scales=draft_scales, seed=4, progress_bar=False)
     direct = code_generate(pipe.model, pipe.refiner, vq, [0, 1], draft_scales, VARSampling(cfg=2.0),
                            seeded_generator("cpu", 4))
-    assert maps_equal(out.token_maps, direct.token_maps)
+    assert maps_equal(maps(out), maps(direct))
     assert out.stats.target_forwards == draft_scales and out.stats.drafter_forwards == 4 - draft_scales
 
 
@@ -93,10 +108,10 @@ def test_greedy_code_with_the_large_models_weights_as_refiner_equals_ar(pipe, vq
     same = VARPipeline(pipe.model, vq, twin, class_names=CLASSES)
     ar = same(class_labels=[1, 2], method="ar", temperature=0, progress_bar=False)
     code = same(class_labels=[1, 2], method="code", draft_scales=2, temperature=0, progress_bar=False)
-    assert maps_equal(ar.token_maps, code.token_maps)
+    assert maps_equal(maps(ar), maps(code))
     other = pipe(class_labels=[1, 2], method="code", draft_scales=2, temperature=0, guidance_scale=1.5,
                  progress_bar=False)
-    assert not maps_equal(ar.token_maps, other.token_maps)  # control: another refiner changes the last scales
+    assert not maps_equal(maps(ar), maps(other))  # control: another refiner changes the last scales
 
 
 def test_the_card_s_top_k_and_top_p_filter_every_scale_unless_given(pipe, vq):
@@ -104,16 +119,16 @@ def test_the_card_s_top_k_and_top_p_filter_every_scale_unless_given(pipe, vq):
     filtered = VARPipeline(pipe.model, vq, pipe.refiner, class_names=CLASSES, card={**pipe.card, "top_k": 1, "top_p": 0.9})
     greedy = pipe(class_labels=[1, 2], method="code", temperature=0, progress_bar=False)
     out = filtered(class_labels=[1, 2], method="code", seed=3, progress_bar=False)
-    assert maps_equal(out.token_maps, greedy.token_maps)  # top-1 of every scale: sampling is the argmax
+    assert maps_equal(maps(out), maps(greedy))  # top-1 of every scale: sampling is the argmax
     assert out.settings["top_k"] == 1 and out.settings["top_p"] == 0.9
     direct = code_generate(pipe.model, pipe.refiner, vq, [1, 2], 2, VARSampling(cfg=2.0, top_k=3, top_p=0.5),
                            seeded_generator("cpu", 3))
     given = filtered(class_labels=[1, 2], method="code", top_k=3, top_p=0.5, seed=3, progress_bar=False)
-    assert maps_equal(given.token_maps, direct.token_maps)
+    assert maps_equal(maps(given), maps(direct))
     off = filtered(class_labels=[1, 2], method="code", top_k=0, top_p=1.0, seed=3, progress_bar=False)
     unfiltered = pipe(class_labels=[1, 2], method="code", seed=3, progress_bar=False)
-    assert maps_equal(off.token_maps, unfiltered.token_maps)
-    assert not maps_equal(off.token_maps, out.token_maps)  # control: the filters change the draws
+    assert maps_equal(maps(off), maps(unfiltered))
+    assert not maps_equal(maps(off), maps(out))  # control: the filters change the draws
 
 
 def test_per_scale_temperatures_as_code_s_sampler(pipe, vq):
@@ -121,17 +136,17 @@ def test_per_scale_temperatures_as_code_s_sampler(pipe, vq):
     scales = pipe.num_scales
     scalar = pipe(class_labels=[1, 2], method="code", temperature=0.7, seed=3, progress_bar=False)
     listed = pipe(class_labels=[1, 2], method="code", temperature=[0.7] * scales, seed=3, progress_bar=False)
-    assert maps_equal(listed.token_maps, scalar.token_maps) and listed.settings["temperature"] == [0.7] * scales
+    assert maps_equal(maps(listed), maps(scalar)) and listed.settings["temperature"] == [0.7] * scales
     direct = code_generate(pipe.model, pipe.refiner, vq, [1, 2], 2,
                            VARSampling(cfg=pipe.default_guidance_scale, temperature=[1.1] * (scales - 1) + [0.5]),
                            seeded_generator("cpu", 3))
     schedule = pipe(class_labels=[1, 2], method="code", temperature=[1.1] * (scales - 1) + [0.5], seed=3,
                     progress_bar=False)
-    assert maps_equal(schedule.token_maps, direct.token_maps)
+    assert maps_equal(maps(schedule), maps(direct))
     hot_last = pipe(class_labels=[1, 2], method="code", temperature=[0.7] * (scales - 1) + [50.0], seed=3,
                     progress_bar=False)
-    assert maps_equal(hot_last.token_maps[:-1], scalar.token_maps[:-1])  # the same draws up to the last scale
-    assert not torch.equal(hot_last.token_maps[-1], scalar.token_maps[-1])  # control: the last scale's changed
+    assert maps_equal(maps(hot_last)[:-1], maps(scalar)[:-1])  # the same draws up to the last scale
+    assert not torch.equal(maps(hot_last)[-1], maps(scalar)[-1])  # control: the last scale's changed
 
 
 def test_a_fine_tuned_refiner_runs_at_its_own_split_and_travels_with_the_pipeline(pipe, vq, tmp_path):
@@ -143,10 +158,10 @@ def test_a_fine_tuned_refiner_runs_at_its_own_split_and_travels_with_the_pipelin
     for n, refiner, name in ((3, tuned, "refiner-3"), (2, pipe.refiner, "refiner")):
         out = both(class_labels=[0, 2], method="code", draft_scales=n, seed=6, progress_bar=False)
         direct = code_generate(pipe.model, refiner, vq, [0, 2], n, VARSampling(cfg=2.0), seeded_generator("cpu", 6))
-        assert maps_equal(out.token_maps, direct.token_maps) and out.settings["refiner"] == name
+        assert maps_equal(maps(out), maps(direct)) and out.settings["refiner"] == name
     plain = pipe(class_labels=[0, 2], method="code", draft_scales=3, seed=6, progress_bar=False)
-    assert not maps_equal(plain.token_maps, both(class_labels=[0, 2], method="code", draft_scales=3, seed=6,
-                                                 progress_bar=False).token_maps)  # control: the refiner matters
+    assert not maps_equal(maps(plain), maps(both(class_labels=[0, 2], method="code", draft_scales=3, seed=6,
+                                                 progress_bar=False)))  # control: the refiner matters
     both.save_pretrained(tmp_path)
     assert (tmp_path / "refiner-3" / "config.json").is_file()
     assert json.loads((tmp_path / "model_index.json").read_text())["card"]["fine_tuned_refiners"] == [3]
@@ -188,6 +203,9 @@ def test_generate_image_runs_code_with_the_draft_scales(saved, tmp_path, capsys)
     report = json.loads(capsys.readouterr().out)
     assert report["method"] == "code" and report["class_id"] == 2 and report["settings"]["draft_scales"] == 3
     assert report["stats"]["target_forwards"] == 3 and report["stats"]["drafter_forwards"] == 1
+    assert report["stats"]["draft_scales"] == 3
+    assert [(s["scale"], s["by"]) for s in report["stats"]["scales"]] == [(0, "model"), (1, "model"), (2, "model"),
+                                                                          (3, "refiner")]
     assert out.is_file()
 
 
