@@ -2,6 +2,8 @@
 faster-whisper's zero frames after the audio's own log-mel). Same frames over the audio, other padding frames; the
 pipeline uses the one it is given, and hybrid strict equals greedy decoding of those features."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -70,3 +72,20 @@ def test_the_pipeline_pads_as_asked_and_hybrid_equals_greedy_of_those_features(t
     assert not torch.equal(features["audio"], features["log-mel"])
     pipe.save_pretrained(tmp_path / "saved")  # the setting is saved with the pipeline
     assert TranscriptionPipeline.from_pretrained(tmp_path / "saved").feature_padding == "log-mel"
+
+
+def test_cli_transcribe_feature_padding(tmp_path, capsys):
+    from mmspec.cli import main
+
+    folder = make_asr_folder(tmp_path / "asr", ctc=False)
+    clip = write_wav(tmp_path / "clip.wav", speechy(0.8, seed=3))
+    outputs = []
+    for padding in FEATURE_PADDINGS:
+        code = main(["transcribe", str(clip), "--model", str(folder), "--feature-padding", padding, "--method", "ar",
+                     "--max-new-tokens", str(MAX_NEW), "--format", "json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        outputs.append(json.loads(captured.out)["text"])
+    pipe = TranscriptionPipeline.from_pretrained(folder, fast_decoder="ar", feature_padding="log-mel")
+    expected = pipe(str(clip), method="ar", max_new_tokens=MAX_NEW, progress_bar=False).text
+    assert outputs[1] == expected and outputs[0] != outputs[1]  # the flag reached the pipeline
