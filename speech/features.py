@@ -39,12 +39,14 @@ def log_mel_features(feature_extractor: Any, samples: np.ndarray, padding: str =
     """Features [1, mel bins, frames per window] of `samples` (at the extractor's rate, at most one window long),
     padded as `padding` says (see the module docstring)."""
     padding = check_feature_padding(padding)
-    rate = int(feature_extractor.sampling_rate)
     if padding == "audio":
-        return feature_extractor(samples, sampling_rate=rate, return_tensors="np").input_features
-    hop, frames = int(feature_extractor.hop_length), int(feature_extractor.nb_max_frames)
+        return feature_extractor(samples, sampling_rate=int(feature_extractor.sampling_rate), return_tensors="np").input_features
+    hop, frames = getattr(feature_extractor, "hop_length", None), getattr(feature_extractor, "nb_max_frames", None)
+    if not isinstance(hop, int) or not isinstance(frames, int):
+        raise MMSpecError(f"feature padding 'log-mel' needs a Whisper feature extractor (hop_length, nb_max_frames); "
+                          f"a {type(feature_extractor).__name__} has neither: use feature padding 'audio'")
     content = min(samples.shape[0] // hop, frames)
     extended = np.pad(np.asarray(samples, dtype=np.float32), (0, hop))
-    own = feature_extractor(extended, sampling_rate=rate, padding="longest", truncation=False,
+    own = feature_extractor(extended, sampling_rate=int(feature_extractor.sampling_rate), padding="longest", truncation=False,
                             return_tensors="np").input_features[:, :, :content]
     return np.pad(own, ((0, 0), (0, 0), (0, frames - content)))

@@ -48,6 +48,8 @@ def test_feature_padding_names():
     assert FEATURE_PADDINGS == ("audio", "log-mel") and check_feature_padding(None) == "audio"
     with pytest.raises(MMSpecError, match="unknown feature padding 'zeros'"):
         check_feature_padding("zeros")
+    with pytest.raises(MMSpecError, match="needs a Whisper feature extractor"):
+        log_mel_features(object(), np.zeros(160, dtype=np.float32), "log-mel")
 
 
 def test_the_pipeline_pads_as_asked_and_hybrid_equals_greedy_of_those_features(tmp_path):
