@@ -73,6 +73,7 @@ from .feature_drafter import (
     WhisperFeatureDrafterModel,
     load_feature_drafter,
 )
+from .features import DEFAULT_FEATURE_PADDING, check_feature_padding
 from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .pipeline import FAST_DECODER_FOLDER, check_fast_decoder, load_fast_decoder, load_whisper
 from .precision import apply_compute_type, check_compute_type, compute_type_of
@@ -139,8 +140,9 @@ class _Method:
     """
 
     def __init__(self, name: str, model: PreTrainedModel, processor: Any, counter: ForwardCounter, decode: Decode,
-                 counts_own_forwards: bool) -> None:
+                 counts_own_forwards: bool, feature_padding: str = DEFAULT_FEATURE_PADDING) -> None:
         self.name, self.model, self.processor, self.counter, self.decode = name, model, processor, counter, decode
+        self.feature_padding = feature_padding
         self.counts_own_forwards = counts_own_forwards
         # An assistant that IS the model's decoder (a self-drafter) runs through the counted module too.
         self.assistant_on_counted_decoder = False
@@ -148,7 +150,8 @@ class _Method:
 
     def __call__(self, item: SpeechItem) -> tuple[list[int], SpecStats]:
         cpu = time.process_time()
-        features = clip_features(self.processor, item.clip.path).to(device=self.model.device, dtype=self.model.dtype)
+        features = clip_features(self.processor, item.clip.path, self.feature_padding).to(device=self.model.device,
+                                                                                          dtype=self.model.dtype)
         start = time.perf_counter()
         states = self.model.get_encoder()(features, return_dict=True).last_hidden_state
         encoder_time = time.perf_counter() - start
@@ -293,13 +296,14 @@ class SpeechBenchReport(TableReport):
 # --- running ----------------------------------------------------------------------------------------
 
 @torch.inference_mode()
-def prepare_items(model: PreTrainedModel, processor: Any, clips: list[Clip]) -> list[SpeechItem]:
+def prepare_items(model: PreTrainedModel, processor: Any, clips: list[Clip],
+                  feature_padding: str = DEFAULT_FEATURE_PADDING) -> list[SpeechItem]:
     """Prompt length, language-detection cost and decoding limit per clip (one encoder pass each)."""
     counter = ForwardCounter(model.get_decoder())
     items = []
     try:
         for index, clip in enumerate(clips):
-            features = clip_features(processor, clip.path).to(device=model.device, dtype=model.dtype)
+            features = clip_features(processor, clip.path, feature_padding).to(device=model.device, dtype=model.dtype)
             states = model.get_encoder()(features, return_dict=True).last_hidden_state
             counter.take()
             prompt = whisper_prompt_ids(model, {"encoder_outputs": BaseModelOutput(last_hidden_state=states)})
@@ -325,10 +329,12 @@ def bench_speech(
     peers: Sequence[Any] = (),
     notes: list[str] | None = None,
     only: Sequence[str] | None = None,
+    feature_padding: str = DEFAULT_FEATURE_PADDING,
 ) -> SpeechBenchReport:
     """Run every available method over `clips` (see the module docstring) and report them side by side;
     `peers` (loaded `peers.FasterWhisperPeer`s) run as rows of their own, interleaved with mmspec's; `only`: the
-    rows to run (the reference always runs), None for all."""
+    rows to run (the reference always runs), None for all; `feature_padding`: how mmspec's rows pad a clip's
+    log-mel features (`speech/features.py`; the peers compute their own)."""
     if not clips:
         raise MMSpecError("no clips to benchmark")
     if repeats < 1:
@@ -345,7 +351,7 @@ def bench_speech(
     if ar_fast_decoder is not None:
         attach_ar_fast_decoder(ar_fast_decoder, model)
     with quiet_transformers():
-        items = prepare_items(model, processor, clips)
+        items = prepare_items(model, processor, clips, feature_padding)
         decoder_counter = ForwardCounter(model.get_decoder())
         counters = [decoder_counter]
         decoders: dict[str, tuple[Decode, bool]] = {  # name -> (decode, counts its own target forwards)
@@ -382,7 +388,8 @@ def bench_speech(
                 decoders[f"feature-chain{k}"] = (mmspec_loop(
                     model, lambda: WhisperFeatureDrafter(feature_drafter), "strict", draft_tokens=k), True)
         methods: dict[str, _Method | _PeerMethod] = {
-            name: _Method(name, model, processor, decoder_counter, decode, own) for name, (decode, own) in decoders.items()}
+            name: _Method(name, model, processor, decoder_counter, decode, own, feature_padding)
+            for name, (decode, own) in decoders.items()}
         for peer in peers:
             methods[peer.name] = _PeerMethod(peer, processor)
         if only is not None:
@@ -398,11 +405,11 @@ def bench_speech(
         finally:
             for counter in counters:
                 counter.close()
-    return _report(title, harness, methods, items, repeats, notes + given_notes, model)
+    return _report(title, harness, methods, items, repeats, notes + given_notes, model, feature_padding)
 
 
 def _report(title: str, harness: BenchReport, methods: dict[str, _Method | _PeerMethod], items: list[SpeechItem], repeats: int,
-            notes: list[str], model: PreTrainedModel) -> SpeechBenchReport:
+            notes: list[str], model: PreTrainedModel, feature_padding: str = DEFAULT_FEATURE_PADDING) -> SpeechBenchReport:
     warm = min(len(items), 2)  # the harness warms up on the first two inputs, once per method
     references = [item.clip.text for item in items]
     decoder_times: dict[str, float] = {}
@@ -448,7 +455,7 @@ def _report(title: str, harness: BenchReport, methods: dict[str, _Method | _Peer
         ))
     settings = {"clips": len(items), "repeats": repeats, "threads": torch.get_num_threads(),
                 "max_new_tokens": max(i.max_new_tokens for i in items), "relaxed_rule": "top-3, margin 2 nats",
-                "compute_type": compute_type_of(model), "normalisation": NORMALISATION,
+                "compute_type": compute_type_of(model), "feature_padding": feature_padding, "normalisation": NORMALISATION,
                 "hf_assistant": dict(HF_ASSISTANT_DEFAULTS)}
     if any(isinstance(m, _PeerMethod) for m in methods.values()):
         notes.append("faster-whisper rows: their decoder passes are not counted by faster-whisper (greedy: one per token); "
@@ -480,6 +487,7 @@ def run_speech_bench(
     compute_type: str | None = None,
     peers: bool = True,
     only: Sequence[str] | None = None,
+    feature_padding: str | None = None,
 ) -> Any:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
     (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`).
@@ -491,10 +499,13 @@ def run_speech_bench(
 
     if n < 1:
         raise MMSpecError(f"--n must be >= 1, got {n}")
+    if batch_sizes and feature_padding not in (None, DEFAULT_FEATURE_PADDING):
+        raise MMSpecError(f"--feature-padding {feature_padding} applies to the one-clip rows, not to --batch-size")
     if batch_sizes and (chain_tokens or feature_drafter is not None):
         raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
                           "with --batch-size")
     compute_type = check_compute_type(compute_type)
+    feature_padding = check_feature_padding(feature_padding)
     path = speech_model_path(model_name)
     model, processor = load_whisper(model_name, path)
     model = apply_compute_type(model, compute_type)  # before a self-drafter binds the decoder's layers
@@ -525,7 +536,7 @@ def run_speech_bench(
     peer_rows, notes = peer_models(path, model, peers)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
                         feature_drafter=feature, repeats=repeats, progress=progress, title=title, peers=peer_rows, notes=notes,
-                        only=only)
+                        only=only, feature_padding=feature_padding)
 
 
 def peer_models(path: str, model: PreTrainedModel, wanted: bool) -> tuple[list[Any], list[str]]:

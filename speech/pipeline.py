@@ -87,6 +87,7 @@ from .audio import AudioSource, load_audio
 from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .fast_decoder import CTCFastDecoder
 from .feature_drafter import WhisperFeatureDrafterModel
+from .features import DEFAULT_FEATURE_PADDING, check_feature_padding, log_mel_features
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
@@ -148,9 +149,12 @@ class TranscriptionPipeline(SpeculativePipeline):
         model_name: shown in outputs.
         num_draft_tokens: the longest draft verified in one decoder pass.
         relaxed_top_r, relaxed_margin: the `relaxed` acceptance rule (`relaxed_top_r_rule`).
+        feature_padding: how a window's log-mel features are padded to 30 s: "audio" (transformers' feature
+            extractor: zero samples) or "log-mel" (openai-whisper's and faster-whisper's: zero frames); see
+            `speech/features.py`. A setting of the model's input: hybrid strict equals greedy of either.
 
     Components (saved by `save_pretrained`): `model`, `processor`, `fast_decoder`; settings in
-    `model_index.json`: `num_draft_tokens`, `relaxed_top_r`, `relaxed_margin`.
+    `model_index.json`: `num_draft_tokens`, `relaxed_top_r`, `relaxed_margin`, `feature_padding`.
     """
 
     _optional_components = ["fast_decoder"]
@@ -166,8 +170,10 @@ class TranscriptionPipeline(SpeculativePipeline):
         num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
         relaxed_top_r: int = 3,
         relaxed_margin: float = 2.0,
+        feature_padding: str = DEFAULT_FEATURE_PADDING,
     ) -> None:
         super().__init__()
+        feature_padding = check_feature_padding(feature_padding)
         feature_extractor = getattr(processor, "feature_extractor", None)
         tokenizer = getattr(processor, "tokenizer", None)
         if feature_extractor is None or tokenizer is None:
@@ -183,13 +189,14 @@ class TranscriptionPipeline(SpeculativePipeline):
         self.register_modules(model=model.eval(), processor=processor,
                               fast_decoder=fast_decoder.eval() if fast_decoder is not None else None)
         self.register_to_config(num_draft_tokens=num_draft_tokens, relaxed_top_r=relaxed_top_r,
-                                relaxed_margin=relaxed_margin)
+                                relaxed_margin=relaxed_margin, feature_padding=feature_padding)
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
         self.model_name = model_name or model.config.name_or_path or type(model).__name__
         self.num_draft_tokens = num_draft_tokens
         self.relaxed_top_r = relaxed_top_r
         self.relaxed_margin = relaxed_margin
+        self.feature_padding = feature_padding
         self.sampling_rate = int(self.feature_extractor.sampling_rate)
         self.chunk_seconds = self._chunk_seconds()
 
@@ -335,9 +342,10 @@ class TranscriptionPipeline(SpeculativePipeline):
     # --- transcription ------------------------------------------------------------------------
 
     def features(self, chunk: np.ndarray) -> torch.Tensor:
-        """Log-mel features [1, mel bins, frames] of one chunk, by the model's own feature extractor."""
-        out = self.feature_extractor(chunk, sampling_rate=self.sampling_rate, return_tensors="pt")
-        return out.input_features.to(device=input_device(self.model), dtype=self.model.dtype)
+        """Log-mel features [1, mel bins, frames] of one chunk, by the model's own feature extractor, padded to the
+        window as `feature_padding` says (`speech/features.py`)."""
+        out = torch.from_numpy(log_mel_features(self.feature_extractor, chunk, self.feature_padding))
+        return out.to(device=input_device(self.model), dtype=self.model.dtype)
 
     @torch.inference_mode()
     def __call__(

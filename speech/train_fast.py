@@ -38,6 +38,7 @@ from ..training import fit
 from .ar_fast_decoder import ARFastDecoder
 from .audio import load_audio
 from .fast_decoder import CTCFastDecoder, ctc_loss
+from .features import DEFAULT_FEATURE_PADDING, log_mel_features
 from .target import whisper_prompt_ids
 
 METADATA_FILE = "metadata.jsonl"
@@ -124,8 +125,9 @@ def read_clip_folder(folder: str | Path) -> list[Clip]:
     return clips
 
 
-def clip_features(processor: Any, clip_path: Path) -> torch.Tensor:
-    """Log-mel features [1, mel bins, frames] of one clip that must fit the model's window."""
+def clip_features(processor: Any, clip_path: Path, padding: str = DEFAULT_FEATURE_PADDING) -> torch.Tensor:
+    """Log-mel features [1, mel bins, frames] of one clip that must fit the model's window, padded to it as
+    `padding` says (`speech/features.py`)."""
     extractor = processor.feature_extractor
     rate = int(extractor.sampling_rate)
     audio = load_audio(clip_path, rate)
@@ -133,7 +135,7 @@ def clip_features(processor: Any, clip_path: Path) -> torch.Tensor:
     if audio.shape[0] > window:
         raise MMSpecError(f"clip {clip_path.name!r} lasts {audio.shape[0] / rate:.1f} s, longer than the model's "
                           f"{window / rate:.1f} s window: split it or leave it out")
-    return extractor(audio, sampling_rate=rate, return_tensors="pt").input_features
+    return torch.from_numpy(log_mel_features(extractor, audio, padding))
 
 
 @torch.no_grad()

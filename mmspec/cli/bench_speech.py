@@ -30,6 +30,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
                         metavar="TYPE", help="precision of mmspec's rows and of the greedy reference: float32 (default), "
                                              "int8 or bfloat16")
+    parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
+                        metavar="PADDING", help="how mmspec's rows pad a clip's log-mel features to 30 s: audio (default) "
+                                                "or log-mel (as faster-whisper does)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="leave out the faster-whisper rows (run by default when faster_whisper is installed)")
     parser.add_argument("--rows", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()), default=None,
@@ -45,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_speech_bench(args.model, data=args.data, n=args.num_samples, repeats=args.repeats, fast_decoder=args.fast_decoder,
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json, batch_sizes=args.batch_size,
                               chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter,
-                              compute_type=args.compute_type, peers=args.peers, only=args.rows)
+                              compute_type=args.compute_type, peers=args.peers, only=args.rows,
+                              feature_padding=args.feature_padding)
     emit(report, args)
     return 0

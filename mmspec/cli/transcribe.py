@@ -50,6 +50,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
                         metavar="TYPE", help="float32 (default), int8 (int8 products in the encoder and decoder layers; "
                                              "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
+    parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
+                        metavar="PADDING", help="how a window's log-mel features are padded to 30 s: audio (default; "
+                                                "transformers' feature extractor) or log-mel (openai-whisper's and "
+                                                "faster-whisper's zero frames)")
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=None, help="per chunk (default: the decoder's limit)")
@@ -101,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     loading = time.perf_counter()
     pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder,
-                                                 compute_type=args.compute_type, **placement)
+                                                 compute_type=args.compute_type, **placement,
+                                                 **({} if args.feature_padding is None else {"feature_padding": args.feature_padding}))
     startup = time.perf_counter() - started
     print(f"mmspec: start-up {startup:.2f} s (import {imported:.2f} s, load {time.perf_counter() - loading:.2f} s; "
           f"compute type {pipe.compute_type})", file=sys.stderr)

@@ -88,6 +88,20 @@ def test_cli_bench_speech_json(folders, capsys):
     assert "lowercase" in result["settings"]["normalisation"]
 
 
+def test_cli_bench_speech_feature_padding(folders, capsys):
+    asr, clips_folder = folders
+    base = ["bench", "speech", "--model", str(asr), "--data", str(clips_folder), "--n", "2", "--repeats", "1", "--threads", "1"]
+    code = main([*base, "--feature-padding", "log-mel", "--rows", "greedy-loop,hybrid-strict-ar", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["settings"]["feature_padding"] == "log-mel"
+    assert all(m["identical_to_greedy"] for m in result["methods"])
+    code = main([*base, "--feature-padding", "log-mel", "--batch-size", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "applies to the one-clip rows" in err and "Traceback" not in err
+
+
 def test_default_heldout_folder_and_missing_fast_decoders(folders, tmp_path, capsys):
     asr, clips_folder = folders
     model_dir = tmp_path / "model"
