@@ -8,6 +8,7 @@ import time
 import torch
 from transformers import CompileConfig, PreTrainedModel
 
+from .. import compat
 from ..decoding import SpeculativeDecoder
 from ..drafters import PromptLookupDrafter
 from ..policies import make_policy
@@ -34,10 +35,10 @@ def static_cache_compile_config(device: torch.device) -> CompileConfig:
     ("reduce-overhead"), inductor's default mode elsewhere; one static shape (no dynamic dimensions).
 
     transformers compiles a static-cache `generate` by itself only on accelerators (cuda, xpu, ...); on a CPU it
-    needs `CompileConfig._compile_all_devices`, a private flag. This function is the one place that touches it.
+    needs a private flag, set through `compat.compile_on_every_device`.
     """
     config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
-    config._compile_all_devices = True  # private transformers API: compile on any device, the CPU included
+    compat.compile_on_every_device(config)
     return config
 
 
