@@ -13,9 +13,10 @@ order, on the modules' own weights:
   `DynamicCache`, used by `CachedModel` for a drafter's incremental steps.
 
 Nothing in transformers is modified: the model and its cache stay what they are, so transformers'
-own forward can take over at any time (prefills, batches, anything this does not cover). Used for
-drafts only: the target verifies every draft with its own forward, so even a rounding difference
-here could change a draft, never the output.
+own forward can take over at any time (prefills, batches, anything this does not cover). Drafters use it
+wherever it applies: a rounding difference there could change a draft, never the output. A target verifies
+through it only where it is bitwise the model's own forward (float32 on a CPU, a chain of tokens: see
+`Target._lean_covers` and its tests), so the verified logits are the ones transformers' forward gives.
 """
 
 from __future__ import annotations
@@ -138,6 +139,15 @@ class LeanCausalLM:
         attention_mask: an additive [B, 1, L, past + L] mask (a draft tree's), else causal; position_ids
         [B, L]: default past + 0..L-1.
         """
+        hidden = self.hidden_states(input_ids, cache, attention_mask, position_ids)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        head = self.model.lm_head
+        return F.linear(hidden, head.weight, head.bias)
+
+    def hidden_states(self, input_ids: torch.LongTensor, cache: Any, attention_mask: torch.Tensor | None = None,
+                      position_ids: torch.LongTensor | None = None) -> torch.Tensor:
+        """The base model's last hidden state [B, L, H] (after the final norm), as `model.model(...)` returns it."""
         past = cache.get_seq_length()
         hidden = F.embedding(input_ids, self.decoder.embed_tokens.weight, self.decoder.embed_tokens.padding_idx)
         length = input_ids.shape[1]
@@ -150,8 +160,4 @@ class LeanCausalLM:
         position_embeddings = self.decoder.rotary_emb(hidden, position_ids)
         for layer in self.layers:
             hidden = llama_layer_forward(layer, hidden, position_embeddings, attention_mask, cache)
-        hidden = self.decoder.norm(hidden)
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias)
+        return self.decoder.norm(hidden)

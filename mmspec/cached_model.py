@@ -75,9 +75,11 @@ def output_cache(out: Any) -> Any:
 
 @dataclass
 class LeanOutput:
-    """What `CachedModel.extend` returns from a lean forward: the logits (the cache was updated in place)."""
+    """What `CachedModel.extend` returns from a lean forward (the cache was updated in place): the logits, or with
+    `head=False` the base model's last hidden state."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
 
 
 class CachedModel:
@@ -142,8 +144,10 @@ class CachedModel:
         """Feed `tokens` [B, m] on top of the cache; returns the model output (`head=False`: the base model's)."""
         if self.cache is None:
             raise RuntimeError(f"{self.role}: extend() called before prefill()")
-        if head and self._lean is not None and self._lean_covers(extra) and not has_hooks(self.model):
+        if self._lean is not None and self._lean_covers(extra) and not has_hooks(self.model):
             self.forwards += 1
+            if not head:
+                return LeanOutput(last_hidden_state=self._lean.hidden_states(tokens, self.cache, **extra))
             return LeanOutput(logits=self._lean.forward(tokens, self.cache, logits_to_keep, **extra))
         key = "decoder_input_ids" if self.is_encoder_decoder else "input_ids"
         return self._forward(**{key: tokens, self._cache_argument: self.cache}, logits_to_keep=logits_to_keep, head=head,

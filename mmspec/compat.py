@@ -113,6 +113,14 @@ def set_eos_token_tensor(config: Any, eos_ids: list[int], device: torch.device) 
     config._eos_token_tensor = torch.tensor(eos_ids, dtype=torch.long, device=device) if eos_ids else None
 
 
+def eos_token_tensor(config: Any) -> torch.Tensor | None:
+    """The end tokens `set_eos_token_tensor` (or `generate`) gave `config` as a tensor, or None when it has none."""
+    if "_eos_token_tensor" not in _logits_processor_source():
+        raise incompatible("transformers GenerationConfig._eos_token_tensor",
+                           "min_length / min_new_tokens and the other end-token settings")
+    return getattr(config, "_eos_token_tensor", None)
+
+
 @functools.lru_cache(maxsize=1)
 def _logits_processor_source() -> str:
     method = getattr(_generation_mixin(), "_get_logits_processor", None)
@@ -136,6 +144,24 @@ def set_attention_implementation(config: Any, implementation: str) -> None:
     """Choose the attention kernel of a model built from `config` (before building it)."""
     attention_implementation(config)  # the same internal: fail the same way
     config._attn_implementation = implementation
+
+
+def compile_on_every_device(config: Any) -> None:
+    """Let `generate` compile a static-cache forward with `config` (a `CompileConfig`) on any device, the CPU
+    included: transformers compiles by itself only on accelerators unless `CompileConfig._compile_all_devices`."""
+    from transformers import CompileConfig
+
+    if "_compile_all_devices" not in vars(CompileConfig) or "_compile_all_devices" not in _generation_source():
+        raise incompatible("transformers CompileConfig._compile_all_devices",
+                           "compiling the static-cache generate row of the text bench on a CPU")
+    config._compile_all_devices = True
+
+
+@functools.lru_cache(maxsize=1)
+def _generation_source() -> str:
+    import transformers.generation.utils
+
+    return inspect.getsource(transformers.generation.utils)
 
 
 def keep_cache_positions(cache: Any, positions: torch.LongTensor) -> None:

@@ -311,7 +311,7 @@ def check_processors_cover(config: GenerationConfig, processors: Iterable[Any]) 
     """Raise `CompatibilityError` when a setting in force has no processor among those transformers built."""
     built = tuple(processors)
     required = [(name, cls) for name, in_force, cls in REQUIRED_PROCESSORS if in_force(getattr(config, name, None))]
-    eos = getattr(config, "_eos_token_tensor", None)
+    eos = compat.eos_token_tensor(config)
     if eos is not None and (config.min_length or 0) > 0:
         required.append(("min_length", lp.MinLengthLogitsProcessor))
     if eos is not None and (config.min_new_tokens or 0) > 0:

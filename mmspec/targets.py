@@ -62,7 +62,9 @@ class Target(CachedModel):
     certified_head_min_size: int = 1 << 22
 
     def __init__(self, model: PreTrainedModel, output_hidden_states: bool = False) -> None:
-        super().__init__(model, role="target")
+        # lean: a plain Llama verifies chains through `mmspec.kernels.lean_llama` where that is bitwise its own
+        # forward (see `_lean_covers`): the same logits without transformers' per-call machinery.
+        super().__init__(model, role="target", lean=True)
         self.output_hidden_states = output_hidden_states
         self.processors = LogitsProcessorList()
         self._tokens: torch.LongTensor | None = None  # the tokens fed so far, for the processors' prefixes
@@ -231,6 +233,15 @@ class Target(CachedModel):
         super().truncate(length)
         if self._tokens is not None:
             self._tokens = self._tokens[:, :length]
+
+    def _lean_covers(self, extra: dict[str, Any]) -> bool:  # type: ignore[override]
+        """Verify through the lean forward only where it gives bitwise the logits and cache of the model's own forward
+        (`tests/test_lean_target.py`): a chain of tokens (no tree mask, no hidden states), float32 weights on a CPU, and
+        the model's forward not replaced on the instance (a wrapper there, like a hook, expects to be called)."""
+        if extra or "forward" in self.model.__dict__ or self._lean is None:
+            return False
+        weight = self._lean.decoder.embed_tokens.weight
+        return weight.device.type == "cpu" and weight.dtype == torch.float32
 
     def _processed(self, step: TargetStep, first_position: int) -> TargetStep:
         """Row j of `step.logits` predicts the token after position first_position + j."""

@@ -115,6 +115,25 @@ def test_inert_pair_agrees_on_every_token(target):
         torch.testing.assert_close(inert_target(ids).logits, drafter(ids).logits)
 
 
+def test_bench_text_runs_mmspec_rows_on_the_lean_drafter_path_and_still_counts_transformers_rows(target, monkeypatch):
+    # The forward counters of transformers' rows must not stay hooked on the drafter: a hooked Llama drafter steps
+    # through transformers' forward instead of mmspec's lean one, which would measure a path users do not run.
+    from mmspec.kernels.lean_llama import LeanCausalLM
+
+    lean_steps = []
+    lean_forward = LeanCausalLM.forward
+    monkeypatch.setattr(LeanCausalLM, "forward", lambda self, *a, **k: lean_steps.append(1) or lean_forward(self, *a, **k))
+    inert_target, drafter = inert_layer_pair(target, drafter_layers=1)
+    report = bench_text(inert_target, drafter, [torch.tensor([[1, 5, 9, 12]])], max_new_tokens=12, num_draft_tokens=3,
+                        repeats=1, progress=False, policies=("fixed",), include_lookup=False, include_compiled=False)
+    rows = {row["method"]: row for row in report.to_dict()["methods"]}
+    assert lean_steps  # the mmspec row drafted through the lean forward
+    for name in ("mmspec-fixed", "hf-assisted-constant"):  # transformers' rows still counted through the hooks
+        assert rows[name]["drafter_forwards"] > 0 and rows[name]["target_forwards"] > 0 and rows[name]["identical_to_reference"]
+    assert rows["plain-greedy"]["target_forwards"] == 12
+    assert not drafter._forward_hooks and not inert_target._forward_hooks  # nothing left hooked after the bench
+
+
 def test_cli_unknown_model_is_one_clear_error(capsys):
     code = main(["bench", "text", "--model", "no-such-model", "--drafter", "no-such-drafter", "--num-prompts", "1"])
     err = capsys.readouterr().err

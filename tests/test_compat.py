@@ -78,6 +78,32 @@ def test_eos_token_tensor_reaches_the_min_length_processors(model):
     assert scores[0, 3] == float("-inf") and scores[0, 5] == float("-inf") and scores[0, 4] == 0
 
 
+def test_eos_token_tensor_reads_what_set_eos_token_tensor_gave(model):
+    config = GenerationConfig()
+    assert compat.eos_token_tensor(config) is None
+    compat.set_eos_token_tensor(config, [3, 5], torch.device("cpu"))
+    assert compat.eos_token_tensor(config).tolist() == [3, 5]
+
+
+def test_compile_on_every_device_sets_generates_flag():
+    from transformers import CompileConfig
+
+    config = CompileConfig(dynamic=False)
+    compat.compile_on_every_device(config)
+    assert config._compile_all_devices is True
+    assert "_compile_all_devices" not in config.to_dict()  # transformers still treats it as its private flag
+
+
+def test_flash_layer_config_keeps_the_drafters_attention_kernel():
+    from mmspec.vision.flash_model import FlashConfig
+
+    config = FlashConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_attention_heads=2)
+    compat.set_attention_implementation(config, "eager")
+    assert compat.attention_implementation(config.layer_config()) == "eager"
+    compat.set_attention_implementation(config, "flash_attention_2")  # a kernel the drafter's layer cannot take
+    assert compat.attention_implementation(config.layer_config()) == "sdpa"
+
+
 def test_attention_implementation_reads_and_sets_the_kernel():
     config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
     compat.set_attention_implementation(config, "eager")
@@ -163,6 +189,20 @@ def test_missing_eos_token_tensor_is_refused(model, monkeypatch):
     monkeypatch.setattr(compat, "_logits_processor_source", lambda: "")
     with pytest.raises(CompatibilityError, match="_eos_token_tensor"):
         processors_for(model, min_new_tokens=2)
+
+
+def test_missing_eos_token_tensor_read_is_refused(monkeypatch):
+    monkeypatch.setattr(compat, "_logits_processor_source", lambda: "")
+    with pytest.raises(CompatibilityError, match=r"_eos_token_tensor.*transformers \d"):
+        compat.eos_token_tensor(GenerationConfig())
+
+
+def test_missing_compile_all_devices_is_refused(monkeypatch):
+    from transformers import CompileConfig
+
+    monkeypatch.delattr(CompileConfig, "_compile_all_devices")
+    with pytest.raises(CompatibilityError, match=r"_compile_all_devices.*transformers \d"):
+        compat.compile_on_every_device(CompileConfig())
 
 
 def test_missing_attention_implementation_is_refused(monkeypatch):

@@ -50,6 +50,7 @@ from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 from ..cached_model import cache_argument
+from ..compat import attention_implementation, set_attention_implementation
 from ..errors import MMSpecError
 from ..kernels.lean_llama import lean_layer_supported, llama_layer_forward
 from .feature_drafter import (
@@ -187,7 +188,8 @@ class FlashConfig(PreTrainedConfig):
     def layer_config(self) -> LlamaConfig:
         """The `LlamaConfig` the single decoder layer and its rotary embedding are built from."""
         config = drafter_layer_config(self, rope_parameters=dict(self.rope_parameters), num_hidden_layers=1)
-        config._attn_implementation = self._attn_implementation if self._attn_implementation in ("eager", "sdpa") else "sdpa"
+        chosen = attention_implementation(self)
+        set_attention_implementation(config, chosen if chosen in ("eager", "sdpa") else "sdpa")
         return config
 
 

@@ -201,11 +201,20 @@ def run_benchmark(
 
 
 class ForwardCounter:
-    """Counts a module's forward calls through a forward hook (no patching)."""
+    """Counts a module's forward calls through a forward hook (no patching).
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    `attached=False` registers the hook only inside `counting()`: rows whose own stats count forwards (mmspec's)
+    then run the module without a hook. A hook matters there: mmspec sends a hooked Llama drafter through
+    transformers' forward instead of its lean one (a user's hook must be called), so a counter left attached
+    would measure a slower path than users run.
+    """
+
+    def __init__(self, module: torch.nn.Module, attached: bool = True) -> None:
         self.count = 0
-        self._handle = module.register_forward_hook(self._hook)
+        self.module = module
+        self._handle: Any = None
+        if attached:
+            self._handle = module.register_forward_hook(self._hook)
 
     def _hook(self, *args: Any) -> None:
         self.count += 1
@@ -214,8 +223,22 @@ class ForwardCounter:
         count, self.count = self.count, 0
         return count
 
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the forwards made inside the block (the hook is removed again after it, unless attached)."""
+        if self._handle is not None:
+            yield
+            return
+        self._handle = self.module.register_forward_hook(self._hook)
+        try:
+            yield
+        finally:
+            self.close()
+
     def close(self) -> None:
-        self._handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import time
 import torch
 from transformers import CompileConfig, PreTrainedModel
 
+from .. import compat
 from ..decoding import SpeculativeDecoder
 from ..drafters import PromptLookupDrafter
 from ..policies import make_policy
@@ -20,7 +21,8 @@ def plain_greedy(target: PreTrainedModel, max_new_tokens: int, counter: ForwardC
     def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
         counter.take()
         start = time.perf_counter()
-        out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
+        with counter.counting():
+            out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
         stats = SpecStats(method="plain", total_time=time.perf_counter() - start)
         stats.new_tokens = out.shape[1] - input_ids.shape[1]
         stats.target_forwards = counter.take()
@@ -34,10 +36,10 @@ def static_cache_compile_config(device: torch.device) -> CompileConfig:
     ("reduce-overhead"), inductor's default mode elsewhere; one static shape (no dynamic dimensions).
 
     transformers compiles a static-cache `generate` by itself only on accelerators (cuda, xpu, ...); on a CPU it
-    needs `CompileConfig._compile_all_devices`, a private flag. This function is the one place that touches it.
+    needs a private flag, set through `compat.compile_on_every_device`.
     """
     config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
-    config._compile_all_devices = True  # private transformers API: compile on any device, the CPU included
+    compat.compile_on_every_device(config)
     return config
 
 
@@ -54,8 +56,9 @@ def static_compiled_greedy(target: PreTrainedModel, max_new_tokens: int, max_cac
     def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
         counter.take()
         start = time.perf_counter()
-        out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, cache_implementation="static",
-                              compile_config=config, max_cache_len=max_cache_len)
+        with counter.counting():
+            out = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, cache_implementation="static",
+                                  compile_config=config, max_cache_len=max_cache_len)
         stats = SpecStats(method="generate-static-compiled", total_time=time.perf_counter() - start)
         stats.new_tokens = out.shape[1] - input_ids.shape[1]
         stats.target_forwards = counter.take()
@@ -82,7 +85,8 @@ def hf_assisted(
         target_counter.take()
         drafter_counter.take()
         start = time.perf_counter()
-        out = target.generate(input_ids, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
+        with target_counter.counting(), drafter_counter.counting():
+            out = target.generate(input_ids, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
         stats = SpecStats(method=f"hf-assisted-{schedule}", total_time=time.perf_counter() - start)
         stats.new_tokens = out.shape[1] - input_ids.shape[1]
         stats.target_forwards = target_counter.take()
@@ -115,7 +119,8 @@ def bench_text(
     title: str = "bench text",
     progress: bool = True,
 ) -> BenchReport:
-    target_counter, drafter_counter = ForwardCounter(target), ForwardCounter(drafter)
+    # Hooks only while a transformers row runs: mmspec's rows count their own forwards, and run hook-free as users do.
+    target_counter, drafter_counter = ForwardCounter(target, attached=False), ForwardCounter(drafter, attached=False)
     methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(target, max_new_tokens, target_counter)}
     if include_compiled:
         longest = max(int(p.shape[1]) for p in prompts)

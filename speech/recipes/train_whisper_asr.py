@@ -77,7 +77,7 @@ def build_tokenizer(vocab_size: int, seed: int) -> WhisperTokenizer:
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus, vocab_size=vocab_size - len(SPECIALS), min_frequency=2, show_progress=False)
     vocab = bpe.get_vocab()
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split()) for m in json.loads(bpe._tokenizer.to_str())["model"]["merges"]]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split()) for m in json.loads(bpe.to_str())["model"]["merges"]]
     base = len(vocab)
     vocab.update({token: base + i for i, token in enumerate(SPECIALS)})
     return WhisperTokenizer(vocab=vocab, merges=merges, extra_special_tokens=SPECIALS[1:], unk_token=SPECIALS[0],
