@@ -1,0 +1,118 @@
+"""Packing neighbouring speech regions into one window, and encoding windows in batches: each window's tokens are
+greedy decoding of exactly the audio it packs, its segment's times lie on the original timeline, and hybrid strict
+equals greedy window by window."""
+
+import numpy as np
+import pytest
+from transformers.modeling_outputs import BaseModelOutput
+
+from mmspec.errors import MMSpecError
+from mmspec.speech.audio import load_audio
+from mmspec.speech.long_audio import Window, pack_windows, plan_windows, speech_regions
+from mmspec.speech.pipeline import ENCODER_BATCH, TranscriptionPipeline
+
+from .conftest import MAX_NEW
+from .test_pipeline import RATE, asr_folder, greedy, pipe, speechy, write_wav  # noqa: F401 - fixtures
+
+BURSTS = 11  # short bursts 1 s apart (regions of about 0.5 s: two fit the toy model's 1 s window)
+LONG_START, LONG_SECONDS = 12.0, 2.5  # then one stretch longer than the window: overlapping windows, never packed
+
+
+def test_pack_windows_joins_whole_regions_up_to_the_limit():
+    regions = [(0, 30), (50, 80), (100, 120), (130, 300), (310, 330), (340, 350)]
+    windows = plan_windows(regions, window=100, stride=10)
+    assert [w.region for w in windows] == [0, 1, 2, 3, 3, 4, 5]  # region 3 is read in overlapping windows
+    packed = pack_windows(windows, 60)
+    assert [(w.start, w.end, w.pieces) for w in packed] == [
+        (0, 80, ((0, 30), (50, 80))),  # 30 + 30 samples: fits 60
+        (100, 120, ()),  # 20 more would make 80
+        *[(w.start, w.end, ()) for w in windows[3:5]],  # the long region's windows, as they were
+        (310, 350, ((310, 330), (340, 350))),
+    ]
+    assert [(w.owned_start, w.owned_end) for w in packed[:2]] == [(0, 80), (100, 120)]
+    assert packed[0].length == 60 and packed[1].length == 20
+    assert pack_windows(windows, 0) == windows and pack_windows([], 60) == []
+    audio = np.arange(400, dtype=np.float32)
+    assert np.array_equal(packed[0].samples(audio), np.concatenate([audio[0:30], audio[50:80]]))
+    assert np.array_equal(Window(5, 9, 5, 9, 0).samples(audio), audio[5:9])
+
+
+@pytest.fixture(scope="module")
+def bursts(tmp_path_factory):
+    """Short bursts of sound with 0.5 s pauses, then a stretch longer than the toy model's window."""
+    audio = np.zeros(int(16 * RATE), np.float32)
+    for k in range(BURSTS):
+        piece = speechy(0.08 + 0.02 * (k % 3), seed=k)
+        start = int((0.5 + k) * RATE)
+        audio[start:start + piece.shape[0]] = piece
+    piece = speechy(LONG_SECONDS, seed=20)
+    audio[int(LONG_START * RATE):int(LONG_START * RATE) + piece.shape[0]] = piece
+    return write_wav(tmp_path_factory.mktemp("packing") / "bursts.wav", audio)
+
+
+@pytest.fixture(scope="module")
+def alone(asr_folder):
+    """The pipeline with every window encoded on its own (`encoder_batch_size` 1)."""
+    pipe = TranscriptionPipeline.from_pretrained(asr_folder)
+    pipe.encoder_batch_size = 1
+    return pipe
+
+
+def greedy_on_states(pipe, states):
+    """Whisper's own greedy `generate` from given encoder states (new tokens, end-of-text included). Like every
+    reference here it stops before the decoder's last position, where `generate` would run a second pass."""
+    sequences = pipe.model.generate(encoder_outputs=BaseModelOutput(last_hidden_state=states), do_sample=False,
+                                    max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
+    return sequences[0, 4:].tolist()
+
+
+def planned(pipe, samples, pack_seconds):
+    regions = speech_regions(samples, RATE, 1e-3, max_region_s=pipe.chunk_seconds / 2)
+    window = int(pipe.chunk_seconds * RATE)
+    return regions, pack_windows(plan_windows(regions, window, round(window / 6)), int(pack_seconds * RATE))
+
+
+@pytest.mark.parametrize("method", ["ar", "hybrid"])
+def test_packed_windows_decode_as_greedy_on_the_audio_they_pack(alone, bursts, method):
+    pipe = alone
+    samples = load_audio(bursts)
+    regions, windows = planned(pipe, samples, pipe.chunk_seconds)
+    assert sum(len(w.pieces) > 1 for w in windows) >= 3 and len(windows) < len(regions) + 2
+    out = pipe(bursts, method=method, max_new_tokens=MAX_NEW, progress_bar=False)
+    assert len(out.chunks) == len(windows)
+    for chunk, window in zip(out.chunks, windows):
+        assert chunk.tokens == greedy(pipe, window.samples(samples), MAX_NEW)
+        assert (chunk.start_s, chunk.end_s) == (window.start / RATE, window.end / RATE)
+    whole = [(w, c) for w, c in zip(windows, out.chunks) if w.pieces or sum(v.region == w.region for v in windows) == 1]
+    for window, chunk in whole:  # a window holding whole regions: its segment is its decoded text, its own span
+        segment = out.segments[windows.index(window)]
+        assert segment.text == chunk.text and (segment.start_s, segment.end_s) == (window.start / RATE, window.end / RATE)
+        covered = [r for r in regions if window.start <= r[0] and r[1] <= window.end]
+        assert covered and covered[0][0] == window.start and covered[-1][1] == window.end  # region edges, no silence
+    long_windows = [w for w in windows if w.start >= LONG_START * RATE - 0.3 * RATE]
+    assert len(long_windows) >= 3 and not any(w.pieces for w in long_windows)  # overlapping windows stay unpacked
+
+
+def test_hybrid_equals_greedy_window_by_window_across_encoder_batches(pipe, alone, bursts):
+    """One region per window, more windows than one encoder batch: each row decodes as greedy `generate` from the
+    same states; encoded alone, each window decodes as `generate` from its states alone."""
+    samples = load_audio(bursts)
+    _, windows = planned(pipe, samples, 0)
+    assert pipe.encoder_batch_size == ENCODER_BATCH and len(windows) > ENCODER_BATCH and not any(w.pieces for w in windows)
+    hybrid = pipe(bursts, method="hybrid", pack_seconds=0, max_new_tokens=MAX_NEW, progress_bar=False)
+    greedy_out = pipe(bursts, method="ar", pack_seconds=0, max_new_tokens=MAX_NEW, progress_bar=False)
+    expected = []
+    for first in range(0, len(windows), ENCODER_BATCH):
+        states, _ = pipe.encode([w.samples(samples) for w in windows[first:first + ENCODER_BATCH]])
+        expected += [greedy_on_states(pipe, states[i:i + 1]) for i in range(states.shape[0])]
+    assert [c.tokens for c in hybrid.chunks] == [c.tokens for c in greedy_out.chunks] == expected
+    assert hybrid.encoder_time_s > 0 and hybrid.text == greedy_out.text
+    one_by_one = alone(bursts, method="hybrid", pack_seconds=0, max_new_tokens=MAX_NEW, progress_bar=False)
+    assert [c.tokens for c in one_by_one.chunks] == [greedy_on_states(alone, alone.encode([w.samples(samples)])[0])
+                                                     for w in windows]
+
+
+def test_pack_seconds_is_checked(pipe, bursts):
+    for bad in (-1, 1.5, "10", True):
+        with pytest.raises(MMSpecError, match="pack_seconds must be a number from 0"):
+            pipe(bursts, pack_seconds=bad, max_new_tokens=MAX_NEW, progress_bar=False)
