@@ -40,8 +40,8 @@ Conventions and decisions:
     batched encoder forward may differ in its last bits from that window encoded alone, as the matrix
     kernels can depend on the batch size (whisper-tiny.en's rows came out bit-identical on the CPUs
     tried; a tiny random model's did not); `encoder_batch_size = 1` encodes each window alone, and
-    then every window equals the model's greedy `generate` on that window's features. `out.chunks` are the windows as decoded; `out.segments`
-    the stitched text with each window's own time span on the original timeline (one segment per
+    then every window equals greedy decoding of its own encoder states. `out.chunks` are the windows
+    as decoded; `out.segments` the stitched text with each window's own time span on the original timeline (one segment per
     packed window, from its first region's start to its last region's end), which the subtitle
     writers (`subtitles.py`) turn into cues.
   - Silence: silence is not an error. Pauses (RMS below `silence_threshold`, 1e-3 = -60 dBFS, or
