@@ -31,6 +31,12 @@ Whisper reads 30 s at a time. A long recording is cut in two steps:
    regions, each with its 0.2 s of padding, in one window instead of each alone, so the text can differ
    from region-by-region reading. A packed window is one segment; its times are the original timeline's,
    from its first region's start to its last region's end (the silences between them included).
+   A packed window whose transcript looks like a decoding loop (`looks_looped`: it reaches the token
+   limit without end-of-text, or its text compresses more than `COMPRESSION_RATIO_THRESHOLD`, the
+   ratio Whisper and faster-whisper treat as a failed decoding) is read again region by region
+   (`Window.unpacked`): greedy Whisper without timestamps sometimes repeats itself on longer windows,
+   and a region alone rarely does. The choice depends only on the packed window's greedy transcript,
+   so it is the same for every exact method.
 
 Decoding within each window is whatever the pipeline's method does (greedy, or hybrid strict,
 which equals greedy window by window); stitching only chooses which window's tokens to keep.
@@ -38,6 +44,7 @@ which equals greedy window by window); stitching only chooses which window's tok
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +56,7 @@ DIP_FRAMES = 10  # 0.2 s: the shortest stretch that counts as a pause inside a l
 DIP_RATIO = 0.25
 STRIDE_FRACTION = 1 / 6  # transformers' ASR pipeline: stride_length_s defaults to chunk_length_s / 6
 BLOCK_FRAMES = 1 << 14  # frames per block when measuring loudness: bounded temporary memory on long files
+COMPRESSION_RATIO_THRESHOLD = 2.4  # Whisper's and faster-whisper's default: a text compressing more is a loop
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,13 @@ class Window:
         if not self.pieces:
             return audio[self.start : self.end]
         return np.concatenate([audio[start:end] for start, end in self.pieces])
+
+    def unpacked(self) -> list[Window]:
+        """A packed window's regions as windows of their own (packed regions are consecutive: region, region + 1, ...);
+        [self] for a window that is not packed."""
+        if not self.pieces:
+            return [self]
+        return [Window(start, end, start, end, self.region + k) for k, (start, end) in enumerate(self.pieces)]
 
     @property
     def length(self) -> int:
@@ -216,3 +231,12 @@ def pack_windows(windows: list[Window], pack: int) -> list[Window]:
             packed.append(window)
     flush()
     return packed
+
+
+def looks_looped(text: str, ended: bool) -> bool:
+    """Whether a window's transcript looks like a decoding loop: no end-of-text before the token limit (`ended` False), or
+    a text that zlib compresses more than `COMPRESSION_RATIO_THRESHOLD` times (repeated phrases)."""
+    if not ended:
+        return True
+    data = text.encode("utf-8")
+    return len(data) > 0 and len(data) / len(zlib.compress(data)) > COMPRESSION_RATIO_THRESHOLD

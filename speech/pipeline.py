@@ -43,7 +43,9 @@ Conventions and decisions:
     then every window equals greedy decoding of its own encoder states. `out.chunks` are the windows
     as decoded; `out.segments` the stitched text with each window's own time span on the original timeline (one segment per
     packed window, from its first region's start to its last region's end), which the subtitle
-    writers (`subtitles.py`) turn into cues.
+    writers (`subtitles.py`) turn into cues. A packed window whose transcript looks like a decoding
+    loop (no end-of-text, or a text that compresses more than 2.4 times) is read again one region per
+    window (`_unpack_looped`; `long_audio.looks_looped`).
   - Silence: silence is not an error. Pauses (RMS below `silence_threshold`, 1e-3 = -60 dBFS, or
     below the recording's own noise floor, see `speech_regions`) are not decoded (Whisper tends to
     hallucinate text on silence); a wholly silent clip gives `text == ""`, no chunks and a `note`.
@@ -98,7 +100,7 @@ from .ctranslate2 import is_ct2_whisper_folder, load_ct2_whisper
 from .fast_decoder import CTCFastDecoder
 from .feature_drafter import WhisperFeatureDrafterModel
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
-from .long_audio import STRIDE_FRACTION, Window, pack_windows, plan_windows, speech_regions, stitch
+from .long_audio import STRIDE_FRACTION, Window, looks_looped, pack_windows, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
 from .precision import apply_compute_type, check_compute_type, compute_type_of, has_compute_type_layers
 from .subtitles import Segment
@@ -506,7 +508,35 @@ class TranscriptionPipeline(SpeculativePipeline):
                         planned.start / rate, planned.end / rate, method, mode, label, language, task, max_new_tokens,
                         reporter))
                     bar.update(1)
+        windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task, max_new_tokens,
+                                              reporter)
         return self._output(windows, chunks, method, mode, label, silence_threshold, started)
+
+    def _unpack_looped(self, samples: np.ndarray, windows: list[Window], chunks: list[ChunkTranscript], method: str,
+                       mode: str, label: str, language: str | None, task: str | None, max_new_tokens: int | None,
+                       reporter: RoundReporter | None) -> tuple[list[Window], list[ChunkTranscript]]:
+        """Each packed window whose transcript looks like a decoding loop (`looks_looped`) read again region by region,
+        each region encoded and decoded as a window of its own; other windows as they were."""
+        eos = self.model.generation_config.eos_token_id
+        ends = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        kept_windows: list[Window] = []
+        kept_chunks: list[ChunkTranscript] = []
+        rate = self.sampling_rate
+        for window, chunk in zip(windows, chunks):
+            if not window.pieces or not looks_looped(chunk.text, bool(chunk.tokens) and chunk.tokens[-1] in ends):
+                kept_windows.append(window)
+                kept_chunks.append(chunk)
+                continue
+            parts = window.unpacked()
+            states, encoder_time = self.encode([part.samples(samples) for part in parts])
+            for offset, part in enumerate(parts):
+                if reporter is not None:
+                    reporter.chunk = len(kept_chunks)
+                kept_windows.append(part)
+                kept_chunks.append(self._transcribe_chunk(
+                    BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(parts),
+                    part.start / rate, part.end / rate, method, mode, label, language, task, max_new_tokens, reporter))
+        return kept_windows, kept_chunks
 
     def encode(self, pieces: list[np.ndarray]) -> tuple[torch.Tensor, float]:
         """The encoder's states [len(pieces), frames, width] for windows of audio, in one forward, and its time."""
@@ -561,9 +591,12 @@ class TranscriptionPipeline(SpeculativePipeline):
                     text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
                     decoded[item, index] = ChunkTranscript(window.start / self.sampling_rate, window.end / self.sampling_rate,
                                                            text, tokens, stats, stats.target_forwards + detection)
-        return [self._output(windows, [decoded[item, index] for index in range(len(windows))], method, mode, label,
-                             silence_threshold, started)
-                for item, (_, windows) in enumerate(planned)]
+        outputs = []
+        for item, (samples, windows) in enumerate(planned):
+            windows, chunks = self._unpack_looped(samples, windows, [decoded[item, index] for index in range(len(windows))],
+                                                  method, mode, label, language, task, max_new_tokens, None)
+            outputs.append(self._output(windows, chunks, method, mode, label, silence_threshold, started))
+        return outputs
 
     def _segments(self, windows: list[Window], chunks: list[ChunkTranscript]) -> list[Segment]:
         """One segment per window, its tokens stitched with the overlapping windows of the same speech region."""

@@ -9,14 +9,17 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from mmspec.errors import MMSpecError
 from mmspec.speech.audio import load_audio
-from mmspec.speech.long_audio import Window, pack_windows, plan_windows, speech_regions
-from mmspec.speech.pipeline import ENCODER_BATCH, TranscriptionPipeline
+from mmspec.speech.fast_decoder import CTCFastDecoder
+from mmspec.speech.long_audio import Window, looks_looped, pack_windows, plan_windows, speech_regions
+from mmspec.speech.pipeline import ENCODER_BATCH, FAST_DECODER_FOLDER, TranscriptionPipeline
 
 from .conftest import MAX_NEW
-from .test_pipeline import RATE, asr_folder, greedy, pipe, speechy, write_wav  # noqa: F401 - fixtures
+from .test_pipeline import RATE, asr_folder, greedy, pipe, speechy, tiny_processor, write_wav  # noqa: F401 - fixtures
+from .tiny_whisper import EOT, tiny_whisper
 
 BURSTS = 11  # short bursts 1 s apart (regions of about 0.5 s: two fit the toy model's 1 s window)
 LONG_START, LONG_SECONDS = 12.0, 2.5  # then one stretch longer than the window: overlapping windows, never packed
+LIMIT = 25  # tokens per window where packing is checked: a packed transcript without end-of-text by then is read again
 
 
 def test_pack_windows_joins_whole_regions_up_to_the_limit():
@@ -52,9 +55,17 @@ def bursts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def alone(asr_folder):
-    """The pipeline with every window encoded on its own (`encoder_batch_size` 1)."""
-    pipe = TranscriptionPipeline.from_pretrained(asr_folder)
+def alone(tmp_path_factory):
+    """A toy whose transcripts mostly end within `LIMIT` tokens (a larger end-of-text row), every window encoded on
+    its own (`encoder_batch_size` 1)."""
+    folder = tmp_path_factory.mktemp("ending-asr")
+    whisper = tiny_whisper(eos_scale=1.8)
+    whisper.save_pretrained(folder)
+    tiny_processor().save_pretrained(folder)
+    torch.manual_seed(0)
+    CTCFastDecoder.for_target(whisper, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                              upsample=2).save_pretrained(folder / FAST_DECODER_FOLDER)
+    pipe = TranscriptionPipeline.from_pretrained(folder)
     pipe.encoder_batch_size = 1
     return pipe
 
@@ -73,25 +84,48 @@ def planned(pipe, samples, pack_seconds):
     return regions, pack_windows(plan_windows(regions, window, round(window / 6)), int(pack_seconds * RATE))
 
 
+def expected_composition(pipe, samples, windows):
+    """Greedy decoding window by window, with a packed window that looks looped read again region by region."""
+    composed = []
+    for window in windows:
+        tokens = greedy(pipe, window.samples(samples), LIMIT)
+        text = pipe.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        if window.pieces and looks_looped(text, tokens[-1] == EOT):
+            composed += [(part, greedy(pipe, part.samples(samples), LIMIT), True) for part in window.unpacked()]
+        else:
+            composed.append((window, tokens, False))
+    return composed
+
+
 @pytest.mark.parametrize("method", ["ar", "hybrid"])
 def test_packed_windows_decode_as_greedy_on_the_audio_they_pack(alone, bursts, method):
     pipe = alone
     samples = load_audio(bursts)
     regions, windows = planned(pipe, samples, pipe.chunk_seconds)
     assert sum(len(w.pieces) > 1 for w in windows) >= 3 and len(windows) < len(regions) + 2
-    out = pipe(bursts, method=method, max_new_tokens=MAX_NEW, progress_bar=False)
-    assert len(out.chunks) == len(windows)
-    for chunk, window in zip(out.chunks, windows):
-        assert chunk.tokens == greedy(pipe, window.samples(samples), MAX_NEW)
+    composed = expected_composition(pipe, samples, windows)
+    assert any(w.pieces for w, _, _ in composed) and any(redone for _, _, redone in composed)  # both cases occur
+    out = pipe(bursts, method=method, max_new_tokens=LIMIT, progress_bar=False)
+    assert [c.tokens for c in out.chunks] == [tokens for _, tokens, _ in composed]
+    for chunk, segment, (window, _, _) in zip(out.chunks, out.segments, composed):
         assert (chunk.start_s, chunk.end_s) == (window.start / RATE, window.end / RATE)
-    whole = [(w, c) for w, c in zip(windows, out.chunks) if w.pieces or sum(v.region == w.region for v in windows) == 1]
-    for window, chunk in whole:  # a window holding whole regions: its segment is its decoded text, its own span
-        segment = out.segments[windows.index(window)]
-        assert segment.text == chunk.text and (segment.start_s, segment.end_s) == (window.start / RATE, window.end / RATE)
-        covered = [r for r in regions if window.start <= r[0] and r[1] <= window.end]
-        assert covered and covered[0][0] == window.start and covered[-1][1] == window.end  # region edges, no silence
-    long_windows = [w for w in windows if w.start >= LONG_START * RATE - 0.3 * RATE]
+        if window.pieces or sum(v.region == window.region for v, _, _ in composed) == 1:
+            # a window of whole regions: its segment is its decoded text over its own span, from region edge to edge
+            assert segment.text == chunk.text and (segment.start_s, segment.end_s) == (chunk.start_s, chunk.end_s)
+            covered = [r for r in regions if window.start <= r[0] and r[1] <= window.end]
+            assert covered and covered[0][0] == window.start and covered[-1][1] == window.end
+    long_windows = [w for w, _, _ in composed if w.start >= LONG_START * RATE - 0.3 * RATE]
     assert len(long_windows) >= 3 and not any(w.pieces for w in long_windows)  # overlapping windows stay unpacked
+
+
+def test_looped_transcripts_and_unpacking():
+    assert looks_looped("in this clip.", ended=False)  # no end-of-text before the token limit
+    assert looks_looped("the cat sat on the mat. " * 6, ended=True)
+    assert not looks_looped("functions to convert between Python values and C structs.", ended=True)
+    assert not looks_looped("", ended=True)
+    window = Window(10, 90, 10, 90, 4, ((10, 30), (50, 90)))
+    assert window.unpacked() == [Window(10, 30, 10, 30, 4), Window(50, 90, 50, 90, 5)]
+    assert Window(1, 2, 1, 2, 0).unpacked() == [Window(1, 2, 1, 2, 0)]
 
 
 def test_hybrid_equals_greedy_window_by_window_across_encoder_batches(pipe, alone, bursts):
