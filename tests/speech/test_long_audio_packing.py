@@ -2,11 +2,14 @@
 greedy decoding of exactly the audio it packs, its segment's times lie on the original timeline, and hybrid strict
 equals greedy window by window."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
+from mmspec.cli import main
 from mmspec.errors import MMSpecError
 from mmspec.speech.audio import load_audio
 from mmspec.speech.fast_decoder import CTCFastDecoder
@@ -55,9 +58,8 @@ def bursts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory):
-    """A toy whose transcripts mostly end within `LIMIT` tokens (a larger end-of-text row), every window encoded on
-    its own (`encoder_batch_size` 1)."""
+def ending_folder(tmp_path_factory):
+    """A toy whose transcripts mostly end within `LIMIT` tokens (a larger end-of-text row), with a CTC fast decoder."""
     folder = tmp_path_factory.mktemp("ending-asr")
     whisper = tiny_whisper(eos_scale=1.8)
     whisper.save_pretrained(folder)
@@ -65,7 +67,13 @@ def alone(tmp_path_factory):
     torch.manual_seed(0)
     CTCFastDecoder.for_target(whisper, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                               upsample=2).save_pretrained(folder / FAST_DECODER_FOLDER)
-    pipe = TranscriptionPipeline.from_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def alone(ending_folder):
+    """That toy's pipeline with every window encoded on its own (`encoder_batch_size` 1)."""
+    pipe = TranscriptionPipeline.from_pretrained(ending_folder)
     pipe.encoder_batch_size = 1
     return pipe
 
@@ -186,3 +194,15 @@ def test_a_minute_of_held_out_clips_through_whisper_tiny_en(tmp_path):
         assert any(abs(start - s) <= pad for s, _ in built.spans) and any(abs(end - e) <= pad for _, e in built.spans)
     assert all(a.end_s <= b.start_s for a, b in zip(hybrid.segments, hybrid.segments[1:]))
     assert hybrid.text == " ".join(c.text for c in hybrid.chunks if c.text)
+
+
+def test_the_cli_packs_by_default_and_reads_one_region_per_window_with_pack_seconds_0(ending_folder, bursts, capsys):
+    chunks = {}
+    for flags in ([], ["--pack-seconds", "0"]):
+        assert main(["transcribe", str(bursts), "--model", str(ending_folder), "--method", "ar", "--max-new-tokens", str(LIMIT),
+                     "--format", "json", *flags]) == 0
+        chunks[tuple(flags)] = json.loads(capsys.readouterr().out)["stats"]["chunks"]
+    assert chunks[()] < chunks[("--pack-seconds", "0")]
+    assert main(["transcribe", str(bursts), "--model", str(ending_folder), "--pack-seconds", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "pack_seconds must be a number from 0 to the model's window (1 s)" in err and "Traceback" not in err
