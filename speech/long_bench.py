@@ -239,7 +239,7 @@ def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio
     if (minutes is None) == (audio is None):
         raise MMSpecError("give the long recording's length (--long-audio-minutes N) or a file (--long-audio FILE), one of them")
     path = speech_model_path(model_name)
-    folder = Path(data) if data is not None else default_heldout(fast_decoder_root(model_name, path))
+    folder = Path(data) if data is not None else default_heldout(str(fast_decoder_root(model_name, path)))
     clips = read_clip_folder(folder)
     threads = torch.get_num_threads()
     with quiet_transformers():

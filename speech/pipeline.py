@@ -542,7 +542,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         """The encoder's states [len(pieces), frames, width] for windows of audio, in one forward, and its time."""
         inputs: dict[str, Any] = {"input_features": torch.cat([self.features(piece) for piece in pieces])}
         encoding = time.perf_counter()
-        states = encoder_outputs_of(self.model, inputs).last_hidden_state
+        states = encoder_outputs_of(self.model, inputs)[0]  # last_hidden_state
         return states, time.perf_counter() - encoding
 
     def _transcribe_batch(self, items: list[AudioSource], rates: list[int | None], batch_size: int, *, method: str,

@@ -172,7 +172,7 @@ def run_startup_bench(model_name: str | None, *, data: str | Path | None = None,
 
     name = model_name or DEFAULT_ASR_MODEL
     path = speech_model_path(name)
-    clips = read_clip_folder(Path(data) if data is not None else default_heldout(fast_decoder_root(name, path)))
+    clips = read_clip_folder(Path(data) if data is not None else default_heldout(str(fast_decoder_root(name, path))))
     clip = closest_clip(clips)
     if threads is None:
         import torch
