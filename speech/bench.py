@@ -25,6 +25,10 @@ bench measures both against plain greedy decoding and transformers' assisted gen
                      faster-whisper (CTranslate2) on the same folder, greedy, the bench's threads
                      (`speech/peers.py`; when faster_whisper imports and the model is a CTranslate2 folder)
 
+Two other measurements share the command: `--long-audio-minutes N` / `--long-audio FILE` (one long recording through
+mmspec's long-audio path vs faster-whisper's long-form paths, `speech/long_bench.py`) and `--startup` (a one-off
+transcription as a whole process vs a faster-whisper script, `speech/startup_bench.py`).
+
 `compute_type` (float32, bfloat16, int8; `speech/precision.py`) sets the precision of every mmspec row and
 of the reference: "identical" then means the same tokens as that precision's own greedy `generate`.
 

@@ -22,12 +22,29 @@ Whisper reads 30 s at a time. A long recording is cut in two steps:
    cut in its middle, so the words at a window edge, which Whisper may garble, come from the window
    that heard them whole. When no alignment matches, both are kept whole.
 
+3. Packing (`pack_windows`): neighbouring regions that each fit one window are read together, their samples
+   back to back (the pauses between them left out), as long as the packed audio lasts at most `pack`
+   samples (the pipeline's default: the whole window, 30 s). This is the composition faster-whisper's VAD
+   path uses (`collect_chunks` joins its speech chunks up to `chunk_length` before they are encoded): a
+   25-minute talk cut into hundreds of short regions is then a few dozen windows, each encoded and
+   decoded once, instead of one padded 30 s window per region. What the model sees changes: several
+   regions, each with its 0.2 s of padding, in one window instead of each alone, so the text can differ
+   from region-by-region reading. A packed window is one segment; its times are the original timeline's,
+   from its first region's start to its last region's end (the silences between them included).
+   A packed window whose transcript looks like a decoding loop (`looks_looped`: it reaches the token
+   limit without end-of-text, or its text compresses more than `COMPRESSION_RATIO_THRESHOLD`, the
+   ratio Whisper and faster-whisper treat as a failed decoding) is read again region by region
+   (`Window.unpacked`): greedy Whisper without timestamps sometimes repeats itself on longer windows,
+   and a region alone rarely does. The choice depends only on the packed window's greedy transcript,
+   so it is the same for every exact method.
+
 Decoding within each window is whatever the pipeline's method does (greedy, or hybrid strict,
 which equals greedy window by window); stitching only chooses which window's tokens to keep.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,18 +56,40 @@ DIP_FRAMES = 10  # 0.2 s: the shortest stretch that counts as a pause inside a l
 DIP_RATIO = 0.25
 STRIDE_FRACTION = 1 / 6  # transformers' ASR pipeline: stride_length_s defaults to chunk_length_s / 6
 BLOCK_FRAMES = 1 << 14  # frames per block when measuring loudness: bounded temporary memory on long files
+COMPRESSION_RATIO_THRESHOLD = 2.4  # Whisper's and faster-whisper's default: a text compressing more is a loop
 
 
 @dataclass(frozen=True)
 class Window:
     """Samples [start, end) read by the encoder; `owned_start` / `owned_end` is the part whose words this
-    window reports when stitched (without the overlap given to its neighbours); `region` is its speech region."""
+    window reports when stitched (without the overlap given to its neighbours); `region` is its speech region
+    (a packed window's first). `pieces`: for a packed window, the regions' sample ranges read back to back;
+    empty for a window that reads [start, end) as it is."""
 
     start: int
     end: int
     owned_start: int
     owned_end: int
     region: int
+    pieces: tuple[tuple[int, int], ...] = ()
+
+    def samples(self, audio: np.ndarray) -> np.ndarray:
+        """The samples this window reads from `audio` (a packed window's pieces joined without their pauses)."""
+        if not self.pieces:
+            return audio[self.start : self.end]
+        return np.concatenate([audio[start:end] for start, end in self.pieces])
+
+    def unpacked(self) -> list[Window]:
+        """A packed window's regions as windows of their own (packed regions are consecutive: region, region + 1, ...);
+        [self] for a window that is not packed."""
+        if not self.pieces:
+            return [self]
+        return [Window(start, end, start, end, self.region + k) for k, (start, end) in enumerate(self.pieces)]
+
+    @property
+    def length(self) -> int:
+        """Samples the encoder reads (a packed window: its pieces' total)."""
+        return sum(end - start for start, end in self.pieces) if self.pieces else self.end - self.start
 
 
 def frame_rms(audio: np.ndarray, frame: int) -> np.ndarray:
@@ -157,3 +196,47 @@ def stitch(previous: list[int], current: list[int], min_matches: int = 2) -> tup
         return len(previous), 0
     half = best_length // 2
     return len(previous) - best_length + half, half
+
+
+def pack_windows(windows: list[Window], pack: int) -> list[Window]:
+    """Join consecutive windows that each hold a whole region into packed windows of at most `pack` samples in all
+    (the module docstring's step 3; faster-whisper's `collect_chunks` packs its speech chunks the same way).
+
+    A region read in overlapping windows is never packed: its windows stay as they are, between packs. `pack` of 0
+    (or any length no two regions fit in) leaves every window as it is."""
+    counts: dict[int, int] = {}
+    for window in windows:
+        counts[window.region] = counts.get(window.region, 0) + 1
+    packed: list[Window] = []
+    group: list[Window] = []
+
+    def flush() -> None:
+        if len(group) == 1:
+            packed.append(group[0])
+        elif group:
+            first, last = group[0], group[-1]
+            packed.append(Window(first.start, last.end, first.start, last.end, first.region,
+                                 tuple((w.start, w.end) for w in group)))
+        group.clear()
+
+    for window in windows:
+        whole = counts[window.region] == 1
+        if whole and group and sum(w.length for w in group) + window.length <= pack:
+            group.append(window)
+            continue
+        flush()
+        if whole:
+            group.append(window)
+        else:
+            packed.append(window)
+    flush()
+    return packed
+
+
+def looks_looped(text: str, ended: bool) -> bool:
+    """Whether a window's transcript looks like a decoding loop: no end-of-text before the token limit (`ended` False), or
+    a text that zlib compresses more than `COMPRESSION_RATIO_THRESHOLD` times (repeated phrases)."""
+    if not ended:
+        return True
+    data = text.encode("utf-8")
+    return len(data) > 0 and len(data) / len(zlib.compress(data)) > COMPRESSION_RATIO_THRESHOLD

@@ -30,11 +30,22 @@ Conventions and decisions:
     the window the feature extractor pads to (`n_samples`, 30 s for Whisper; it must match the
     encoder's `2 x max_source_positions` frames) is one window, a longer one is read in windows
     overlapping by a sixth of the window on each side (transformers' ASR pipeline's default
-    stride), whose token sequences are stitched where they agree. Each window is decoded on its own
-    (the language is detected per window when not given), so hybrid strict equals greedy window by
-    window. `out.chunks` are the windows as decoded; `out.segments` the stitched text with each
-    window's own time span (one segment per speech region that fits a window), which the
-    subtitle writers (`subtitles.py`) turn into cues.
+    stride), whose token sequences are stitched where they agree. Neighbouring regions that each fit
+    a window are packed into one window of up to `pack_seconds` of audio (default: the whole window),
+    their samples back to back, as faster-whisper's VAD path packs its speech chunks (`pack_windows`;
+    this changes what the model sees: several regions in one window; `pack_seconds=0` reads one region
+    per window). Windows are encoded `encoder_batch_size` at a time (default `ENCODER_BATCH`, 8), then
+    each window is decoded on its own (the language is detected per window when not given), so hybrid
+    strict equals greedy window by window: greedy decoding of the same encoder states. A row of a
+    batched encoder forward may differ in its last bits from that window encoded alone, as the matrix
+    kernels can depend on the batch size (whisper-tiny.en's rows came out bit-identical on the CPUs
+    tried; a tiny random model's did not); `encoder_batch_size = 1` encodes each window alone, and
+    then every window equals greedy decoding of its own encoder states. `out.chunks` are the windows
+    as decoded; `out.segments` the stitched text with each window's own time span on the original timeline (one segment per
+    packed window, from its first region's start to its last region's end), which the subtitle
+    writers (`subtitles.py`) turn into cues. A packed window whose transcript looks like a decoding
+    loop (no end-of-text, or a text that compresses more than 2.4 times) is read again one region per
+    window (`_unpack_looped`; `long_audio.looks_looped`).
   - Silence: silence is not an error. Pauses (RMS below `silence_threshold`, 1e-3 = -60 dBFS, or
     below the recording's own noise floor, see `speech_regions`) are not decoded (Whisper tends to
     hallucinate text on silence); a wholly silent clip gives `text == ""`, no chunks and a `note`.
@@ -61,6 +72,7 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoProcessor, PreTrainedModel, WhisperForConditionalGeneration
+from transformers.modeling_outputs import BaseModelOutput
 
 from ..cached_model import model_vocab_size
 from ..decoding import SpeculativeDecoder
@@ -89,7 +101,7 @@ from .fast_decoder import CTCFastDecoder
 from .feature_drafter import WhisperFeatureDrafterModel
 from .features import DEFAULT_FEATURE_PADDING, check_feature_padding, log_mel_features
 from .hybrid import DEFAULT_DRAFT_TOKENS, MODES, hybrid_drafter_for, hybrid_policy, hybrid_rule
-from .long_audio import STRIDE_FRACTION, Window, plan_windows, speech_regions, stitch
+from .long_audio import STRIDE_FRACTION, Window, looks_looped, pack_windows, plan_windows, speech_regions, stitch
 from .models import DEFAULT_ASR_MODEL, fast_decoder_root, speech_model_path, zoo_entry
 from .precision import apply_compute_type, check_compute_type, compute_type_of, has_compute_type_layers
 from .subtitles import Segment
@@ -105,6 +117,7 @@ METHODS = ("hybrid", "ar")
 SILENCE_THRESHOLD = 1e-3
 MIN_AUDIO_S = 0.2  # shorter than a syllable: no speech to transcribe
 FALLBACK_MAX_NEW_TOKENS = 448  # Whisper's decoder length, for models that do not state theirs
+ENCODER_BATCH = 8  # windows of one recording encoded together ([B, mel bins, frames]): `encoder_batch_size`'s default
 
 
 @dataclass
@@ -199,6 +212,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         self.feature_padding = feature_padding
         self.sampling_rate = int(self.feature_extractor.sampling_rate)
         self.chunk_seconds = self._chunk_seconds()
+        self.encoder_batch_size = ENCODER_BATCH  # windows of one recording per encoder forward (1: each alone)
 
     @classmethod
     def from_pretrained(
@@ -362,6 +376,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         progress_bar: bool = True,
         callback_on_round: RoundCallback | None = None,
         batch_size: int = 1,
+        pack_seconds: float | None = None,
     ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
         `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
@@ -382,6 +397,8 @@ class TranscriptionPipeline(SpeculativePipeline):
                 method's drafter must decode batches (`ar`; `hybrid` where its fast decoder's drafter does, as the
                 CTC one's: see `batching_methods()`; otherwise one line refuses it); each transcript equals the
                 recording's alone.
+            pack_seconds: neighbouring speech regions are read together in one window of up to this much audio
+                (None: the model's window, 30 s for Whisper; 0: one region per window, shorter subtitle cues).
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -394,7 +411,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_language_and_task(self.model, language, task)
         settings = dict(method=method, mode=mode, language=language, task=task, max_new_tokens=max_new_tokens,
-                        silence_threshold=silence_threshold)
+                        silence_threshold=silence_threshold, pack_seconds=self._pack_seconds(pack_seconds))
         items = listed_audio(audio)
         if items is None:
             if isinstance(sampling_rate, (list, tuple)):
@@ -438,16 +455,29 @@ class TranscriptionPipeline(SpeculativePipeline):
         target = WhisperTarget(self.model)
         return [m for m in self.available_methods if batching_refusal(target, self._batch_drafter(m), m) is None]
 
-    def _windows(self, audio: AudioSource, sampling_rate: int | None,
-                 silence_threshold: float | None) -> tuple[np.ndarray, list[Window]]:
-        """The audio's samples at the model's rate and the windows to decode (none for silence)."""
+    def _pack_seconds(self, pack_seconds: float | None) -> float:
+        """The packing limit in seconds: None is the whole window; 0 packs nothing; more than the window is refused."""
+        if pack_seconds is None:
+            return self.chunk_seconds
+        if isinstance(pack_seconds, bool) or not isinstance(pack_seconds, (int, float)) \
+                or not 0 <= pack_seconds <= self.chunk_seconds:
+            raise MMSpecError(f"pack_seconds must be a number from 0 to the model's window ({self.chunk_seconds:g} s), "
+                              f"got {pack_seconds!r}")
+        return float(pack_seconds)
+
+    def _windows(self, audio: AudioSource, sampling_rate: int | None, silence_threshold: float | None,
+                 pack_seconds: float | None = None) -> tuple[np.ndarray, list[Window]]:
+        """The audio's samples at the model's rate and the windows to decode (none for silence), regions packed into
+        windows of up to `pack_seconds` (None: the whole window)."""
         samples = load_audio(audio, self.sampling_rate, source_sampling_rate=sampling_rate)
         check_duration(samples, self.sampling_rate, f"audio {str(audio)!r}" if isinstance(audio, (str, Path)) else "the audio")
         window = int(round(self.chunk_seconds * self.sampling_rate))
         threshold = silence_threshold if silence_threshold is not None else 0.0
         regions = speech_regions(samples, self.sampling_rate, threshold, max_region_s=self.chunk_seconds / 2) \
             if silence_threshold is not None else [(0, samples.shape[0])]
-        return samples, plan_windows(regions, window, int(round(window * STRIDE_FRACTION)))
+        windows = plan_windows(regions, window, int(round(window * STRIDE_FRACTION)))
+        pack = int(round(self._pack_seconds(pack_seconds) * self.sampling_rate))
+        return samples, pack_windows(windows, min(pack, window))
 
     def _output(self, windows: list[Window], chunks: list[ChunkTranscript], method: str, mode: str, label: str,
                 silence_threshold: float | None, started: float) -> TranscriptionOutput:
@@ -468,28 +498,69 @@ class TranscriptionPipeline(SpeculativePipeline):
 
     def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
                         started: float, *, method: str, mode: str, language: str | None, task: str | None,
-                        max_new_tokens: int | None, silence_threshold: float | None) -> TranscriptionOutput:
-        samples, windows = self._windows(audio, sampling_rate, silence_threshold)
+                        max_new_tokens: int | None, silence_threshold: float | None,
+                        pack_seconds: float) -> TranscriptionOutput:
+        samples, windows = self._windows(audio, sampling_rate, silence_threshold, pack_seconds)
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         chunks: list[ChunkTranscript] = []
         rate = self.sampling_rate
         with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
-            for index, planned in enumerate(windows):
-                reporter.chunk = index
-                chunks.append(self._transcribe_chunk(samples[planned.start:planned.end], planned.start / rate,
-                                                     planned.end / rate, method, mode, label, language, task,
-                                                     max_new_tokens, reporter))
-                bar.update(1)
+            step = check_batch_size(self.encoder_batch_size)
+            for first in range(0, len(windows), step):
+                group = windows[first:first + step]
+                states, encoder_time = self.encode([w.samples(samples) for w in group])
+                for offset, planned in enumerate(group):
+                    reporter.chunk = first + offset
+                    chunks.append(self._transcribe_chunk(
+                        BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(group),
+                        planned.start / rate, planned.end / rate, method, mode, label, language, task, max_new_tokens,
+                        reporter))
+                    bar.update(1)
+        windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task, max_new_tokens,
+                                              reporter)
         return self._output(windows, chunks, method, mode, label, silence_threshold, started)
+
+    def _unpack_looped(self, samples: np.ndarray, windows: list[Window], chunks: list[ChunkTranscript], method: str,
+                       mode: str, label: str, language: str | None, task: str | None, max_new_tokens: int | None,
+                       reporter: RoundReporter | None) -> tuple[list[Window], list[ChunkTranscript]]:
+        """Each packed window whose transcript looks like a decoding loop (`looks_looped`) read again region by region,
+        each region encoded and decoded as a window of its own; other windows as they were."""
+        eos = self.model.generation_config.eos_token_id
+        ends = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        kept_windows: list[Window] = []
+        kept_chunks: list[ChunkTranscript] = []
+        rate = self.sampling_rate
+        for window, chunk in zip(windows, chunks):
+            if not window.pieces or not looks_looped(chunk.text, bool(chunk.tokens) and chunk.tokens[-1] in ends):
+                kept_windows.append(window)
+                kept_chunks.append(chunk)
+                continue
+            parts = window.unpacked()
+            states, encoder_time = self.encode([part.samples(samples) for part in parts])
+            for offset, part in enumerate(parts):
+                if reporter is not None:
+                    reporter.chunk = len(kept_chunks)
+                kept_windows.append(part)
+                kept_chunks.append(self._transcribe_chunk(
+                    BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(parts),
+                    part.start / rate, part.end / rate, method, mode, label, language, task, max_new_tokens, reporter))
+        return kept_windows, kept_chunks
+
+    def encode(self, pieces: list[np.ndarray]) -> tuple[torch.Tensor, float]:
+        """The encoder's states [len(pieces), frames, width] for windows of audio, in one forward, and its time."""
+        inputs: dict[str, Any] = {"input_features": torch.cat([self.features(piece) for piece in pieces])}
+        encoding = time.perf_counter()
+        states = encoder_outputs_of(self.model, inputs)[0]  # last_hidden_state
+        return states, time.perf_counter() - encoding
 
     def _transcribe_batch(self, items: list[AudioSource], rates: list[int | None], batch_size: int, *, method: str,
                           mode: str, language: str | None, task: str | None, max_new_tokens: int | None,
-                          silence_threshold: float | None) -> list[TranscriptionOutput]:
+                          silence_threshold: float | None, pack_seconds: float) -> list[TranscriptionOutput]:
         """Several recordings at once: every window of every item, decoded `batch_size` windows per batch (windows
         whose decoder prompts have one length batch together). Each item's time is the whole batch's."""
         started = time.perf_counter()
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
-        planned = [self._windows(audio, rate, silence_threshold) for audio, rate in zip(items, rates)]
+        planned = [self._windows(audio, rate, silence_threshold, pack_seconds) for audio, rate in zip(items, rates)]
         target = WhisperTarget(self.model, language=language, task=task)
         passes = 0
 
@@ -502,7 +573,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         try:
             for item, (samples, windows) in enumerate(planned):
                 for index, window in enumerate(windows):
-                    features = self.features(samples[window.start:window.end])
+                    features = self.features(window.samples(samples))
                     before = passes
                     prompt = target.prompt_ids({"input_features": features})  # may detect the language (a pass)
                     rows.append((item, index, features, prompt, passes - before))
@@ -528,9 +599,12 @@ class TranscriptionPipeline(SpeculativePipeline):
                     text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
                     decoded[item, index] = ChunkTranscript(window.start / self.sampling_rate, window.end / self.sampling_rate,
                                                            text, tokens, stats, stats.target_forwards + detection)
-        return [self._output(windows, [decoded[item, index] for index in range(len(windows))], method, mode, label,
-                             silence_threshold, started)
-                for item, (_, windows) in enumerate(planned)]
+        outputs = []
+        for item, (samples, windows) in enumerate(planned):
+            windows, chunks = self._unpack_looped(samples, windows, [decoded[item, index] for index in range(len(windows))],
+                                                  method, mode, label, language, task, max_new_tokens, None)
+            outputs.append(self._output(windows, chunks, method, mode, label, silence_threshold, started))
+        return outputs
 
     def _segments(self, windows: list[Window], chunks: list[ChunkTranscript]) -> list[Segment]:
         """One segment per window, its tokens stitched with the overlapping windows of the same speech region."""
@@ -547,8 +621,9 @@ class TranscriptionPipeline(SpeculativePipeline):
                 for w, tokens, first in zip(windows, kept, skip)]
 
     def _transcribe_chunk(
-        self, piece: np.ndarray, start_s: float, end_s: float, method: str, mode: str, label: str,
-        language: str | None, task: str | None, max_new_tokens: int | None, reporter: RoundReporter | None = None,
+        self, encoder_outputs: BaseModelOutput, encoder_time: float, start_s: float, end_s: float, method: str, mode: str,
+        label: str, language: str | None, task: str | None, max_new_tokens: int | None,
+        reporter: RoundReporter | None = None,
     ) -> ChunkTranscript:
         target = WhisperTarget(self.model, language=language, task=task)
         decoder = SpeculativeDecoder(
@@ -563,10 +638,7 @@ class TranscriptionPipeline(SpeculativePipeline):
 
         hook = self.model.get_decoder().register_forward_hook(count)
         try:
-            inputs: dict[str, Any] = {"input_features": self.features(piece)}
-            encoding = time.perf_counter()
-            encoder_outputs_of(self.model, inputs)  # once, timed on its own: the decoding reuses it
-            encoder_time = time.perf_counter() - encoding
+            inputs: dict[str, Any] = {"encoder_outputs": encoder_outputs}  # encoded once (`encode`): the decoding reuses it
             prompt = target.prompt_ids(inputs)  # may detect the language (one decoder pass, counted)
             wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
             limit = target.max_new_tokens_for(prompt.shape[1], wanted)

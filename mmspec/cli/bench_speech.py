@@ -38,13 +38,37 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--rows", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()), default=None,
                         metavar="NAME[,NAME...]", help="run only these rows (plain-greedy, the reference, always runs), "
                                                         "e.g. greedy-loop,hybrid-strict-ar,faster-whisper-int8")
+    long = parser.add_mutually_exclusive_group()
+    long.add_argument("--long-audio-minutes", type=checks.positive_float, default=None, metavar="N",
+                      help="instead of the clips: one recording of about N minutes built from them (pauses between), "
+                           "mmspec transcribe's long-audio path vs faster-whisper's own long-form paths (VAD, greedy), "
+                           "interleaved, wall and CPU time, WER against the clips' texts")
+    long.add_argument("--long-audio", default=None, metavar="FILE",
+                      help="the same with your recording (WER against FILE's .txt sibling, when present)")
+    long.add_argument("--startup", action="store_true",
+                      help="instead of the clips: a one-off `mmspec transcribe CLIP` as a whole process (import, load, "
+                           "transcribe a ~5 s clip) vs a Python script doing the same with faster-whisper, alternating, "
+                           "wall and CPU time")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    set_threads(args)
+    if args.startup:
+        from ..speech.startup_bench import run_startup_bench
+
+        emit(run_startup_bench(args.model, data=args.data, repeats=args.repeats, compute_type=args.compute_type,
+                               threads=args.threads, peers=args.peers, progress=not args.json), args)
+        return 0
+    if args.long_audio_minutes is not None or args.long_audio is not None:
+        from ..speech.long_bench import run_long_audio_bench
+
+        emit(run_long_audio_bench(args.model, minutes=args.long_audio_minutes, audio=args.long_audio, data=args.data,
+                                  repeats=args.repeats, compute_type=args.compute_type, peers=args.peers,
+                                  progress=not args.json), args)
+        return 0
     from ..speech.bench import run_speech_bench
 
-    set_threads(args)
     report = run_speech_bench(args.model, data=args.data, n=args.num_samples, repeats=args.repeats, fast_decoder=args.fast_decoder,
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json, batch_sizes=args.batch_size,
                               chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter,

@@ -57,6 +57,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=None, help="per chunk (default: the decoder's limit)")
+    parser.add_argument("--pack-seconds", type=checks.non_negative_float, default=None, metavar="S",
+                        help="long audio: neighbouring speech regions are read together in windows of up to S seconds of "
+                             "audio, one segment (subtitle cue) per window (default: the model's window, 30 s); 0: one "
+                             "region per window, shorter cues")
     parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
@@ -144,7 +148,7 @@ def output_format(args: argparse.Namespace) -> str:
 
 def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bool) -> Any:
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
-               progress_bar=progress)
+               progress_bar=progress, pack_seconds=args.pack_seconds)
     if out.note:
         print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
@@ -186,7 +190,7 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
     if loaded:
         outs = pipe([samples for _, samples in loaded], sampling_rate=pipe.sampling_rate, method=args.method,
                     mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens, progress_bar=False,
-                    batch_size=len(loaded))
+                    batch_size=len(loaded), pack_seconds=args.pack_seconds)
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:
