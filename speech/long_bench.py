@@ -227,6 +227,7 @@ def bench_long_audio(rows: dict[str, Transcribe], path: Path, reference: str | N
 
 def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio: str | Path | None = None,
                          data: str | Path | None = None, repeats: int = 3, compute_type: str | None = None,
+                         feature_padding: str | None = None,
                          peers: bool = True, progress: bool = True) -> LongAudioReport:
     """Load the pipeline (and faster-whisper on the same folder), build or read the long recording, bench it."""
     from .bench import default_heldout
@@ -243,7 +244,8 @@ def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio
     clips = read_clip_folder(folder)
     threads = torch.get_num_threads()
     with quiet_transformers():
-        pipe = TranscriptionPipeline.from_pretrained(model_name, compute_type=compute_type)
+        pipe = TranscriptionPipeline.from_pretrained(
+            model_name, compute_type=compute_type, **({} if feature_padding is None else {"feature_padding": feature_padding}))
     rows: dict[str, Transcribe] = {"mmspec-hybrid": mmspec_row(pipe, None)} if pipe.default_method == "hybrid" else {}
     rows["mmspec-greedy"] = mmspec_row(pipe, "ar")
     notes = [] if rows.keys() != {"mmspec-greedy"} else [f"{model_name!r} has no fast decoder: mmspec runs greedy only"]
@@ -255,7 +257,7 @@ def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio
         notes.append(f"{path} is not a CTranslate2 folder, which faster-whisper reads: the faster-whisper rows were not run")
     else:
         rows.update(faster_whisper_rows(path, threads))
-    settings = {"model": model_name, "compute_type": pipe.compute_type, "threads": threads,
+    settings = {"model": model_name, "compute_type": pipe.compute_type, "feature_padding": pipe.feature_padding, "threads": threads,
                 "faster_whisper_long_form": dict(LONG_FORM_SETTINGS), "faster_whisper_batched": dict(BATCHED_SETTINGS)}
     with tempfile.TemporaryDirectory(prefix="mmspec-long-audio-") as scratch:
         if audio is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import MMSpecError
 from . import checks
 from .common import LazyChoices, SharedFlags, add_size_flag, emit, set_threads
 
@@ -53,6 +54,13 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    mode = "--startup" if args.startup else "--long-audio" if args.long_audio_minutes is not None or args.long_audio else None
+    if mode is not None:
+        given = [flag for flag, value in (("--rows", args.rows), ("--batch-size", args.batch_size), ("--chain", args.chain),
+                                          ("--feature-drafter", args.feature_drafter),
+                                          ("--feature-padding", args.startup and args.feature_padding)) if value]
+        if given:
+            raise MMSpecError(f"{', '.join(given)} applies to the clip rows, not to {mode}")
     set_threads(args)
     if args.startup:
         from ..speech.startup_bench import run_startup_bench
@@ -65,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
         emit(run_long_audio_bench(args.model, minutes=args.long_audio_minutes, audio=args.long_audio, data=args.data,
                                   repeats=args.repeats, compute_type=args.compute_type, peers=args.peers,
-                                  progress=not args.json), args)
+                                  feature_padding=args.feature_padding, progress=not args.json), args)
         return 0
     from ..speech.bench import run_speech_bench
 

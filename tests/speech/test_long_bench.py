@@ -125,3 +125,22 @@ def test_the_faster_whisper_rows_pass_the_documented_settings(tiny_en_folder, tm
         assert run(tmp_path / "a.wav") == ("", 0)
     path = str(tmp_path / "a.wav")
     assert seen == [("long", (path,), LONG_FORM_SETTINGS), ("batched", (path,), BATCHED_SETTINGS)] * 2
+
+
+@pytest.mark.parametrize("mode", [["--startup"], ["--long-audio-minutes", "1"]])
+@pytest.mark.parametrize("flag", [["--rows", "hybrid-strict-ar"], ["--batch-size", "4"], ["--chain", "8"]])
+def test_clip_row_flags_are_refused_in_the_long_audio_and_startup_modes(mode, flag, capsys):
+    assert main(["bench", "speech", *mode, *flag]) == 2
+    assert "applies to the clip rows" in capsys.readouterr().err
+
+
+def test_feature_padding_reaches_the_long_audio_pipeline(monkeypatch):
+    seen = {}
+
+    def fake_bench(model, **kwargs):
+        seen.update(kwargs)
+        raise MMSpecError("stop here")
+
+    monkeypatch.setattr(long_bench, "run_long_audio_bench", fake_bench)
+    assert main(["bench", "speech", "--long-audio-minutes", "1", "--feature-padding", "log-mel"]) == 2
+    assert seen["feature_padding"] == "log-mel"
