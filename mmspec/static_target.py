@@ -1,0 +1,123 @@
+"""The compiled, static-shape path (`compile=True`): a target that verifies a fixed k + 1 positions per round and a
+model drafter that drafts in fixed one-token steps, each over a static KV cache (`mmspec.static_steps`).
+
+The loop is the same as the eager path's; only the shapes are fixed, so each forward compiles to one graph
+(CUDA graphs on a GPU, inductor on a CPU). Greedy output is the target's `generate` output, as everywhere.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from .cached_model import CachedModel
+from .drafters import Drafter, ModelDrafter
+from .errors import MMSpecError
+from .policies import DraftLengthPolicy, HeuristicDraftLength
+from .static_steps import StaticSteps
+from .targets import TARGET_FACTORIES, Target, load_adapters
+from .trees import TreeConfig
+
+# A drafter catches up on one token (a rejected round: the correction) or two (a fully accepted one: the last
+# draft and the bonus token), then drafts one token per forward.
+DRAFTER_WIDTHS = (1, 2)
+
+
+def verify_widths(policy: DraftLengthPolicy) -> tuple[int, ...]:
+    """The verification widths (drafts + 1) a policy's rounds are padded to: its k + 1, and for a growing policy
+    powers of two up to its largest k + 1, so a short round is not padded to the longest one."""
+    first = policy.fresh().max_tokens() + 1
+    largest = (policy.max_num_tokens if isinstance(policy, HeuristicDraftLength) else first - 1) + 1
+    widths = {first, largest}
+    width = 1
+    while width < largest:
+        if width > first:
+            widths.add(width)
+        width *= 2
+    return tuple(sorted(widths))
+
+
+class StaticTarget(StaticSteps, Target):
+    """A `Target` over a static cache whose verification forwards (k + 1 tokens, padded) run compiled.
+
+    `widths`: the verification widths to compile (default 6: k = 5); `max_cache_len`: the cache size to start
+    with (it grows, with a recompile, when a call needs more); `backend` / `mode`: as `torch.compile` takes them.
+    """
+
+    decodes_batches = False
+
+    def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = (6,), max_cache_len: int | None = None,
+                 backend: str = "inductor", mode: str | None = None) -> None:
+        Target.__init__(self, model)
+        # The certified head takes hidden states from a head-less forward: one more graph for a CPU trick that
+        # compiled logits do not need.
+        self.use_certified_head = False
+        self.setup_static(widths, max_cache_len, backend, mode)
+
+    def check_tree_support(self) -> None:
+        raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off)")
+
+
+class StaticCachedModel(StaticSteps, CachedModel):
+    """A drafter's `CachedModel` over a static cache, its one- and two-token steps compiled."""
+
+    def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = DRAFTER_WIDTHS, max_cache_len: int | None = None,
+                 backend: str = "inductor", mode: str | None = None) -> None:
+        CachedModel.__init__(self, model, role="drafter")
+        self.setup_static(widths, max_cache_len, backend, mode)
+
+
+class StaticModelDrafter(ModelDrafter):
+    """`ModelDrafter` whose steps run compiled over a static cache (chains of one sequence only)."""
+
+    def __init__(self, model: PreTrainedModel, max_cache_len: int | None = None, backend: str = "inductor",
+                 mode: str | None = None) -> None:
+        super().__init__(model, lean=False)
+        self.lm = StaticCachedModel(model, max_cache_len=max_cache_len, backend=backend, mode=mode)
+
+    @property
+    def drafts_trees(self) -> bool:  # type: ignore[override]
+        return False
+
+    @property
+    def drafts_batches(self) -> bool:  # type: ignore[override]
+        return False
+
+
+# model -> {key: its static wrapper}. Calls with the same model reuse one wrapper, and with it the compiled
+# graphs and the static caches (a fresh cache would be new tensors, which recompiles the graph).
+_WRAPPERS: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _shared(model: PreTrainedModel, key: tuple, make: Callable[[PreTrainedModel], Any]) -> Any:
+    wrappers = _WRAPPERS.setdefault(model, {})
+    if key not in wrappers:
+        wrappers[key] = make(model)
+    return wrappers[key]
+
+
+def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | Drafter, policy: DraftLengthPolicy,
+                  tree: TreeConfig | None = None) -> tuple[PreTrainedModel | Target, PreTrainedModel | Drafter]:
+    """`compile=True`: the static-shape target and drafter for a raw target model and drafter.
+
+    A target or drafter that is already static passes through; a drafter without a model of its own (prompt
+    lookup, Jacobi) drafts as before; other mmspec targets and model drafters are refused, since their own
+    behaviour would be lost."""
+    if tree is not None:
+        raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off or tree unset)")
+    if not isinstance(target, StaticTarget):
+        if isinstance(target, Target) or not isinstance(target, PreTrainedModel):
+            raise MMSpecError(f"compile=True takes a transformers model as the target, got {type(target).__name__}")
+        load_adapters()
+        if getattr(target.config, "model_type", "") in TARGET_FACTORIES:
+            raise MMSpecError(f"compile=True supports plain text targets so far, not {type(target).__name__} "
+                              "(its adapter's target); leave compile off")
+        target = _shared(target, ("target", verify_widths(policy)), lambda m: StaticTarget(m, widths=verify_widths(policy)))
+    if isinstance(drafter, PreTrainedModel):
+        drafter = _shared(drafter, ("drafter",), StaticModelDrafter)
+    elif isinstance(drafter, ModelDrafter) and not isinstance(drafter, StaticModelDrafter):
+        raise MMSpecError(f"compile=True takes a transformers model as the drafter, not a {type(drafter).__name__}")
+    return target, drafter

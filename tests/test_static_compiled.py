@@ -1,0 +1,186 @@
+"""The static-shape path (`compile=True`): fixed-width steps over static caches, compiled, lossless.
+
+Most tests compile with dynamo's "eager" backend: the same captured graphs, fixed shapes and static cache, without
+inductor's code generation (minutes on a small CPU); one greedy test runs inductor itself.
+"""
+
+import pytest
+import torch
+from transformers import StaticCache
+
+from mmspec import (
+    ConfidenceStopDraftLength,
+    FixedDraftLength,
+    HeuristicDraftLength,
+    PromptLookupDrafter,
+    SamplingConfig,
+    TreeConfig,
+    speculative_generate,
+    speculative_sampling,
+)
+from mmspec.errors import MMSpecError
+from mmspec.static_target import StaticModelDrafter, StaticTarget, compiled_pair, verify_widths
+from mmspec.testing import (
+    NeverAgreeDrafter,
+    assert_distribution_preserved,
+    exact_continuation_distribution,
+    tiny_llama,
+)
+
+
+def static_pair(target, drafter, policy, backend="eager"):
+    static_target = StaticTarget(target, widths=verify_widths(policy), backend=backend)
+    return static_target, StaticModelDrafter(drafter, backend=backend)
+
+
+def assert_same_as_generate(target, drafter, prompt, max_new_tokens, **kwargs):
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens, **{
+        k: v for k, v in kwargs.items() if k == "eos_token_id"})
+    out = speculative_generate(target if "static_target" not in kwargs else kwargs.pop("static_target"), drafter,
+                               prompt, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+    assert out.sequences.tolist() == expected.tolist()
+    return out
+
+
+def test_verify_widths_cover_each_policy():
+    assert verify_widths(FixedDraftLength(5)) == (6,)
+    assert verify_widths(ConfidenceStopDraftLength(8)) == (9,)
+    assert verify_widths(HeuristicDraftLength(5, max_num_tokens=20)) == (6, 8, 16, 21)
+
+
+POLICIES = {
+    "fixed-1": lambda: FixedDraftLength(1),
+    "fixed-4": lambda: FixedDraftLength(4),
+    "heuristic": lambda: HeuristicDraftLength(2, max_num_tokens=9),
+    # Stops drafting early: shorter proposals are padded to the fixed width.
+    "adaptive": lambda: ConfidenceStopDraftLength(5, threshold=0.05),
+}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("kind", ["self", "small"])
+def test_greedy_equals_generate(kind, policy, target, small_drafter, prompt):
+    made = POLICIES[policy]()
+    drafter = target if kind == "self" else small_drafter
+    static_target, static_drafter = static_pair(target, drafter, made)
+    out = assert_same_as_generate(target, static_drafter, prompt, 30, static_target=static_target, policy=made)
+    if kind == "self" and policy.startswith("fixed"):
+        assert out.stats.alpha == 1.0 and out.stats.target_forwards < out.stats.new_tokens
+
+
+def test_prompt_lookup_drafts_of_any_length(target, prompt):
+    # Prompt lookup proposes 0..k drafts a round: every one pads to the same width.
+    static_target = StaticTarget(target, widths=(5,), backend="eager")
+    repeated = torch.cat([prompt, prompt, prompt], dim=1)
+    assert_same_as_generate(target, PromptLookupDrafter(), repeated, 25, static_target=static_target,
+                            num_draft_tokens=4)
+
+
+def test_inductor_compiled_greedy(target, small_drafter, prompt):
+    """compile=True itself: inductor graphs for the verify and drafter steps; calls reuse them."""
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    for _ in range(2):
+        out = speculative_generate(target, small_drafter, prompt, max_new_tokens=20, do_sample=False, num_draft_tokens=3,
+                                   compile=True)
+        assert torch.equal(out.sequences, expected)
+    assert isinstance(out.target, StaticTarget) and isinstance(out.drafter, StaticModelDrafter)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7])
+def test_max_new_tokens_is_exact(max_new_tokens, target, prompt):
+    static_target = StaticTarget(target, widths=(6,), backend="eager")
+    out = assert_same_as_generate(target, target, prompt, max_new_tokens, static_target=static_target,
+                                  num_draft_tokens=5)
+    assert out.sequences.shape[1] == prompt.shape[1] + max_new_tokens
+
+
+def test_stops_at_eos_like_generate(target, prompt):
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=12)
+    eos = int(plain[0, prompt.shape[1] + 4])
+    static_target = StaticTarget(target, widths=(7,), backend="eager")
+    out = assert_same_as_generate(target, target, prompt, 12, static_target=static_target, eos_token_id=eos,
+                                  num_draft_tokens=6)
+    assert int(out.sequences[0, -1]) == eos
+
+
+def test_rollback_moves_a_pointer_and_the_cache_grows_when_needed(target, small_drafter, prompt):
+    static_target, static_drafter = static_pair(target, small_drafter, FixedDraftLength(3))
+    out = assert_same_as_generate(target, static_drafter, prompt, 20, static_target=static_target,
+                                  num_draft_tokens=3)
+    cache = out.target.cache
+    assert isinstance(cache, StaticCache) and cache.get_max_length() == 128  # one bucket: no copy, no new tensors
+    assert out.stats.accepted < out.stats.drafted  # rejections happened, and were rolled back in place
+    keys = cache.layers[0].keys.data_ptr()
+    out = assert_same_as_generate(target, static_drafter, prompt, 20, static_target=static_target, num_draft_tokens=3)
+    assert out.target.cache.layers[0].keys.data_ptr() == keys  # the next call reuses the cache
+    # A longer call than the cache holds: the states move to a larger cache mid-call.
+    out = assert_same_as_generate(target, static_drafter, prompt, 180, static_target=static_target,
+                                  num_draft_tokens=3)
+    assert out.target.cache.get_max_length() == 256
+    assert int(out.target.cache.get_seq_length()) == out.target.length == out.sequences.shape[1] - 1
+
+
+def test_an_overlapping_call_on_the_thread_is_refused(target, prompt):
+    static_target = StaticTarget(target, widths=(4,), backend="eager")
+
+    def nested(tokens, drafted, accepted):
+        speculative_generate(static_target, target, prompt, max_new_tokens=3, do_sample=False)
+
+    with pytest.raises(MMSpecError, match="took over"):
+        speculative_generate(static_target, PromptLookupDrafter(), prompt, max_new_tokens=10, do_sample=False,
+                             num_draft_tokens=3, on_round=nested)
+
+
+def test_refusals(target, small_drafter, prompt):
+    with pytest.raises(MMSpecError, match="draft trees"):
+        speculative_generate(target, small_drafter, prompt, max_new_tokens=5, compile=True,
+                             tree=TreeConfig(num_nodes=4, top_k=2, depth=2))
+    with pytest.raises(MMSpecError, match="transformers model as the drafter"):
+        compiled_pair(target, NeverAgreeDrafter(small_drafter), FixedDraftLength(3))
+    with pytest.raises(MMSpecError, match="one sequence"):
+        speculative_generate(target, small_drafter, torch.cat([prompt, prompt]), max_new_tokens=5, compile=True,
+                             attention_mask=torch.ones(2, prompt.shape[1], dtype=torch.long))
+
+
+VOCAB = 5
+NEW_TOKENS = 4
+SAMPLING_PROMPT = torch.tensor([[1, 2, 0, 4]])
+
+
+@pytest.fixture(scope="module")
+def peaked_static_pair():
+    target = tiny_llama(vocab_size=VOCAB, hidden_size=32, num_layers=1, seed=3, initializer_range=0.6, eos_token_id=None)
+    drafter = tiny_llama(vocab_size=VOCAB, hidden_size=32, num_layers=1, seed=4, initializer_range=0.6, eos_token_id=None)
+    return target, static_pair(target, drafter, FixedDraftLength(3))
+
+
+def draw_with(static_target, static_drafter, rule=None):
+    def draw(generator):
+        out = speculative_generate(static_target, static_drafter, SAMPLING_PROMPT, max_new_tokens=NEW_TOKENS,
+                                   do_sample=True, generator=generator, num_draft_tokens=3, rule=rule)
+        return tuple(out.sequences[0, SAMPLING_PROMPT.shape[1]:].tolist())
+
+    return draw
+
+
+def test_sampling_matches_target(peaked_static_pair):
+    target, (static_target, static_drafter) = peaked_static_pair
+    exact = exact_continuation_distribution(target, SAMPLING_PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
+    assert_distribution_preserved(draw_with(static_target, static_drafter), exact, num_draws=600, seed=11)
+
+
+def resample_from_target_rule(proposal, target_logits, sampling, generator):
+    """Control: the correction drawn from p instead of the residual norm(max(p - q, 0))."""
+    verdict = speculative_sampling(proposal, target_logits, sampling, generator)
+    if int(verdict.num_accepted[0]) < proposal.length:
+        p = target_logits[:, int(verdict.num_accepted[0])].softmax(-1)
+        verdict.next_token = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+    return verdict
+
+
+def test_control_wrong_residual_fails(peaked_static_pair):
+    target, (static_target, static_drafter) = peaked_static_pair
+    exact = exact_continuation_distribution(target, SAMPLING_PROMPT, NEW_TOKENS, SamplingConfig(do_sample=True))
+    with pytest.raises(AssertionError, match="differs from the reference"):
+        assert_distribution_preserved(draw_with(static_target, static_drafter, rule=resample_from_target_rule), exact,
+                                      num_draws=600, seed=11)
