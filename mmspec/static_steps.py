@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from . import compat
 from .devices import input_device
 from .errors import MMSpecError
-from .kernels.lean_llama import has_hooks
 
 # Cache sizes are rounded up to this many positions, so calls with nearby lengths share one compiled graph.
 CACHE_BUCKET = 128
@@ -65,8 +65,10 @@ class StaticSteps:
             raise MMSpecError(f"compile=True supports decoder-only models; the {self.role} is an encoder-decoder")
         if getattr(self, "sliding_window", None) is not None:
             raise MMSpecError(f"compile=True cannot roll back the {self.role}'s sliding-window cache; leave compile off")
-        if has_hooks(self.model) or getattr(self.model, "hf_device_map", None):
-            raise MMSpecError(f"compile=True needs the {self.role} on one device without forward hooks (no offloading)")
+        # The compiled steps call `forward` itself: accelerate's placement hooks would be skipped (other hooks, e.g.
+        # forward counters, only miss those steps).
+        if compat.accelerate_hook(self.model) is not None or getattr(self.model, "hf_device_map", None):
+            raise MMSpecError(f"compile=True needs the {self.role} on one device, without accelerate's offloading")
         if not self._takes_logits_to_keep:
             raise MMSpecError(f"compile=True needs a {self.role} whose forward takes logits_to_keep")
         self.widths = tuple(sorted(set(widths)))
@@ -125,6 +127,13 @@ class StaticSteps:
     @property
     def length(self) -> int:
         return 0 if self.cache is None else self._length
+
+    def warm_up(self, token_id: int = 0) -> None:
+        """Compile every width now (on a one-token prompt), so the first real call does not pay for it."""
+        for width in self.widths:
+            self.prefill(torch.full((1, 1), token_id, dtype=torch.long, device=input_device(self.model)))
+            self.extend(torch.full((1, width), token_id, dtype=torch.long, device=input_device(self.model)))
+        self.cache = None
 
     # -- CachedModel's interface --------------------------------------------------------------------------------
 

@@ -184,3 +184,42 @@ def test_control_wrong_residual_fails(peaked_static_pair):
     with pytest.raises(AssertionError, match="differs from the reference"):
         assert_distribution_preserved(draw_with(static_target, static_drafter, rule=resample_from_target_rule), exact,
                                       num_draws=600, seed=11)
+
+
+def test_bench_text_mmspec_compiled_row(target, small_drafter):
+    """`mmspec bench text --compile`: the mmspec-compiled row, compiled before timing, its tokens those of generate."""
+    from mmspec.bench.text import bench_text
+
+    prompts = [torch.tensor([[1, 5, 9, 12]]), torch.tensor([[1, 7, 7, 3, 2, 8]])]
+    report = bench_text(target, small_drafter, prompts, max_new_tokens=10, num_draft_tokens=3, repeats=1,
+                        progress=False, policies=(), include_lookup=False, include_assisted=False,
+                        include_compiled=False, include_mmspec_compiled=True)
+    data = report.to_dict()
+    rows = {row["method"]: row for row in data["methods"]}
+    assert set(rows) == {"plain-greedy", "mmspec-compiled"}
+    assert rows["mmspec-compiled"]["identical_to_reference"] and rows["mmspec-compiled"]["new_tokens"] == 20
+    assert data["settings"]["compile_s[mmspec-compiled]"] >= 0
+
+
+def test_cli_bench_text_compile_flag(monkeypatch, capsys):
+    import mmspec.bench.text as bench_text_module
+    from mmspec.bench.harness import run_benchmark
+    from mmspec.cli import main
+    from mmspec.stats import SpecStats
+    from mmspec.zoo import entries
+
+    if "shapes-caption-lm" not in {e.name for e in entries()}:
+        pytest.skip("needs the zoo")
+    seen = []
+
+    def fake_bench(target, drafter, prompts, **options):
+        seen.append(options["include_mmspec_compiled"])
+        return run_benchmark("t", {"a": lambda item: ([1], SpecStats(new_tokens=1))}, [0], reference="a", repeats=1,
+                             warmup=0, progress=False)
+
+    monkeypatch.setattr(bench_text_module, "bench_text", fake_bench)
+    for flags, expected in (([], False), (["--compile"], True)):
+        assert main(["bench", "text", "--num-samples", "1", "--json", *flags]) == 0
+        assert seen[-1] is expected
+    assert main(["bench", "text", "--num-samples", "1", "--compile", "--batch-size", "2"]) != 0
+    assert "--compile decodes one sequence" in capsys.readouterr().err
