@@ -223,3 +223,24 @@ def test_cli_bench_text_compile_flag(monkeypatch, capsys):
         assert seen[-1] is expected
     assert main(["bench", "text", "--num-samples", "1", "--compile", "--batch-size", "2"]) != 0
     assert "--compile decodes one sequence" in capsys.readouterr().err
+
+
+def test_cli_generate_compile_flag(monkeypatch, capsys):
+    import mmspec.decoding
+    from mmspec.cli import main
+    from mmspec.zoo import entries
+
+    if "shapes-caption-lm" not in {e.name for e in entries()}:
+        pytest.skip("needs the zoo")
+    seen = []
+    real = mmspec.decoding.speculative_generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["compile"])
+        return real(*args, **{**kwargs, "compile": False})  # the flag's path, without the long compile
+
+    monkeypatch.setattr(mmspec.decoding, "speculative_generate", spy)
+    for flags, expected in (([], False), (["--compile"], True)):
+        assert main(["generate", "a red", "--max-new-tokens", "4", "--threads", "1", *flags]) == 0
+        assert seen[-1] is expected
+    capsys.readouterr()
