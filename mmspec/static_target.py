@@ -7,6 +7,7 @@ The loop is the same as the eager path's; only the shapes are fixed, so each for
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -87,37 +88,75 @@ class StaticModelDrafter(ModelDrafter):
         return False
 
 
-# model -> {key: its static wrapper}. Calls with the same model reuse one wrapper, and with it the compiled
-# graphs and the static caches (a fresh cache would be new tensors, which recompiles the graph).
-_WRAPPERS: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+def static_target_for(model: PreTrainedModel, widths: tuple[int, ...] = (6,), max_cache_len: int | None = None,
+                      backend: str = "inductor", mode: str | None = None) -> Target:
+    """The static variant of the target `as_target(model)` would give: `StaticTarget` for a plain model, the same
+    static steps over its adapter's `Target` subclass for the others (e.g. the vision adapter's, whose prefill
+    handles image placeholders; its incremental steps are plain text)."""
+    load_adapters()
+    kind = TARGET_FACTORIES.get(getattr(model.config, "model_type", ""), Target)
+    if kind is Target:
+        return StaticTarget(model, widths, max_cache_len, backend, mode)
+    if not (isinstance(kind, type) and issubclass(kind, Target)):
+        raise MMSpecError(f"compile=True cannot wrap {type(model).__name__}: its adapter builds its target another way")
+    target = static_variant(kind)(model)
+    target.use_certified_head = False
+    target.setup_static(widths, max_cache_len, backend, mode)
+    return target
 
 
-def _shared(model: PreTrainedModel, key: tuple, make: Callable[[PreTrainedModel], Any]) -> Any:
-    wrappers = _WRAPPERS.setdefault(model, {})
+_VARIANTS: dict[type, type] = {}
+
+
+def static_variant(kind: type[Target]) -> type:
+    """`kind` with the static steps in front: its own prefill inputs and processing, fixed-width compiled steps."""
+    if kind not in _VARIANTS:
+        _VARIANTS[kind] = type(f"Static{kind.__name__}", (StaticSteps, kind), {
+            "__module__": __name__, "decodes_batches": False, "check_tree_support": StaticTarget.check_tree_support})
+    return _VARIANTS[kind]
+
+
+def static_model_drafter(drafter: ModelDrafter, max_cache_len: int | None = None, backend: str = "inductor",
+                         mode: str | None = None) -> ModelDrafter:
+    """A copy of a `ModelDrafter` (any subclass: its own choices and masks stay) whose model steps run compiled
+    over a static cache."""
+    if isinstance(drafter.lm, StaticSteps):
+        return drafter
+    if type(drafter.lm) is not CachedModel:
+        raise MMSpecError(f"compile=True cannot compile {type(drafter).__name__}'s own model wrapper; leave compile off")
+    static = copy.copy(drafter)
+    static.lm = StaticCachedModel(drafter.lm.model, max_cache_len=max_cache_len, backend=backend, mode=mode)
+    return static
+
+
+# object -> {key: its static wrapper}. Calls with the same model (or drafter) reuse one wrapper, and with it the
+# compiled graphs and the static caches (a fresh cache would be new tensors, which recompiles the graph).
+_WRAPPERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _shared(key_object: Any, key: tuple, make: Callable[[Any], Any]) -> Any:
+    wrappers = _WRAPPERS.setdefault(key_object, {})
     if key not in wrappers:
-        wrappers[key] = make(model)
+        wrappers[key] = make(key_object)
     return wrappers[key]
 
 
 def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | Drafter, policy: DraftLengthPolicy,
                   tree: TreeConfig | None = None) -> tuple[PreTrainedModel | Target, PreTrainedModel | Drafter]:
-    """`compile=True`: the static-shape target and drafter for a raw target model and drafter.
+    """`compile=True`: the static-shape target and drafter for a target model and a drafter.
 
     A target or drafter that is already static passes through; a drafter without a model of its own (prompt
-    lookup, Jacobi) drafts as before; other mmspec targets and model drafters are refused, since their own
-    behaviour would be lost."""
+    lookup, Jacobi) drafts as before. The target must be a transformers model (an mmspec `Target` built by hand
+    may carry behaviour this path would lose)."""
     if tree is not None:
         raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off or tree unset)")
-    if not isinstance(target, StaticTarget):
+    if not isinstance(target, StaticSteps):
         if isinstance(target, Target) or not isinstance(target, PreTrainedModel):
             raise MMSpecError(f"compile=True takes a transformers model as the target, got {type(target).__name__}")
-        load_adapters()
-        if getattr(target.config, "model_type", "") in TARGET_FACTORIES:
-            raise MMSpecError(f"compile=True supports plain text targets so far, not {type(target).__name__} "
-                              "(its adapter's target); leave compile off")
-        target = _shared(target, ("target", verify_widths(policy)), lambda m: StaticTarget(m, widths=verify_widths(policy)))
+        widths = verify_widths(policy)
+        target = _shared(target, ("target", widths), lambda m: static_target_for(m, widths))
     if isinstance(drafter, PreTrainedModel):
         drafter = _shared(drafter, ("drafter",), StaticModelDrafter)
-    elif isinstance(drafter, ModelDrafter) and not isinstance(drafter, StaticModelDrafter):
-        raise MMSpecError(f"compile=True takes a transformers model as the drafter, not a {type(drafter).__name__}")
+    elif isinstance(drafter, ModelDrafter):
+        drafter = _shared(drafter, ("drafter",), static_model_drafter)
     return target, drafter

@@ -19,7 +19,15 @@ from mmspec import (
     speculative_sampling,
 )
 from mmspec.errors import MMSpecError
-from mmspec.static_target import StaticModelDrafter, StaticTarget, compiled_pair, verify_widths
+from mmspec.static_target import (
+    StaticCachedModel,
+    StaticModelDrafter,
+    StaticTarget,
+    compiled_pair,
+    static_model_drafter,
+    verify_widths,
+)
+from mmspec.targets import Target
 from mmspec.testing import (
     NeverAgreeDrafter,
     assert_distribution_preserved,
@@ -66,6 +74,15 @@ def test_greedy_equals_generate(kind, policy, target, small_drafter, prompt):
     out = assert_same_as_generate(target, static_drafter, prompt, 30, static_target=static_target, policy=made)
     if kind == "self" and policy.startswith("fixed"):
         assert out.stats.alpha == 1.0 and out.stats.target_forwards < out.stats.new_tokens
+
+
+def test_a_model_drafter_subclass_keeps_its_choices(target, prompt):
+    # NeverAgreeDrafter drafts the second-best token: compiled, it still never agrees.
+    static_target = StaticTarget(target, widths=(4,), backend="eager")
+    drafter = static_model_drafter(NeverAgreeDrafter(target), backend="eager")
+    assert isinstance(drafter, NeverAgreeDrafter) and isinstance(drafter.lm, StaticCachedModel)
+    out = assert_same_as_generate(target, drafter, prompt, 12, static_target=static_target, num_draft_tokens=3)
+    assert out.stats.accepted == 0 and out.stats.drafted > 0
 
 
 def test_prompt_lookup_drafts_of_any_length(target, prompt):
@@ -135,8 +152,8 @@ def test_refusals(target, small_drafter, prompt):
     with pytest.raises(MMSpecError, match="draft trees"):
         speculative_generate(target, small_drafter, prompt, max_new_tokens=5, compile=True,
                              tree=TreeConfig(num_nodes=4, top_k=2, depth=2))
-    with pytest.raises(MMSpecError, match="transformers model as the drafter"):
-        compiled_pair(target, NeverAgreeDrafter(small_drafter), FixedDraftLength(3))
+    with pytest.raises(MMSpecError, match="transformers model as the target"):
+        compiled_pair(Target(target), small_drafter, FixedDraftLength(3))
     with pytest.raises(MMSpecError, match="one sequence"):
         speculative_generate(target, small_drafter, torch.cat([prompt, prompt]), max_new_tokens=5, compile=True,
                              attention_mask=torch.ones(2, prompt.shape[1], dtype=torch.long))
