@@ -163,7 +163,11 @@ class StaticSteps:
         if length + width > self.capacity:
             self._grow(length + width + self.widths[-1])
         self._length = length + count
+        # Hidden states for drafters that read them (feature drafters): the same graph with one more output.
+        hidden = extra.pop("output_hidden_states", False) if set(extra) == {"output_hidden_states"} else False
         if extra or not head or width not in self.widths or tokens.shape[0] != 1:
+            if hidden:
+                extra["output_hidden_states"] = True
             self.forwards += 1
             kwargs = {"input_ids": tokens, self._cache_argument: self.cache, **extra}
             if not head:
@@ -179,15 +183,17 @@ class StaticSteps:
         # send a process with several of them (a target and its drafter, a few widths, tests) back to eager.
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             out = self._compiled(input_ids=padded, **{self._cache_argument: self.cache}, use_cache=True,
-                                 return_dict=True, logits_to_keep=0)
+                                 return_dict=True, logits_to_keep=0, **({"output_hidden_states": True} if hidden else {}))
         if width > count:
             self.cache.crop(count - width)
         logits = out.logits[:, :count]
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
+        states = tuple(h[:, :count] for h in out.hidden_states) if hidden else None
         if self._copies_outputs:  # a CUDA graph reuses its output buffers on the next replay
             logits = logits.clone()
-        return StaticOutput(logits=logits)
+            states = None if states is None else tuple(h.clone() for h in states)
+        return StaticOutput(logits=logits, hidden_states=states)
 
     def truncate(self, length: int) -> None:
         self._check_owner()
@@ -200,7 +206,8 @@ class StaticSteps:
 
 
 class StaticOutput:
-    """What a compiled step returns: the kept logits (the cache was updated in place)."""
+    """What a compiled step returns: the kept logits, and hidden states when asked (the cache was updated in place)."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
+    def __init__(self, logits: torch.Tensor, hidden_states: tuple[torch.Tensor, ...] | None = None) -> None:
         self.logits = logits
+        self.hidden_states = hidden_states

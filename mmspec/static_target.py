@@ -25,6 +25,8 @@ from .trees import TreeConfig
 # A drafter catches up on one token (a rejected round: the correction) or two (a fully accepted one: the last
 # draft and the bonus token), then drafts one token per forward.
 DRAFTER_WIDTHS = (1, 2)
+# The torch.compile backend `compile=True` uses ("eager" captures the same graphs without generating code: tests).
+DEFAULT_BACKEND = "inductor"
 
 
 def verify_widths(policy: DraftLengthPolicy) -> tuple[int, ...]:
@@ -93,8 +95,7 @@ def static_target_for(model: PreTrainedModel, widths: tuple[int, ...] = (6,), ma
     """The static variant of the target `as_target(model)` would give: `StaticTarget` for a plain model, the same
     static steps over its adapter's `Target` subclass for the others (e.g. the vision adapter's, whose prefill
     handles image placeholders; its incremental steps are plain text)."""
-    load_adapters()
-    kind = TARGET_FACTORIES.get(getattr(model.config, "model_type", ""), Target)
+    kind = registered_target_class(model)
     if kind is Target:
         return StaticTarget(model, widths, max_cache_len, backend, mode)
     if not (isinstance(kind, type) and issubclass(kind, Target)):
@@ -125,7 +126,9 @@ def static_model_drafter(drafter: ModelDrafter, max_cache_len: int | None = None
     if type(drafter.lm) is not CachedModel:
         raise MMSpecError(f"compile=True cannot compile {type(drafter).__name__}'s own model wrapper; leave compile off")
     static = copy.copy(drafter)
-    static.lm = StaticCachedModel(drafter.lm.model, max_cache_len=max_cache_len, backend=backend, mode=mode)
+    # Shared by every drafter of this model (pipelines make a fresh drafter per call): one set of graphs and caches.
+    static.lm = _shared(drafter.lm.model, ("drafter-lm", max_cache_len, backend, mode),
+                        lambda m: StaticCachedModel(m, max_cache_len=max_cache_len, backend=backend, mode=mode))
     return static
 
 
@@ -146,17 +149,24 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
     """`compile=True`: the static-shape target and drafter for a target model and a drafter.
 
     A target or drafter that is already static passes through; a drafter without a model of its own (prompt
-    lookup, Jacobi) drafts as before. The target must be a transformers model (an mmspec `Target` built by hand
-    may carry behaviour this path would lose)."""
+    lookup, Jacobi, feature drafters) drafts as before. The target is a transformers model, or the `Target` the
+    model's adapter builds from it alone (a pipeline's); another `Target` may carry behaviour this path would lose."""
     if tree is not None:
         raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off or tree unset)")
     if not isinstance(target, StaticSteps):
-        if isinstance(target, Target) or not isinstance(target, PreTrainedModel):
+        if isinstance(target, Target) and type(target) in (Target, registered_target_class(target.model)):
+            target = target.model  # built from the model alone: its static variant is the same target
+        if not isinstance(target, PreTrainedModel):
             raise MMSpecError(f"compile=True takes a transformers model as the target, got {type(target).__name__}")
         widths = verify_widths(policy)
-        target = _shared(target, ("target", widths), lambda m: static_target_for(m, widths))
+        target = _shared(target, ("target", widths), lambda m: static_target_for(m, widths, backend=DEFAULT_BACKEND))
     if isinstance(drafter, PreTrainedModel):
-        drafter = _shared(drafter, ("drafter",), StaticModelDrafter)
+        drafter = _shared(drafter, ("drafter",), lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND))
     elif isinstance(drafter, ModelDrafter):
-        drafter = _shared(drafter, ("drafter",), static_model_drafter)
+        drafter = static_model_drafter(drafter, backend=DEFAULT_BACKEND)
     return target, drafter
+
+
+def registered_target_class(model: PreTrainedModel) -> Any:
+    load_adapters()
+    return TARGET_FACTORIES.get(getattr(model.config, "model_type", ""), Target)

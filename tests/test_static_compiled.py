@@ -152,8 +152,11 @@ def test_refusals(target, small_drafter, prompt):
     with pytest.raises(MMSpecError, match="draft trees"):
         speculative_generate(target, small_drafter, prompt, max_new_tokens=5, compile=True,
                              tree=TreeConfig(num_nodes=4, top_k=2, depth=2))
+    class CustomTarget(Target):
+        pass
+
     with pytest.raises(MMSpecError, match="transformers model as the target"):
-        compiled_pair(Target(target), small_drafter, FixedDraftLength(3))
+        compiled_pair(CustomTarget(target), small_drafter, FixedDraftLength(3))
     with pytest.raises(MMSpecError, match="one sequence"):
         speculative_generate(target, small_drafter, torch.cat([prompt, prompt]), max_new_tokens=5, compile=True,
                              attention_mask=torch.ones(2, prompt.shape[1], dtype=torch.long))
@@ -261,3 +264,18 @@ def test_cli_generate_compile_flag(monkeypatch, capsys):
         assert main(["generate", "a red", "--max-new-tokens", "4", "--threads", "1", *flags]) == 0
         assert seen[-1] is expected
     capsys.readouterr()
+
+
+def test_compiled_steps_return_hidden_states_like_eager(target, prompt):
+    """Drafters that read the target's hidden states (feature drafters) get them from the compiled step too."""
+    static_target = StaticTarget(target, widths=(5,), backend="eager")
+    eager = Target(target)
+    for wrapped in (static_target, eager):
+        wrapped.output_hidden_states = True
+        wrapped.start(prompt)
+    tokens = torch.tensor([[5, 6, 7]])
+    compiled_step, eager_step = static_target.score(tokens), eager.score(tokens)
+    assert torch.allclose(compiled_step.logits, eager_step.logits, atol=1e-5)
+    assert len(compiled_step.hidden_states) == len(eager_step.hidden_states)
+    for a, b in zip(compiled_step.hidden_states, eager_step.hidden_states):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
