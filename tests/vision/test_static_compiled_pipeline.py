@@ -8,6 +8,7 @@ from mmspec.static_steps import StaticSteps
 from mmspec.vision.pipeline import CaptionPipeline
 
 from .test_pipeline import frames, tiny_captioner_folder  # noqa: F401  (fixtures)
+from .test_sparse_to_dense import tiny_llava  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +33,20 @@ def test_compiled_captions_equal_generate(pipe, frames, method, monkeypatch):  #
 def test_compiled_lists_caption_one_at_a_time(pipe, frames):  # noqa: F811
     with pytest.raises(MMSpecError, match="one item at a time"):
         pipe(video=[frames, frames], max_new_tokens=4, method="text", progress_bar=False, compile=True, batch_size=2)
+
+
+def test_bench_vision_compiled_twins(tiny_llava, monkeypatch):  # noqa: F811
+    """`mmspec bench vision --compile`: a compiled twin of the greedy loop and each chain row, identical output."""
+    from mmspec.testing import tiny_llama
+    from mmspec.vision.bench import bench_vision
+
+    from .test_bench_vision import inputs
+
+    monkeypatch.setattr(st, "DEFAULT_BACKEND", "eager")
+    drafter = tiny_llama(vocab_size=100, num_layers=1, hidden_size=32, seed=7)
+    report, _ = bench_vision(tiny_llava, inputs(), drafter=drafter, max_new_tokens=8, repeats=1, std_settings=(),
+                             progress=False, compiled=True)
+    rows = {r.name: r for r in report.results}
+    assert {"greedy-loop compiled", "text-only k=5 compiled"} <= set(rows)
+    assert all(r.identical for r in rows.values())
+    assert "compile_s[text-only k=5 compiled]" in report.settings
