@@ -67,7 +67,8 @@ class StaticSteps:
             raise MMSpecError(f"compile=True cannot roll back the {self.role}'s sliding-window cache; leave compile off")
         # The compiled steps call `forward` itself: accelerate's placement hooks would be skipped (other hooks, e.g.
         # forward counters, only miss those steps).
-        if compat.accelerate_hook(self.model) is not None or getattr(self.model, "hf_device_map", None):
+        placement = getattr(self.model, "hf_device_map", None) or {}
+        if compat.accelerate_hook(self.model) is not None or len(set(placement.values())) > 1:
             raise MMSpecError(f"compile=True needs the {self.role} on one device, without accelerate's offloading")
         if not self._takes_logits_to_keep:
             raise MMSpecError(f"compile=True needs a {self.role} whose forward takes logits_to_keep")

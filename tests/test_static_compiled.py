@@ -279,3 +279,12 @@ def test_compiled_steps_return_hidden_states_like_eager(target, prompt):
     assert len(compiled_step.hidden_states) == len(eager_step.hidden_states)
     for a, b in zip(compiled_step.hidden_states, eager_step.hidden_states):
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_model_split_over_devices_is_refused(prompt):
+    model = tiny_llama(num_layers=2, seed=5)
+    model.hf_device_map = {"model.embed_tokens": "cpu", "model.layers": "disk"}
+    with pytest.raises(MMSpecError, match="on one device"):
+        StaticTarget(model, backend="eager")
+    model.hf_device_map = {"": "cpu"}  # loaded with device_map on one device: fine
+    StaticTarget(model, backend="eager")
