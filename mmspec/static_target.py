@@ -15,7 +15,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from .cached_model import CachedModel
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, ModelDrafter, NoDrafter
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy, HeuristicDraftLength
 from .static_steps import StaticSteps
@@ -158,7 +158,7 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
             target = target.model  # built from the model alone: its static variant is the same target
         if not isinstance(target, PreTrainedModel):
             raise MMSpecError(f"compile=True takes a transformers model as the target, got {type(target).__name__}")
-        widths = verify_widths(policy)
+        widths = (1,) if isinstance(drafter, NoDrafter) else verify_widths(policy)  # plain decoding: one token a step
         target = _shared(target, ("target", widths), lambda m: static_target_for(m, widths, backend=DEFAULT_BACKEND))
     if isinstance(drafter, PreTrainedModel):
         drafter = _shared(drafter, ("drafter",), lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND))

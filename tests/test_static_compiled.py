@@ -85,6 +85,15 @@ def test_a_model_drafter_subclass_keeps_its_choices(target, prompt):
     assert out.stats.accepted == 0 and out.stats.drafted > 0
 
 
+def test_no_drafter_steps_one_token_wide(target, prompt, monkeypatch):
+    from mmspec import NoDrafter
+    from mmspec import static_target as st
+
+    monkeypatch.setattr(st, "DEFAULT_BACKEND", "eager")
+    out = assert_same_as_generate(target, NoDrafter(), prompt, 10, compile=True)
+    assert out.target.widths == (1,) and out.stats.target_forwards == 10
+
+
 def test_prompt_lookup_drafts_of_any_length(target, prompt):
     # Prompt lookup proposes 0..k drafts a round: every one pads to the same width.
     static_target = StaticTarget(target, widths=(5,), backend="eager")
