@@ -36,6 +36,15 @@ from mmspec.testing import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def forget_compiled_graphs():
+    """Every transformers forward runs through one decorator, whose code dynamo caches graphs under: this module's
+    many graphs would leave later tests' compiled calls (transformers' own static-cache generate) no room."""
+    yield
+    torch._dynamo.reset()
+
+
+
 def static_pair(target, drafter, policy, backend="eager"):
     static_target = StaticTarget(target, widths=verify_widths(policy), backend=backend)
     return static_target, StaticModelDrafter(drafter, backend=backend)

@@ -1,6 +1,7 @@
 """The captioner with `compile=True`: the same greedy captions as the model's own `generate`, every method."""
 
 import pytest
+import torch
 
 from mmspec import MMSpecError
 from mmspec import static_target as st
@@ -9,6 +10,15 @@ from mmspec.vision.pipeline import CaptionPipeline
 
 from .test_pipeline import frames, tiny_captioner_folder  # noqa: F401  (fixtures)
 from .test_sparse_to_dense import tiny_llava  # noqa: F401  (fixture)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forget_compiled_graphs():
+    """Every transformers forward runs through one decorator, whose code dynamo caches graphs under: this module's
+    many graphs would leave later tests' compiled calls (transformers' own static-cache generate) no room."""
+    yield
+    torch._dynamo.reset()
+
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,14 @@ from .tiny_vlms import BUILDERS
 MAX_NEW = 16
 
 
+@pytest.fixture(autouse=True, scope="module")
+def forget_compiled_graphs():
+    """Every transformers forward runs through one decorator, whose code dynamo caches graphs under: this module's
+    many graphs would leave later tests' compiled calls (transformers' own static-cache generate) no room."""
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("kind", ["text-only", "lookup"])
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_static_vlm_greedy_equals_generate(name, kind, vlm_cases, text_lm):
