@@ -37,8 +37,10 @@ def leading_true_count(accepted: torch.Tensor) -> torch.Tensor:
 
 
 # Whether chain rules verify in one fused Triton kernel (`mmspec.kernels.rejection`: one launch, no host
-# synchronisation): None on CUDA tensors when Triton is installed, True always (CPU tensors need Triton's interpreter,
-# TRITON_INTERPRET=1: tests), False never.
+# synchronisation). None: `greedy_match` on CUDA tensors when Triton is installed (the same decisions bit for bit);
+# `speculative_sampling` keeps torch, since the kernel draws the appended token by an exponential race (the same
+# distribution, other random numbers), and a seed must give the same tokens on every device. True: both rules, always
+# (CPU tensors need Triton's interpreter, TRITON_INTERPRET=1: tests). False: never.
 FUSED_CHAIN_KERNELS: bool | None = None
 
 
@@ -126,7 +128,7 @@ def speculative_sampling(
     """
     p = probabilities(target_logits, sampling)
     batch, k = proposal.tokens.shape
-    if k and fused_chain_kernels(target_logits):
+    if k and FUSED_CHAIN_KERNELS and fused_chain_kernels(target_logits):
         # The same uniforms decide acceptance; the appended token is one exponential-race draw from the same
         # residual (or bonus) distribution instead of a multinomial one.
         from .kernels.rejection import sampled_chain_verify

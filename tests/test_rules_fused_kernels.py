@@ -1,6 +1,8 @@
 """The chain rules' fused path: on CUDA tensors `greedy_match` and `speculative_sampling` verify in one Triton
 kernel (`mmspec.kernels.rejection`). Forced on CPU tensors here through Triton's interpreter, it must decide as
-the torch path does: the same accepted counts, the same greedy tokens, sampled tokens from the same distribution."""
+the torch path does: the same accepted counts, the same greedy tokens, sampled tokens from the same distribution.
+The sampled kernel is opt-in (`rules.FUSED_CHAIN_KERNELS = True`): it draws the appended token with other random
+numbers, and a seed must give the same tokens on every device."""
 
 import pytest
 import torch
@@ -76,6 +78,21 @@ def test_fused_greedy_decoding_equals_generate(monkeypatch, target, small_drafte
     expected = target.generate(prompt, do_sample=False, max_new_tokens=16)
     out = speculative_generate(target, small_drafter, prompt, max_new_tokens=16, do_sample=False, num_draft_tokens=3)
     assert torch.equal(out.sequences, expected) and calls
+
+
+def test_sampling_keeps_torch_unless_asked(monkeypatch):
+    """By default only greedy matching takes the kernel: sampled tokens stay those a seed gives on every device."""
+    from mmspec.kernels import triton_launch
+
+    monkeypatch.setattr(triton_launch, "runs_triton", lambda like, requested: requested is None or bool(requested))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the sampled kernel ran without being asked")
+
+    monkeypatch.setattr(rejection, "sampled_chain_verify", refuse)
+    logits, q, drafts, _, _ = case(1, batch=2, k=3, vocab=11, ragged=False)
+    rules.speculative_sampling(Proposal(tokens=drafts, probs=q), logits, SamplingConfig(do_sample=True),
+                               torch.Generator().manual_seed(0))
 
 
 def test_cpu_tensors_keep_the_torch_path(monkeypatch):

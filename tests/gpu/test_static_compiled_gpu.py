@@ -53,6 +53,7 @@ def test_rules_take_the_fused_kernel_on_cuda(monkeypatch):
     on_cuda = rules.greedy_match(Proposal(tokens=drafts.to(CUDA)), logits.to(CUDA))
     assert calls and torch.equal(on_cpu.num_accepted, on_cuda.num_accepted.cpu())
     assert torch.equal(on_cpu.next_token, on_cuda.next_token.cpu())
+    monkeypatch.setattr(rules, "FUSED_CHAIN_KERNELS", True)  # sampled: opt-in (another draw of the appended token)
     sampled = rules.speculative_sampling(Proposal(tokens=drafts.to(CUDA)), logits.to(CUDA), SamplingConfig(do_sample=True),
                                          torch.Generator().manual_seed(1))
     reference = rules.speculative_sampling(Proposal(tokens=drafts), logits, SamplingConfig(do_sample=True),
