@@ -306,3 +306,23 @@ def test_a_model_split_over_devices_is_refused(prompt):
         StaticTarget(model, backend="eager")
     model.hf_device_map = {"": "cpu"}  # loaded with device_map on one device: fine
     StaticTarget(model, backend="eager")
+
+
+def test_cli_bench_overhead_compile_flag(monkeypatch, capsys):
+    import mmspec.bench.text as bench_text_module
+    from mmspec.bench.harness import run_benchmark
+    from mmspec.cli import main
+    from mmspec.stats import SpecStats
+
+    seen = []
+
+    def fake_bench(target, drafter, prompts, **options):
+        seen.append(options["include_mmspec_compiled"])
+        return run_benchmark("t", {"a": lambda item: ([1], SpecStats(new_tokens=1))}, [0], reference="a", repeats=1,
+                             warmup=0, progress=False)
+
+    monkeypatch.setattr(bench_text_module, "bench_text", fake_bench)
+    for flags, expected in (([], False), (["--compile"], True)):
+        assert main(["bench", "overhead", "--layers", "2", "--hidden", "64", "--num-prompts", "1", "--json", *flags]) == 0
+        assert seen[-1] is expected
+    capsys.readouterr()
