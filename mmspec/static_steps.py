@@ -15,7 +15,7 @@ wider than the widest width, with extra inputs (masks, positions, hidden states)
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, StaticCache
@@ -131,9 +131,10 @@ class StaticSteps:
 
     def warm_up(self, token_id: int = 0) -> None:
         """Compile every width now (on a one-token prompt), so the first real call does not pay for it."""
+        device = input_device(self.model)
         for width in self.widths:
-            self.prefill(torch.full((1, 1), token_id, dtype=torch.long, device=input_device(self.model)))
-            self.extend(torch.full((1, width), token_id, dtype=torch.long, device=input_device(self.model)))
+            self.prefill(cast(torch.LongTensor, torch.full((1, 1), token_id, dtype=torch.long, device=device)))
+            self.extend(cast(torch.LongTensor, torch.full((1, width), token_id, dtype=torch.long, device=device)))
         self.cache = None
 
     # -- CachedModel's interface --------------------------------------------------------------------------------

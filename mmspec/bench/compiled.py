@@ -7,6 +7,7 @@ apart from the decoding times.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import torch
 from transformers import PreTrainedModel
@@ -14,6 +15,7 @@ from transformers import PreTrainedModel
 from ..decoding import SpeculativeDecoder
 from ..policies import FixedDraftLength
 from ..sampling import SamplingConfig
+from ..static_steps import StaticSteps
 from ..static_target import StaticModelDrafter, StaticTarget, verify_widths
 from ..stats import SpecStats
 from .harness import MethodFn
@@ -30,12 +32,13 @@ def compiled_mmspec(target: PreTrainedModel, drafter: PreTrainedModel, max_new_t
     decoder = SpeculativeDecoder(static_target, static_drafter, policy=policy, method="mmspec-compiled")
 
     def run(input_ids: torch.Tensor) -> tuple[list[int], SpecStats]:
-        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=SamplingConfig())
+        out = decoder.generate(cast(torch.LongTensor, input_ids), max_new_tokens=max_new_tokens, sampling=SamplingConfig())
         return out.sequences[0, input_ids.shape[1]:].tolist(), out.stats
 
     start = time.perf_counter()
     with torch.inference_mode():
         static_target.warm_up()
+        assert isinstance(static_drafter.lm, StaticSteps)
         static_drafter.lm.warm_up()
         run(first_prompt)
     return run, time.perf_counter() - start
