@@ -73,6 +73,8 @@ class StaticSteps:
         if not self._takes_logits_to_keep:
             raise MMSpecError(f"compile=True needs a {self.role} whose forward takes logits_to_keep")
         self.widths = tuple(sorted(set(widths)))
+        # Padded positions must stay inside a learned position table (GPT-2's): past it, steps go unpadded, eagerly.
+        self._position_limit = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
         self.min_capacity = 0 if max_cache_len is None else int(max_cache_len)
         device = input_device(self.model)
         mode = mode if mode is not None else (compile_mode(device) if backend == "inductor" else None)
@@ -162,6 +164,8 @@ class StaticSteps:
         count = tokens.shape[1]
         width = next((w for w in self.widths if w >= count), count)
         length = self.length
+        if self._position_limit is not None and length + width > self._position_limit:
+            width = count
         if length + width > self.capacity:
             self._grow(length + width + self.widths[-1])
         self._length = length + count

@@ -326,3 +326,22 @@ def test_cli_bench_overhead_compile_flag(monkeypatch, capsys):
         assert main(["bench", "overhead", "--layers", "2", "--hidden", "64", "--num-prompts", "1", "--json", *flags]) == 0
         assert seen[-1] is expected
     capsys.readouterr()
+
+
+def test_steps_near_the_position_limit_go_unpadded(target, small_drafter, prompt):
+    """Padding must not run past the model's positions (a learned table would fail): the last steps feed only the
+    real tokens; the output is still generate's."""
+    limit = target.config.max_position_embeddings
+    static_target, static_drafter = static_pair(target, small_drafter, FixedDraftLength(5))
+    ends = []
+    compiled = static_target._compiled
+
+    def recording(**inputs):
+        ends.append(int(inputs["cache"].get_seq_length()) + inputs["input_ids"].shape[1])
+        return compiled(**inputs)
+
+    static_target._compiled = recording
+    out = assert_same_as_generate(target, static_drafter, prompt, limit - prompt.shape[1] - 1,
+                                  static_target=static_target, num_draft_tokens=5)
+    assert out.sequences.shape[1] == limit - 1
+    assert ends and max(ends) <= limit
