@@ -86,7 +86,12 @@ class SpeculativeDecoder:
         rule: AcceptanceRule | TreeAcceptanceRule | None = None,
         method: str = "speculative",
         tree: TreeConfig | None = None,
+        compile: bool = False,
     ) -> None:
+        if compile:  # the static-shape path: fixed-width steps over static caches, compiled (mmspec.static_target)
+            from .static_target import compiled_pair
+
+            target, drafter = compiled_pair(target, drafter, policy or FixedDraftLength(5), tree)
         self.drafter = as_drafter(drafter)
         self.target = as_target(target)
         # For callers that drive the target and drafter by hand after building a decoder; each call sets its own.
@@ -252,6 +257,7 @@ def speculative_generate(
     eos_token_id: int | Iterable[int] | None = None,
     on_tokens: Callable[[int], None] | None = None,
     tree: TreeConfig | None = None,
+    compile: bool = False,
     **kwargs: Any,
 ) -> SpeculativeOutput:
     """Generate with speculative decoding: the output is what `target.generate(...)` gives for the same call.
@@ -273,6 +279,10 @@ def speculative_generate(
         tree: draft an EAGLE-2 tree (`TreeConfig(num_nodes, top_k, depth)`) instead of a chain, verified
             in one target forward; `num_draft_tokens` and `policy` are then unused.
         on_tokens: called with the number of tokens committed each round (progress bars).
+        compile: the static-shape path for a decoder-only target (text, LLaVA family, Qwen2-VL; chains, one sequence):
+            static KV caches rolled back by moving a length pointer, every round verifying a fixed k + 1
+            positions, drafter steps of one shape, each forward compiled once (`mmspec.static_target`).
+            The first calls compile (slow); later calls with the same shapes reuse the graphs.
         kwargs: generation settings as `generate` takes them (`do_sample`, `temperature`, `top_k`,
             `top_p`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`,
             `min_new_tokens`, `suppress_tokens`, ..., `generation_config=`, `logits_processor=`,
@@ -282,7 +292,8 @@ def speculative_generate(
             names are refused with an `MMSpecError`.
     """
     check_arguments(target, input_ids, max_new_tokens, generator, num_draft_tokens, policy, kwargs)
-    decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule, tree=tree)
+    decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule, tree=tree,
+                                 compile=compile)
     return decoder.generate(
         input_ids, max_new_tokens=max_new_tokens, generator=generator, eos_token_id=eos_token_id,
         on_tokens=on_tokens, **kwargs,

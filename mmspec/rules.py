@@ -36,6 +36,20 @@ def leading_true_count(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.long().cumprod(dim=1).sum(dim=1)
 
 
+# Whether chain rules verify in one fused Triton kernel (`mmspec.kernels.rejection`: one launch, no host
+# synchronisation). None: `greedy_match` on CUDA tensors when Triton is installed (the same decisions bit for bit);
+# `speculative_sampling` keeps torch, since the kernel draws the appended token by an exponential race (the same
+# distribution, other random numbers), and a seed must give the same tokens on every device. True: both rules, always
+# (CPU tensors need Triton's interpreter, TRITON_INTERPRET=1: tests). False: never.
+FUSED_CHAIN_KERNELS: bool | None = None
+
+
+def fused_chain_kernels(logits: torch.Tensor) -> bool:
+    from .kernels.triton_launch import runs_triton
+
+    return runs_triton(logits, FUSED_CHAIN_KERNELS)
+
+
 def greedy_match(
     proposal: Proposal,
     target_logits: torch.Tensor,
@@ -43,6 +57,11 @@ def greedy_match(
     generator: torch.Generator | None = None,
 ) -> Verdict:
     """Exact match: accept drafts while they equal the target's argmax; then take the target's argmax."""
+    if proposal.length and fused_chain_kernels(target_logits):
+        from .kernels.rejection import greedy_chain_verify
+
+        num_accepted, next_token = greedy_chain_verify(proposal.tokens, target_logits, proposal.lengths, use_triton=True)
+        return Verdict(num_accepted=num_accepted, next_token=next_token)
     choice = target_logits.argmax(dim=-1)
     k = proposal.length
     matches = proposal.tokens == choice[:, :k]
@@ -109,6 +128,14 @@ def speculative_sampling(
     """
     p = probabilities(target_logits, sampling)
     batch, k = proposal.tokens.shape
+    if k and FUSED_CHAIN_KERNELS and fused_chain_kernels(target_logits):
+        # The same uniforms decide acceptance; the appended token is one exponential-race draw from the same
+        # residual (or bonus) distribution instead of a multinomial one.
+        from .kernels.rejection import sampled_chain_verify
+
+        num_accepted, next_token = sampled_chain_verify(proposal.tokens, p, proposal.probs, lengths=proposal.lengths,
+                                                        generator=generator, use_triton=True)
+        return Verdict(num_accepted=num_accepted, next_token=next_token)
     q = proposal.probs if proposal.probs is not None else one_hot_drafts(proposal, p.shape[-1])
     valid = proposal.valid()
     if valid is not None:

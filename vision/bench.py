@@ -71,13 +71,13 @@ def plain_greedy(model: PreTrainedModel, max_new_tokens: int, counter: ForwardCo
 
 
 def speculative(model: PreTrainedModel, make_drafter, k: int, max_new_tokens: int, name: str,
-                tree: TreeConfig | None = None, policy: DraftLengthPolicy | None = None) -> MethodFn:
-    """A row of mmspec's loop: `k` drafts per round, or `policy` when given."""
+                tree: TreeConfig | None = None, policy: DraftLengthPolicy | None = None, compile: bool = False) -> MethodFn:
+    """A row of mmspec's loop: `k` drafts per round, or `policy` when given; `compile`: the static-shape path."""
     target = VisionTarget(model)
 
     def run(item: CaptionInput) -> tuple[list[int], SpecStats]:
         rounds = policy.fresh() if policy is not None else FixedDraftLength(k)
-        decoder = SpeculativeDecoder(target, make_drafter(), policy=rounds, method=name, tree=tree)
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=rounds, method=name, tree=tree, compile=compile)
         out = decoder.generate(item.input_ids, max_new_tokens=max_new_tokens, **item.model_inputs)
         return out.sequences[0, item.input_ids.shape[1]:].tolist(), out.stats
 
@@ -179,6 +179,7 @@ def bench_vision(
     tree: TreeConfig | None = None,
     confidence_stop: tuple[int, float] | None = None,
     lean_ablation: bool = False,
+    compiled: bool = False,
 ) -> tuple[BenchReport, dict[str, Any]]:
     """Plain greedy, the text-only drafter (mmspec's loop and transformers' assisted generation),
     Sparse-to-Dense settings and each feature drafter, on `inputs`.
@@ -190,7 +191,9 @@ def bench_vision(
     `confidence_stop` = (K, threshold), they get a row drafting up to K tokens that stops at the first draft
     whose drafter probability is below the threshold (`ConfidenceStopDraftLength`). With `lean_ablation`, every
     text-only and feature-drafter row gets a twin (" hf-fwd") whose drafter steps through transformers' forward
-    instead of `mmspec.kernels.lean_llama`: the same drafts, the cost of the call machinery.
+    instead of `mmspec.kernels.lean_llama`: the same drafts, the cost of the call machinery. With `compiled`, every
+    chain row (and the greedy loop) gets a twin (" compiled") on the static-shape path (`compile=True`), compiled
+    before the timed passes; the settings report each twin's first call, compiling included.
     """
     counter = ForwardCounter(model)
     counters = [counter]
@@ -211,6 +214,11 @@ def bench_vision(
             methods[row] = speculative(model, lambda lean=lean: make(lean), k, max_new_tokens, kind, **options)
             if net is not None:
                 (tree_feature_rows if options.get("tree") is not None else feature_rows)[row] = net
+        if compiled and options.get("tree") is None:
+            methods[f"{name} compiled"] = speculative(model, lambda: make(True), k, max_new_tokens, kind, compile=True,
+                                                      **options)
+            if net is not None:
+                feature_rows[f"{name} compiled"] = net
 
     def text_only(lean: bool) -> TextOnlyDrafter:
         return TextOnlyDrafter(drafter, model, lean=lean)
@@ -248,11 +256,20 @@ def bench_vision(
                 continue
             add_rows(f"{label} {shape}", lambda lean, net=net: runtime_drafter(net, lean=lean), num_draft_tokens, net.kind,
                      net, tree=tree)
+    compile_seconds: dict[str, float] = {}
+    if compiled:
+        methods["greedy-loop compiled"] = speculative(model, NoDrafter, 1, max_new_tokens, "greedy-loop", compile=True)
+        with torch.inference_mode():
+            for name in [n for n in methods if n.endswith(" compiled")]:
+                start = time.perf_counter()  # the first call compiles: timed apart from the timed passes
+                methods[name](inputs[0])
+                compile_seconds[f"compile_s[{name}]"] = round(time.perf_counter() - start, 1)
     try:
         with torch.inference_mode():
             report = run_benchmark(title, methods, inputs, reference="plain-greedy", repeats=repeats, progress=progress,
                                    settings={"videos": len(inputs), "max_new_tokens": max_new_tokens, "repeats": repeats,
-                                             "threads": torch.get_num_threads(), "device": str(model.device)})
+                                             "threads": torch.get_num_threads(), "device": str(model.device),
+                                             **compile_seconds})
     finally:
         for each in counters:
             each.close()

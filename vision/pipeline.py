@@ -419,6 +419,7 @@ class CaptionPipeline(SpeculativePipeline):
         callback_on_round: RoundCallback | None = None,
         tree: TreeConfig | None = None,
         batch_size: int = 1,
+        compile: bool = False,
     ) -> CaptionOutput | list[CaptionOutput]:
         """Caption one video or one image, or a list of them.
 
@@ -452,6 +453,9 @@ class CaptionPipeline(SpeculativePipeline):
                 every method. Larger: the method's target and drafter must decode batches (today `ar` and
                 `text` on LLaVA, LLaVA-NeXT-Video and LLaVA-OneVision targets); greedy captions equal the
                 items captioned alone.
+            compile: the static-shape compiled path (`speculative_generate(compile=True)`): static caches,
+                fixed-width verify and text-drafter steps, compiled on the first call (slow), the same captions.
+                Chains, `batch_size` 1.
         """
         batch_size = check_batch_size(batch_size)
         method = self.check_method(method)
@@ -466,13 +470,16 @@ class CaptionPipeline(SpeculativePipeline):
             kind, source = ("video", video) if video is not None else ("image", image)
             prepared = self._prepare_one(kind, source, prompt, method, max_new_tokens, num_frames, fps)
             # Built before the progress bar opens: a drafter that cannot draft trees fails here, in one line.
-            decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method, tree=tree)
+            decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method, tree=tree,
+                                         compile=compile)
             generator = self.generator_for(generator, seed, needed=do_sample)
             with self.progress_bar(total=prepared[2], desc=f"caption ({method})", enabled=progress_bar) as bar:
                 return self._decode_one(prepared, decoder, sampling, generator, self.round_reporter(callback_on_round, bar))
         kind, sources = listed
         prompts = per_item(prompt, len(sources), "prompt")
         if batch_size > 1:
+            if compile:
+                raise MMSpecError(f"batch_size={batch_size}: compile=True captions one item at a time; use batch_size=1")
             if tree is not None:
                 raise MMSpecError(f"batch_size={batch_size}: draft trees follow one sequence; use batch_size=1 or chains")
             if callback_on_round is not None:
@@ -487,7 +494,8 @@ class CaptionPipeline(SpeculativePipeline):
                     reporter.chunk = group[0]
                     prepared = self._prepare_one(kind, sources[group[0]], prompts[group[0]], method, max_new_tokens,
                                                  num_frames, fps)
-                    decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method, tree=tree)
+                    decoder = SpeculativeDecoder(self.target, self.make_drafter(method), policy=policy, method=method,
+                                                 tree=tree, compile=compile)
                     outputs.append(self._decode_one(prepared, decoder, sampling, generator, reporter))
                 else:
                     # A batch drafts one length for all its rows: a carded confidence stop gives way to the carded k.

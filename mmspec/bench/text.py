@@ -115,6 +115,7 @@ def bench_text(
     include_assisted: bool = True,
     include_lookup: bool = True,
     include_compiled: bool = True,
+    include_mmspec_compiled: bool = False,
     repeats: int = 3,
     title: str = "bench text",
     progress: bool = True,
@@ -122,10 +123,20 @@ def bench_text(
     # Hooks only while a transformers row runs: mmspec's rows count their own forwards, and run hook-free as users do.
     target_counter, drafter_counter = ForwardCounter(target, attached=False), ForwardCounter(drafter, attached=False)
     methods: dict[str, MethodFn] = {"plain-greedy": plain_greedy(target, max_new_tokens, target_counter)}
+    longest = max(int(p.shape[1]) for p in prompts)
+    compile_seconds: dict[str, float] = {}
     if include_compiled:
-        longest = max(int(p.shape[1]) for p in prompts)
         methods["generate-static-compiled"] = static_compiled_greedy(target, max_new_tokens, longest + max_new_tokens,
                                                                      target_counter)
+        start = time.perf_counter()  # its first call compiles: time it apart from the timed passes
+        with torch.inference_mode():
+            methods["generate-static-compiled"](prompts[0])
+        compile_seconds["generate-static-compiled"] = time.perf_counter() - start
+    if include_mmspec_compiled:
+        from .compiled import compiled_mmspec
+
+        methods["mmspec-compiled"], compile_seconds["mmspec-compiled"] = compiled_mmspec(
+            target, drafter, max_new_tokens, num_draft_tokens, longest + max_new_tokens + num_draft_tokens + 1, prompts[0])
     for policy in policies:
         decoder = SpeculativeDecoder(target, drafter, policy=make_policy(policy, num_draft_tokens), method=f"mmspec-{policy}")
         methods[f"mmspec-{policy}"] = mmspec_method(decoder, max_new_tokens)
@@ -142,7 +153,9 @@ def bench_text(
             return run_benchmark(
                 title, methods, prompts, reference="plain-greedy", repeats=repeats, progress=progress,
                 settings={"prompts": len(prompts), "max_new_tokens": max_new_tokens, "k": num_draft_tokens,
-                          "repeats": repeats, "threads": torch.get_num_threads()},
+                          "repeats": repeats, "threads": torch.get_num_threads(),
+                          # first calls, compiling included, before the timed passes
+                          **{f"compile_s[{name}]": round(seconds, 1) for name, seconds in compile_seconds.items()}},
             )
     finally:
         target_counter.close()

@@ -19,6 +19,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         default=64)
     parser.add_argument("--num-draft-tokens", "-k", type=checks.positive_int, default=5)
     add_size_flag(parser, 8, "random prompts to run", "--num-prompts")
+    parser.add_argument("--compile", action="store_true",
+                        help="add the mmspec-compiled row (static caches, fixed-width steps, torch.compile); compiled "
+                             "before timing, compile time reported")
     parser.set_defaults(func=run)
 
 
@@ -49,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = [torch.randint(1, 1000, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(i)) for i in range(args.num_samples)]
     report = bench_text(
         target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
-        policies=("fixed",), include_lookup=False, repeats=args.repeats, progress=not args.json,
-        title=f"bench overhead: {args.layers}-layer target (all but 1 inert) + its 1-layer prefix as drafter",
+        policies=("fixed",), include_lookup=False, include_mmspec_compiled=args.compile, repeats=args.repeats,
+        progress=not args.json, title=f"bench overhead: {args.layers}-layer target (all but 1 inert) + its 1-layer prefix as drafter",
     )
     emit(report, args)
     return 0

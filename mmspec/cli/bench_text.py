@@ -26,6 +26,9 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--no-compiled-baseline", action="store_true",
                         help="leave out the generate-static-compiled row (transformers' generate with a static cache "
                              "and a compiled forward; compiling takes a while, once, in the warm-up)")
+    parser.add_argument("--compile", action="store_true",
+                        help="add the mmspec-compiled row: mmspec's static-shape path (static caches, fixed-width "
+                             "verify and drafter steps, torch.compile); compiled before timing, compile time reported")
     parser.set_defaults(func=run)
 
 
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError(f"{args.model!r} has no tokenizer; bench text needs one to encode prompts")
     prompts = [tokenizer(p, return_tensors="pt").input_ids for p in read_prompts(args)]
     if args.batch_size:
+        if args.compile:
+            raise MMSpecError("--compile decodes one sequence at a time; leave out --batch-size")
         from ..bench.batches import bench_text_batches
 
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.generation_config.pad_token_id
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     report = bench_text(
         target, drafter, prompts, max_new_tokens=args.max_new_tokens, num_draft_tokens=k,
         repeats=args.repeats, title=f"bench text: {args.model} + {args.drafter}", progress=not args.json,
-        include_compiled=not args.no_compiled_baseline,
+        include_compiled=not args.no_compiled_baseline, include_mmspec_compiled=args.compile,
     )
     emit(report, args)
     return 0

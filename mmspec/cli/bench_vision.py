@@ -42,6 +42,10 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--lean-ablation", action="store_true",
                         help="a twin row (' hf-fwd') for every text-only, msd and flash row, its drafter stepping through "
                              "transformers' forward instead of mmspec.kernels.lean_llama: the same drafts, the per-call cost")
+    parser.add_argument("--compile", action="store_true",
+                        help="a twin row (' compiled') for the greedy loop and every chain row on mmspec's static-shape "
+                             "path (static caches, fixed-width steps, torch.compile); compiled before timing, compile "
+                             "times reported")
     parser.set_defaults(func=run)
 
 
@@ -79,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
     videos = [render_video(scene, num_frames=frames, size=size)
               for scene, _caption in captioner_examples(pipe.card, args.num_samples, seed=args.seed, split="heldout")]
     if args.batch_size:
-        if args.tree is not None or args.extra_drafter or args.confidence_stop is not None or args.lean_ablation:
+        if (args.tree is not None or args.extra_drafter or args.confidence_stop is not None or args.lean_ablation
+                or args.compile):
             raise MMSpecError("--batch-size compares the methods that decode batches; --tree, --confidence-stop, "
-                              "--extra-drafter and --lean-ablation apply without it")
+                              "--extra-drafter, --lean-ablation and --compile apply without it")
         report = bench_vision_batches(pipe, videos, args.batch_size, max_new_tokens=args.max_new_tokens,
                                       num_draft_tokens=args.num_draft_tokens, repeats=args.repeats, progress=not args.json,
                                       title=f"bench vision: {args.model} on {len(videos)} held-out videos")
@@ -96,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                                   max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats, tree=args.tree,
                                   confidence_stop=args.confidence_stop, lean_ablation=args.lean_ablation,
-                                  progress=not args.json, title=f"bench vision: {args.model} on {len(items)} held-out videos")
+                                  compiled=args.compile, progress=not args.json,
+                                  title=f"bench vision: {args.model} on {len(items)} held-out videos")
     if args.json:
         print(json.dumps({**report.to_dict(), "extras": extras}, indent=2))
         return 0

@@ -49,6 +49,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="longest caption, in tokens (default: the model's generation config, else 64)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=None,
                         help="sample at this temperature (default and 0: greedy)")
+    parser.add_argument("--compile", action="store_true",
+                        help="the static-shape compiled path (static caches, fixed-width verify and text-drafter steps, "
+                             "torch.compile): the same captions; compiling takes a while once per run (one file at a "
+                             "time, chains)")
     folder_runs.add_flags(parser)
     add_drafter_dtype_flag(parser)
     add_placement_flags(parser)
@@ -86,8 +90,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"mmspec: method {args.method!r} (--tree: the fastest method available that drafts trees)", file=sys.stderr)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
+    if args.compile and args.tree is not None:
+        raise MMSpecError("--compile verifies chains; leave out --tree")
     if folder is not None:
         if args.batch_size > 1:
+            if args.compile:
+                raise MMSpecError("--compile captions one file at a time; use --batch-size 1 with --compile")
             if args.tree is not None:
                 raise MMSpecError("--tree drafts one sequence at a time; use --batch-size 1 (or chains) "
                                   f"with --batch-size {args.batch_size}")
@@ -122,7 +130,8 @@ def caption_one(pipe: Any, path: str, args: argparse.Namespace, progress_bar: bo
     media = {media_kind(path): path}
     return pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
                 fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
-                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar, tree=args.tree)
+                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar, tree=args.tree,
+                compile=args.compile)
 
 
 def caption_record(pipe: Any, path: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -35,6 +35,9 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="with --sample; 0 = greedy")
     parser.add_argument("--top-k", type=checks.positive_int, default=None)
     parser.add_argument("--top-p", type=checks.probability, default=None)
+    parser.add_argument("--compile", action="store_true",
+                        help="the static-shape compiled path (static caches, fixed-width steps, torch.compile): the "
+                             "same output; compiling takes a while on every run, so it pays for long outputs only")
     parser.set_defaults(func=run)
 
 
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     out = speculative_generate(
         target, drafter, input_ids, max_new_tokens=max_new_tokens, do_sample=args.sample and args.temperature > 0,
         temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed),
-        policy=draft_policy(args),
+        policy=draft_policy(args), compile=args.compile,
     )
     text = tokenizer.decode(out.sequences[0], skip_special_tokens=True)
     if args.json:

@@ -1,0 +1,219 @@
+"""Fixed-shape incremental forwards over a static KV cache, compiled once per width.
+
+A `CachedModel` normally grows a dynamic cache and crops it after every rejected draft. Here the cache is a
+transformers `StaticCache`, allocated once for a whole call (prompt + new tokens + one verification), and
+every incremental forward feeds one of a few fixed widths: a shorter input is padded at its end, the padded
+positions are written to cache slots past the real ones, and the length pointer is moved back over them at
+once. Rollback (`truncate`) moves the same pointer: nothing is copied, and the stale slots are overwritten by
+the next forward (the causal mask hides every slot past a query's own position). With fixed widths and a
+fixed cache size each forward has one shape, so `torch.compile(dynamic=False)` builds one graph per width.
+
+Prefills (any prompt length) run eagerly into the same cache. So do forwards this path does not compile:
+wider than the widest width, with extra inputs (masks, positions, hidden states) or without the output head.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, cast
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+
+from . import compat
+from .devices import input_device
+from .errors import MMSpecError
+
+# Cache sizes are rounded up to this many positions, so calls with nearby lengths share one compiled graph.
+CACHE_BUCKET = 128
+# Graphs dynamo may keep for one model class's forward (see `extend`).
+RECOMPILE_LIMIT = 64
+
+
+def compile_mode(device: torch.device) -> str:
+    """CUDA graphs on a GPU ("reduce-overhead": the step is launch-bound there), inductor's default elsewhere."""
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+def rounded_capacity(positions: int) -> int:
+    return -(-positions // CACHE_BUCKET) * CACHE_BUCKET
+
+
+class StaticSteps:
+    """Mixin for `CachedModel` subclasses: static cache, padded fixed-width `extend`, rollback by pointer.
+
+    The compiled forward and the caches are shared by every working copy of the object (a decoding call copies
+    its target and drafter, see `mmspec.decode_state`): the cache lives in a `threading.local`, one per thread,
+    reused from call to call (a new cache would mean new tensors and a recompiled graph). A call that starts on
+    the same thread while another is still running (a re-entrant call from a hook) takes the cache over; the
+    first call then stops with an error instead of reading states that are not its own.
+    """
+
+    model: PreTrainedModel
+    role: str
+    cache: Any
+    forwards: int
+    _cache_argument: str
+    _takes_logits_to_keep: bool
+
+    def setup_static(self, widths: tuple[int, ...], max_cache_len: int | None = None, backend: str = "inductor",
+                     mode: str | None = None) -> None:
+        if not widths or min(widths) < 1:
+            raise MMSpecError(f"static widths must be positive, got {widths}")
+        config = self.model.config
+        if getattr(config, "is_encoder_decoder", False):
+            raise MMSpecError(f"compile=True supports decoder-only models; the {self.role} is an encoder-decoder")
+        if getattr(self, "sliding_window", None) is not None:
+            raise MMSpecError(f"compile=True cannot roll back the {self.role}'s sliding-window cache; leave compile off")
+        # The compiled steps call `forward` itself: accelerate's placement hooks would be skipped (other hooks, e.g.
+        # forward counters, only miss those steps).
+        placement = getattr(self.model, "hf_device_map", None) or {}
+        if compat.accelerate_hook(self.model) is not None or len(set(placement.values())) > 1:
+            raise MMSpecError(f"compile=True needs the {self.role} on one device, without accelerate's offloading")
+        if not self._takes_logits_to_keep:
+            raise MMSpecError(f"compile=True needs a {self.role} whose forward takes logits_to_keep")
+        self.widths = tuple(sorted(set(widths)))
+        # Padded positions must stay inside a learned position table (GPT-2's): past it, steps go unpadded, eagerly.
+        self._position_limit = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
+        self.min_capacity = 0 if max_cache_len is None else int(max_cache_len)
+        device = input_device(self.model)
+        mode = mode if mode is not None else (compile_mode(device) if backend == "inductor" else None)
+        self._copies_outputs = mode == "reduce-overhead"
+        # One compiled callable for every width and working copy; dynamo keeps one graph per input shape.
+        options: dict[str, Any] = {"backend": backend, "dynamic": False}
+        if mode is not None:
+            options["mode"] = mode
+        self._compiled = torch.compile(self.model.forward, **options)
+        self._local = threading.local()
+        self._owner: object = object()
+        self._length = 0  # positions held, kept here too: reading the cache's own counter would sync a GPU
+
+    # -- the cache --------------------------------------------------------------------------------------------
+
+    def _thread_cache(self, positions: int) -> StaticCache:
+        """This thread's static cache, made (or made larger) to hold at least `positions`; handed to this copy."""
+        local = self._local
+        cache = getattr(local, "cache", None)
+        if cache is None or cache.get_max_length() < positions:
+            size = rounded_capacity(max(positions, self.min_capacity))
+            cache = StaticCache(config=self.model.config, max_cache_len=size)
+            local.cache = cache
+        self._owner = object()
+        local.owner = self._owner
+        return cache
+
+    def _check_owner(self) -> None:
+        if getattr(self._local, "owner", None) is not self._owner:
+            raise MMSpecError(f"another compiled call on this thread took over the {self.role}'s static cache "
+                              "(a call from inside a hook); compiled calls on one thread must not overlap")
+
+    def _grow(self, positions: int) -> None:
+        """Move this call's states into a larger cache (a longer call than any before on this thread)."""
+        old = self.cache
+        length = self._length
+        new = StaticCache(config=self.model.config, max_cache_len=rounded_capacity(positions))
+        layers: list[tuple[Any, Any]] = list(zip(old.layers, new.layers))  # static layers (mypy sees every kind)
+        for old_layer, new_layer in layers:
+            if not old_layer.is_initialized:
+                continue
+            new_layer.lazy_initialization(old_layer.keys, old_layer.values)
+            new_layer.keys[:, :, :length].copy_(old_layer.keys[:, :, :length])
+            new_layer.values[:, :, :length].copy_(old_layer.values[:, :, :length])
+            new_layer.cumulative_length.fill_(length)
+        self._local.cache = new
+        self.cache = new
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else int(self.cache.get_max_length())
+
+    @property
+    def length(self) -> int:
+        return 0 if self.cache is None else self._length
+
+    def warm_up(self, token_id: int = 0) -> None:
+        """Compile every width now (on a one-token prompt), so the first real call does not pay for it."""
+        device = input_device(self.model)
+        for width in self.widths:
+            self.prefill(cast(torch.LongTensor, torch.full((1, 1), token_id, dtype=torch.long, device=device)))
+            self.extend(cast(torch.LongTensor, torch.full((1, width), token_id, dtype=torch.long, device=device)))
+        self.cache = None
+
+    # -- CachedModel's interface --------------------------------------------------------------------------------
+
+    def prefill(self, tokens: torch.LongTensor, logits_to_keep: int = 1, head: bool = True, **model_inputs: Any) -> Any:
+        if tokens.shape[0] != 1:
+            raise MMSpecError("compile=True decodes one sequence at a time; pass a batch of one")
+        cache = self._thread_cache(tokens.shape[1] + self.widths[-1])
+        cache.crop(-int(cache.get_seq_length()))  # back to empty: the prompt overwrites the old states
+        self.cache = None
+        self.forwards += 1
+        kwargs = {"input_ids": tokens, self._cache_argument: cache, **model_inputs}
+        if not head:
+            out = self.model.base_model(use_cache=True, return_dict=True, **kwargs)
+        else:
+            out = self.model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
+        self.cache = cache
+        self._length = tokens.shape[1]
+        return out
+
+    def extend(self, tokens: torch.LongTensor, logits_to_keep: int = 0, head: bool = True, **extra: Any) -> Any:
+        if self.cache is None:
+            raise RuntimeError(f"{self.role}: extend() called before prefill()")
+        self._check_owner()
+        count = tokens.shape[1]
+        width = next((w for w in self.widths if w >= count), count)
+        length = self.length
+        if self._position_limit is not None and length + width > self._position_limit:
+            width = count
+        if length + width > self.capacity:
+            self._grow(length + width + self.widths[-1])
+        self._length = length + count
+        # Hidden states for drafters that read them (feature drafters): the same graph with one more output.
+        hidden = extra.pop("output_hidden_states", False) if set(extra) == {"output_hidden_states"} else False
+        if extra or not head or width not in self.widths or tokens.shape[0] != 1:
+            if hidden:
+                extra["output_hidden_states"] = True
+            self.forwards += 1
+            kwargs = {"input_ids": tokens, self._cache_argument: self.cache, **extra}
+            if not head:
+                return self.model.base_model(use_cache=True, return_dict=True, **kwargs)
+            return self.model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
+        # A fresh [1, width] tensor (strides are guarded too); padded with copies of the last token, whose states
+        # land past the real ones.
+        padded = tokens.new_empty((1, width))
+        padded[:, :count] = tokens
+        padded[:, count:] = tokens[:, -1:]
+        self.forwards += 1
+        # Models of one class share their forward's code, and dynamo's limit of graphs per code (8) would soon
+        # send a process with several of them (a target and its drafter, a few widths, tests) back to eager.
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            out = self._compiled(input_ids=padded, **{self._cache_argument: self.cache}, use_cache=True,
+                                 return_dict=True, logits_to_keep=0, **({"output_hidden_states": True} if hidden else {}))
+        if width > count:
+            self.cache.crop(count - width)
+        logits = out.logits[:, :count]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        states = tuple(h[:, :count] for h in out.hidden_states) if hidden else None
+        if self._copies_outputs:  # a CUDA graph reuses its output buffers on the next replay
+            logits = logits.clone()
+            states = None if states is None else tuple(h.clone() for h in states)
+        return StaticOutput(logits=logits, hidden_states=states)
+
+    def truncate(self, length: int) -> None:
+        self._check_owner()
+        excess = self.length - length
+        if excess < 0:
+            raise RuntimeError(f"{self.role}: cannot truncate a cache of {self.length} positions to {length}")
+        self._length = length
+        if excess:
+            self.cache.crop(-excess)  # moves the length pointer back; the stale slots are overwritten later
+
+
+class StaticOutput:
+    """What a compiled step returns: the kept logits, and hidden states when asked (the cache was updated in place)."""
+
+    def __init__(self, logits: torch.Tensor, hidden_states: tuple[torch.Tensor, ...] | None = None) -> None:
+        self.logits = logits
+        self.hidden_states = hidden_states

@@ -1,0 +1,172 @@
+"""The compiled, static-shape path (`compile=True`): a target that verifies a fixed k + 1 positions per round and a
+model drafter that drafts in fixed one-token steps, each over a static KV cache (`mmspec.static_steps`).
+
+The loop is the same as the eager path's; only the shapes are fixed, so each forward compiles to one graph
+(CUDA graphs on a GPU, inductor on a CPU). Greedy output is the target's `generate` output, as everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from .cached_model import CachedModel
+from .drafters import Drafter, ModelDrafter, NoDrafter
+from .errors import MMSpecError
+from .policies import DraftLengthPolicy, HeuristicDraftLength
+from .static_steps import StaticSteps
+from .targets import TARGET_FACTORIES, Target, load_adapters
+from .trees import TreeConfig
+
+# A drafter catches up on one token (a rejected round: the correction) or two (a fully accepted one: the last
+# draft and the bonus token), then drafts one token per forward.
+DRAFTER_WIDTHS = (1, 2)
+# The torch.compile backend `compile=True` uses ("eager" captures the same graphs without generating code: tests).
+DEFAULT_BACKEND = "inductor"
+
+
+def verify_widths(policy: DraftLengthPolicy) -> tuple[int, ...]:
+    """The verification widths (drafts + 1) a policy's rounds are padded to: its k + 1, and for a growing policy
+    powers of two up to its largest k + 1, so a short round is not padded to the longest one."""
+    first = policy.fresh().max_tokens() + 1
+    largest = (policy.max_num_tokens if isinstance(policy, HeuristicDraftLength) else first - 1) + 1
+    widths = {first, largest}
+    width = 1
+    while width < largest:
+        if width > first:
+            widths.add(width)
+        width *= 2
+    return tuple(sorted(widths))
+
+
+class StaticTarget(StaticSteps, Target):
+    """A `Target` over a static cache whose verification forwards (k + 1 tokens, padded) run compiled.
+
+    `widths`: the verification widths to compile (default 6: k = 5); `max_cache_len`: the cache size to start
+    with (it grows, with a recompile, when a call needs more); `backend` / `mode`: as `torch.compile` takes them.
+    """
+
+    decodes_batches = False
+
+    def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = (6,), max_cache_len: int | None = None,
+                 backend: str = "inductor", mode: str | None = None) -> None:
+        Target.__init__(self, model)
+        # The certified head takes hidden states from a head-less forward: one more graph for a CPU trick that
+        # compiled logits do not need.
+        self.use_certified_head = False
+        self.setup_static(widths, max_cache_len, backend, mode)
+
+    def check_tree_support(self) -> None:
+        raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off)")
+
+
+class StaticCachedModel(StaticSteps, CachedModel):
+    """A drafter's `CachedModel` over a static cache, its one- and two-token steps compiled."""
+
+    def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = DRAFTER_WIDTHS, max_cache_len: int | None = None,
+                 backend: str = "inductor", mode: str | None = None) -> None:
+        CachedModel.__init__(self, model, role="drafter")
+        self.setup_static(widths, max_cache_len, backend, mode)
+
+
+class StaticModelDrafter(ModelDrafter):
+    """`ModelDrafter` whose steps run compiled over a static cache (chains of one sequence only)."""
+
+    def __init__(self, model: PreTrainedModel, max_cache_len: int | None = None, backend: str = "inductor",
+                 mode: str | None = None) -> None:
+        super().__init__(model, lean=False)
+        self.lm = StaticCachedModel(model, max_cache_len=max_cache_len, backend=backend, mode=mode)
+
+    @property
+    def drafts_trees(self) -> bool:  # type: ignore[override]
+        return False
+
+    @property
+    def drafts_batches(self) -> bool:  # type: ignore[override]
+        return False
+
+
+def static_target_for(model: PreTrainedModel, widths: tuple[int, ...] = (6,), max_cache_len: int | None = None,
+                      backend: str = "inductor", mode: str | None = None) -> Target:
+    """The static variant of the target `as_target(model)` would give: `StaticTarget` for a plain model, the same
+    static steps over its adapter's `Target` subclass for the others (e.g. the vision adapter's, whose prefill
+    handles image placeholders; its incremental steps are plain text)."""
+    kind = registered_target_class(model)
+    if kind is Target:
+        return StaticTarget(model, widths, max_cache_len, backend, mode)
+    if not (isinstance(kind, type) and issubclass(kind, Target)):
+        raise MMSpecError(f"compile=True cannot wrap {type(model).__name__}: its adapter builds its target another way")
+    target = static_variant(kind)(model)
+    target.use_certified_head = False
+    target.setup_static(widths, max_cache_len, backend, mode)
+    return target
+
+
+_VARIANTS: dict[type, type] = {}
+
+
+def static_variant(kind: type[Target]) -> type:
+    """`kind` with the static steps in front: its own prefill inputs and processing, fixed-width compiled steps."""
+    if kind not in _VARIANTS:
+        _VARIANTS[kind] = type(f"Static{kind.__name__}", (StaticSteps, kind), {
+            "__module__": __name__, "decodes_batches": False, "check_tree_support": StaticTarget.check_tree_support})
+    return _VARIANTS[kind]
+
+
+def static_model_drafter(drafter: ModelDrafter, max_cache_len: int | None = None, backend: str = "inductor",
+                         mode: str | None = None) -> ModelDrafter:
+    """A copy of a `ModelDrafter` (any subclass: its own choices and masks stay) whose model steps run compiled
+    over a static cache."""
+    if isinstance(drafter.lm, StaticSteps):
+        return drafter
+    if type(drafter.lm) is not CachedModel:
+        raise MMSpecError(f"compile=True cannot compile {type(drafter).__name__}'s own model wrapper; leave compile off")
+    static = copy.copy(drafter)
+    # Shared by every drafter of this model (pipelines make a fresh drafter per call): one set of graphs and caches.
+    static.lm = _shared(drafter.lm.model, ("drafter-lm", max_cache_len, backend, mode),
+                        lambda m: StaticCachedModel(m, max_cache_len=max_cache_len, backend=backend, mode=mode))
+    return static
+
+
+# object -> {key: its static wrapper}. Calls with the same model (or drafter) reuse one wrapper, and with it the
+# compiled graphs and the static caches (a fresh cache would be new tensors, which recompiles the graph).
+_WRAPPERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _shared(key_object: Any, key: tuple, make: Callable[[Any], Any]) -> Any:
+    wrappers = _WRAPPERS.setdefault(key_object, {})
+    if key not in wrappers:
+        wrappers[key] = make(key_object)
+    return wrappers[key]
+
+
+def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | Drafter, policy: DraftLengthPolicy,
+                  tree: TreeConfig | None = None) -> tuple[PreTrainedModel | Target, PreTrainedModel | Drafter]:
+    """`compile=True`: the static-shape target and drafter for a target model and a drafter.
+
+    A target or drafter that is already static passes through; a drafter without a model of its own (prompt
+    lookup, Jacobi, feature drafters) drafts as before. The target is a transformers model, or the `Target` the
+    model's adapter builds from it alone (a pipeline's); another `Target` may carry behaviour this path would lose."""
+    if tree is not None:
+        raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off or tree unset)")
+    if not isinstance(target, StaticSteps):
+        if isinstance(target, Target) and type(target) in (Target, registered_target_class(target.model)):
+            target = target.model  # built from the model alone: its static variant is the same target
+        if not isinstance(target, PreTrainedModel):
+            raise MMSpecError(f"compile=True takes a transformers model as the target, got {type(target).__name__}")
+        widths = (1,) if isinstance(drafter, NoDrafter) else verify_widths(policy)  # plain decoding: one token a step
+        target = _shared(target, ("target", widths), lambda m: static_target_for(m, widths, backend=DEFAULT_BACKEND))
+    if isinstance(drafter, PreTrainedModel):
+        drafter = _shared(drafter, ("drafter",), lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND))
+    elif isinstance(drafter, ModelDrafter):
+        drafter = static_model_drafter(drafter, backend=DEFAULT_BACKEND)
+    return target, drafter
+
+
+def registered_target_class(model: PreTrainedModel) -> Any:
+    load_adapters()
+    return TARGET_FACTORIES.get(getattr(model.config, "model_type", ""), Target)
