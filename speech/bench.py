@@ -503,8 +503,6 @@ def run_speech_bench(
 
     if n < 1:
         raise MMSpecError(f"--n must be >= 1, got {n}")
-    if batch_sizes and feature_padding not in (None, DEFAULT_FEATURE_PADDING):
-        raise MMSpecError(f"--feature-padding {feature_padding} applies to the one-clip rows, not to --batch-size")
     if batch_sizes and (chain_tokens or feature_drafter is not None):
         raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
                           "with --batch-size")
@@ -536,7 +534,7 @@ def run_speech_bench(
         from .bench_batches import bench_speech_batches
 
         return bench_speech_batches(model, processor, clips, batch_sizes, ctc_fast_decoder=ctc, ar_fast_decoder=ar,
-                                    repeats=repeats, progress=progress, title=title)
+                                    repeats=repeats, progress=progress, title=title, feature_padding=feature_padding)
     peer_rows, notes = peer_models(path, model, peers)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
                         feature_drafter=feature, repeats=repeats, progress=progress, title=title, peers=peer_rows, notes=notes,

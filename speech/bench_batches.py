@@ -23,6 +23,7 @@ from ..pipeline_batches import batching_refusal
 from ..stats import SpecStats
 from .ar_fast_decoder import ARFastDecoder, attach_ar_fast_decoder
 from .fast_decoder import CTCFastDecoder
+from .features import DEFAULT_FEATURE_PADDING
 from .hybrid import hybrid_drafter_for, hybrid_policy, hybrid_rule
 from .target import WhisperTarget, whisper_prompt_ids
 from .train_fast import Clip, clip_features
@@ -30,8 +31,9 @@ from .train_fast import Clip, clip_features
 SpeechBatch = tuple[torch.Tensor, torch.LongTensor]  # input_features [B, mel, frames], decoder prompts [B, P]
 
 
-def speech_batches(model: PreTrainedModel, processor: Any, clips: list[Clip], size: int) -> list[SpeechBatch]:
-    features = [clip_features(processor, clip.path).to(device=model.device, dtype=model.dtype) for clip in clips]
+def speech_batches(model: PreTrainedModel, processor: Any, clips: list[Clip], size: int,
+                   feature_padding: str = DEFAULT_FEATURE_PADDING) -> list[SpeechBatch]:
+    features = [clip_features(processor, clip.path, feature_padding).to(device=model.device, dtype=model.dtype) for clip in clips]
     prompts = [whisper_prompt_ids(model, {"input_features": f}) for f in features]
     batches = []
     for start in range(0, len(clips), size):
@@ -103,6 +105,7 @@ def bench_speech_batches(
     repeats: int = 3,
     progress: bool = True,
     title: str = "bench speech (batches)",
+    feature_padding: str = DEFAULT_FEATURE_PADDING,
 ) -> BatchSizeReport:
     if not clips:
         raise MMSpecError("no clips to benchmark")
@@ -112,7 +115,7 @@ def bench_speech_batches(
         raise MMSpecError(f"--batch-size: no speech method decodes batches yet ({'; '.join(refused)}); "
                           "run bench speech without --batch-size")
     with quiet_transformers():
-        features = clip_features(processor, clips[0].path).to(device=model.device, dtype=model.dtype)
+        features = clip_features(processor, clips[0].path, feature_padding).to(device=model.device, dtype=model.dtype)
         prompt_length = whisper_prompt_ids(model, {"input_features": features}).shape[1]
         max_new_tokens = max(1, model.config.max_target_positions - prompt_length - 1)
         counter = ForwardCounter(model.get_decoder())
@@ -120,7 +123,7 @@ def bench_speech_batches(
         for name, make in makers.items():
             methods[name] = mmspec_batched(model, make, name, max_new_tokens)
         try:
-            return run_batch_sizes(title, methods, lambda size: speech_batches(model, processor, clips, size), batch_sizes,
+            return run_batch_sizes(title, methods, lambda size: speech_batches(model, processor, clips, size, feature_padding), batch_sizes,
                                    repeats=repeats, progress=progress,
                                    settings={"clips": len(clips), "max_new_tokens": max_new_tokens,
                                              "not_batching": refused})

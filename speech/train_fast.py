@@ -155,7 +155,8 @@ def prepare_examples(
     encoder = target_model.get_encoder()
     examples: list[Example] = []
     for clip in tqdm(clips, desc="encode clips", unit="clip", disable=not progress_bar):
-        features = clip_features(processor, clip.path).to(device=target_model.device, dtype=target_model.dtype)
+        # The shipped fast decoders were trained on audio-padded features; the recipe keeps reproducing them.
+        features = clip_features(processor, clip.path, "audio").to(device=target_model.device, dtype=target_model.dtype)
         states = encoder(features, return_dict=True).last_hidden_state
         prompt = whisper_prompt_ids(target_model, {"encoder_outputs": BaseModelOutput(last_hidden_state=states)})
         ids = []

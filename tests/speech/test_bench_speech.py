@@ -88,7 +88,7 @@ def test_cli_bench_speech_json(folders, capsys):
     assert "lowercase" in result["settings"]["normalisation"]
 
 
-def test_cli_bench_speech_feature_padding(folders, capsys):
+def test_cli_bench_speech_feature_padding(folders, capsys, monkeypatch):
     asr, clips_folder = folders
     base = ["bench", "speech", "--model", str(asr), "--data", str(clips_folder), "--n", "2", "--repeats", "1", "--threads", "1"]
     code = main([*base, "--feature-padding", "log-mel", "--rows", "greedy-loop,hybrid-strict-ar", "--json"])
@@ -97,9 +97,14 @@ def test_cli_bench_speech_feature_padding(folders, capsys):
     result = json.loads(captured.out)
     assert result["settings"]["feature_padding"] == "log-mel"
     assert all(m["identical_to_greedy"] for m in result["methods"])
-    code = main([*base, "--feature-padding", "log-mel", "--batch-size", "2"])
-    err = capsys.readouterr().err
-    assert code == 2 and "applies to the one-clip rows" in err and "Traceback" not in err
+    from mmspec.speech import bench_batches
+
+    paddings = []
+    real = bench_batches.clip_features
+    monkeypatch.setattr(bench_batches, "clip_features", lambda *a: paddings.append(a[2]) or real(*a))
+    code = main([*base, "--feature-padding", "audio", "--batch-size", "2"])
+    assert code == 0, capsys.readouterr().err
+    assert paddings and set(paddings) == {"audio"}  # the batched rows read the features the flag asks for
 
 
 def test_default_heldout_folder_and_missing_fast_decoders(folders, tmp_path, capsys):
