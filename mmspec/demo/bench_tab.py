@@ -32,6 +32,20 @@ def _rounded(value: Any) -> float | None:
     return None if value is None else round(float(value), 2)
 
 
+def images_per_call(modality: str, record: dict[str, Any]) -> int:
+    """How many sequences one counted target forward served. An image bench's batched call counts each forward
+    once for all its images (text batches count a forward per row), so its tau is divided by this to be per image."""
+    if modality != "image":
+        return 1
+    size = (record.get("settings") or {}).get("batch_size", 1)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
+
+
+def per_row_tau(modality: str, record: dict[str, Any], tau: Any) -> float | None:
+    """Tokens of one sequence per target forward, as `mmspec bench` prints tau; None where the row has none."""
+    return None if tau is None else _rounded(float(tau) / images_per_call(modality, record))
+
+
 def read() -> list[Any]:
     """A note per modality, the table of every method, and one chart per modality (hidden when it has no record)."""
     path = results_path()
@@ -46,10 +60,12 @@ def read() -> list[Any]:
         lines.append(f"- **{modality}** ({record.get('time', '?')}): `{record.get('command', '')}`; "
                      f"reference `{record.get('reference', '?')}`")
         lines += [f"  - **warning**: {warning}" for warning in record.get("warnings") or []]
+        if images_per_call(modality, record) > 1:
+            lines.append(f"  - tau per image: {images_per_call(modality, record)} images a call shared each target forward")
         for row in record["methods"]:
             rows.append({"modality": modality, "method": str(row.get("method")),
                          "speed-up": round(float(row.get("speed_up") or 0.0), 2),
-                         "tau": _rounded(row.get("tau")), "alpha": _rounded(row.get("alpha")),
+                         "tau": per_row_tau(modality, record, row.get("tau")), "alpha": _rounded(row.get("alpha")),
                          "identical to reference": bool(row.get("identical_to_reference"))})
     table = pd.DataFrame(rows, columns=COLUMNS)
     charts = []
