@@ -81,3 +81,22 @@ def test_batched_image_rows_show_tau_per_image(tmp_path, monkeypatch):
     assert taus[("image", "cspd k=4")] == 2.0  # 16 tokens of one image per 8 forwards; 8.0 counted the batch
     assert taus[("text", "cspd k=4")] == 8.0
     assert "tau per image" in notes
+
+
+@pytest.mark.parametrize("line", [
+    '{"modality": "image", "methods": [{"method": "sd", "tau": "fast", "speed_up": "x", "alpha": [1]}]}',
+    '{"modality": "image", "settings": [4], "methods": [{"method": "sd", "tau": 8}]}',
+    '{"modality": "image", "settings": {"batch_size": "4"}, "methods": [{"method": "sd", "tau": 8}]}',
+    '{"modality": "image", "methods": [5, {"method": "sd", "tau": 8}]}',
+    '{"modality": "image", "warnings": "busy machine", "methods": [{"method": "sd", "tau": 8}]}',
+])
+def test_a_malformed_results_line_still_shows_what_it_can(tmp_path, monkeypatch, line):
+    """A hand-edited or foreign results file: blank cells for what is not a number, never an error in the page."""
+    from mmspec.bench.results import RESULTS_ENV
+    from mmspec.demo.bench_tab import read
+
+    path = tmp_path / "results.jsonl"
+    path.write_text(line + "\n")
+    monkeypatch.setenv(RESULTS_ENV, str(path))
+    _notes, table, *_ = read()
+    assert list(table["method"]) == ["sd"]
