@@ -108,3 +108,11 @@ def test_caption_still_reads_what_the_probe_passes(tmp_path, capsys):
     code = main(["caption", str(SHAPES), "--json", "--max-new-tokens", "4"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["text"]
+
+
+@pytest.mark.parametrize("out", ["{tmp}", "{tmp}/no/such/x.png", "{tmp}/x.txt", "/proc/x.png"])
+def test_generate_image_refuses_an_output_before_torch_is_imported(tmp_path, out):
+    done = subprocess.run([sys.executable, "-c", RUN, "generate-image", "red circle", "--out", out.format(tmp=tmp_path)],
+                          capture_output=True, text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert "Traceback" not in done.stderr and done.stderr.startswith("mmspec: error: --out"), done.stderr
+    assert done.stdout.split() == ["torch", "not", "imported", "2"], (done.stdout, done.stderr)
