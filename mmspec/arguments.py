@@ -16,8 +16,8 @@ def check_arguments(target: Any, input_ids: Any, max_new_tokens: Any, generator:
     """One MMSpecError naming the first bad argument of a `speculative_generate` call; `options` are its **kwargs."""
     model = getattr(target, "model", target)  # an mmspec Target wraps the transformers model
     _check_input_ids(input_ids, model)
-    if max_new_tokens is not None and (not _is_int(max_new_tokens) or max_new_tokens < 0):
-        raise MMSpecError(f"max_new_tokens must be an integer >= 0 (or None), got {max_new_tokens!r}")
+    if max_new_tokens is not None and (not _is_int(max_new_tokens) or max_new_tokens < 1):
+        raise MMSpecError(f"max_new_tokens must be an integer >= 1 (or None), got {max_new_tokens!r}")
     if not _is_int(num_draft_tokens) or num_draft_tokens < 1:
         raise MMSpecError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
     if policy is not None and not isinstance(policy, DraftLengthPolicy):

@@ -186,11 +186,21 @@ def sampling_of(config: GenerationConfig) -> SamplingConfig:
     return SamplingConfig(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
+def token_ids(eos: Any) -> int | list[int]:
+    """An eos setting as plain ints (numpy and tensor ids too, as `generate` takes them): one id, or a list."""
+    items = list(eos) if isinstance(eos, (list, tuple, set, torch.Tensor)) and getattr(eos, "ndim", 1) else None
+    for item in [eos] if items is None else items:
+        if not hasattr(item, "__index__") or isinstance(item, bool):
+            raise MMSpecError(f"eos_token_id must be a token id (an integer) or a list of them, got {eos!r:.80}")
+    return int(eos) if items is None else [int(t) for t in items]
+
+
 def stop_ids_of(config: GenerationConfig, eos_token_id: int | Iterable[int] | None) -> set[int]:
     eos = config.eos_token_id if eos_token_id is None else eos_token_id
     if eos is None:
         return set()
-    return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
+    ids = token_ids(eos)
+    return {ids} if isinstance(ids, int) else set(ids)
 
 
 def model_input_names(model: PreTrainedModel) -> set[str]:
@@ -257,8 +267,11 @@ def resolve_generation(
         and (base is None or base.max_length is None)
         and (not shipped or getattr(getattr(model, "generation_config", None), "max_length", None) is None)
     )
+    stop_ids = stop_ids_of(config, eos_token_id)
+    if config.eos_token_id is not None:
+        config.eos_token_id = token_ids(config.eos_token_id)  # the logits processors read plain ints
     resolved = GenerationSettings(
-        config=config, sampling=sampling_of(config), stop_ids=stop_ids_of(config, eos_token_id),
+        config=config, sampling=sampling_of(config), stop_ids=stop_ids,
         user_processors=user_processors, streamer=streamer, default_max_length=default_max_length,
     )
     return resolved, {k: v for k, v in inputs.items() if v is not None}

@@ -16,7 +16,14 @@ from .errors import MMSpecError
 def from_pretrained_complete(model_class: Any, where: str, what: str, **kwargs: Any) -> Any:
     """`model_class.from_pretrained(where, **kwargs)`; MMSpecError if the folder's weights lack parameters its
     config names (`what` names the model in the message)."""
-    model, info = model_class.from_pretrained(where, output_loading_info=True, **kwargs)
+    from safetensors import SafetensorError
+
+    try:
+        model, info = model_class.from_pretrained(where, output_loading_info=True, **kwargs)
+    except SafetensorError as error:  # a truncated file, a header that lies about its size or offsets
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise MMSpecError(f"the {what} {str(where)!r} has weights that cannot be read ({reason}): a damaged or "
+                          "truncated .safetensors file") from None
     check_loading_info(info, where, what)
     check_device_map_names(model, kwargs.get("device_map"), where)
     return model

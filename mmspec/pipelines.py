@@ -185,10 +185,10 @@ def _as_dtype(value: Any) -> torch.dtype:
     if isinstance(value, str):
         found = getattr(torch, value.removeprefix("torch."), None)
         if isinstance(found, torch.dtype):
-            return found
-    if isinstance(value, torch.dtype):
+            value = found
+    if isinstance(value, torch.dtype) and value.is_floating_point:
         return value
-    raise MMSpecError(f"dtype must be a torch.dtype such as torch.bfloat16 (or its name), got {value!r}")
+    raise MMSpecError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16 (or its name), got {value!r}")
 
 
 def saved_pipeline_folder(name_or_path: str | os.PathLike) -> Path | None:

@@ -57,7 +57,10 @@ def capabilities_of(rule: Any) -> RuleCapabilities:
 
 
 def check_rule_shape(rule: Any, *, tree: bool) -> RuleCapabilities:
-    """Refuse, with one line, a tree rule on chains and a chain rule on trees."""
+    """Refuse, with one line, what is not a rule, a tree rule on chains and a chain rule on trees."""
+    if not callable(rule):
+        raise MMSpecError(f"rule must be an acceptance rule (a callable such as mmspec.greedy_match or "
+                          f"mmspec.speculative_sampling), got {type(rule).__name__} {rule!r:.60}")
     capabilities = capabilities_of(rule)
     name = getattr(rule, "__name__", type(rule).__name__)
     if tree and not capabilities.trees:

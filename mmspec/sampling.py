@@ -126,7 +126,9 @@ def seeded_generator(device: torch.device | str, seed: int | None = None) -> tor
     """A generator on `device`; without a seed, seeded from torch's global RNG so `torch.manual_seed` repeats runs."""
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)))
-    return torch.Generator(device=device).manual_seed(seed)
+    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not -(2**63) <= int(seed) < 2**64:
+        raise MMSpecError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r:.40}")  # torch's range
+    return torch.Generator(device=device).manual_seed(int(seed))
 
 
 def choose_next(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:

@@ -33,11 +33,26 @@ def test_bad_input_ids_are_named(target, small_drafter, input_ids, named):
     ({"num_draft_tokens": "5"}, "num_draft_tokens"),
     ({"max_new_tokens": -1}, "max_new_tokens"),
     ({"max_new_tokens": 2.5}, "max_new_tokens"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"rule": "greedy"}, "rule must be an acceptance rule"),
+    ({"eos_token_id": "x"}, "eos_token_id"),
+    ({"eos_token_id": 2.0}, "eos_token_id"),
+    ({"eos_token_id": [2, "a"]}, "eos_token_id"),
 ])
 def test_bad_options_are_named(target, small_drafter, prompt, options, named):
     options = {"max_new_tokens": 4, **options}
     with pytest.raises(MMSpecError, match=named):
         speculative_generate(target, small_drafter, prompt, **options)
+
+
+def test_eos_ids_as_numpy_or_tensor_integers_still_stop(target, small_drafter, prompt):
+    import numpy as np
+
+    plain = speculative_generate(target, small_drafter, prompt, max_new_tokens=6, eos_token_id=[])
+    stop = int(plain.sequences[0, prompt.shape[1] + 1])  # the second new token
+    for eos in (stop, np.int64(stop), torch.tensor(stop), [torch.tensor(stop)], torch.tensor([stop])):
+        out = speculative_generate(target, small_drafter, prompt, max_new_tokens=6, eos_token_id=eos)
+        assert out.sequences.shape[1] <= prompt.shape[1] + 2, eos
 
 
 def test_good_arguments_still_run(target, small_drafter, prompt):

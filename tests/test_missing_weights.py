@@ -46,3 +46,16 @@ def test_a_device_map_naming_a_module_the_model_lacks_is_refused(tmp_path):
     load_whisper("tiny", str(tmp_path), device=None, device_map=whole)  # every module named: loads
     with pytest.raises(MMSpecError, match="model.decoder.layers.9"):
         load_whisper("tiny", str(tmp_path), device=None, device_map={**whole, "model.decoder.layers.9": "cpu"})
+
+
+@pytest.mark.parametrize("damage", ["truncated", "lying header"])
+def test_a_damaged_safetensors_file_is_one_error(tmp_path, target, damage):
+    target.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+    else:  # an 8-byte header length that points past a tiny "{}" header
+        weights.write_bytes((8).to_bytes(8, "little") + b"{}      " + data[-64:])
+    with pytest.raises(MMSpecError, match="cannot be read"):
+        load_causal_lm(str(tmp_path))

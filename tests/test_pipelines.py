@@ -375,6 +375,9 @@ def test_resolve_dtype_and_base_errors(tmp_path):
     assert resolve_dtype(torch.float16, torch.float16) == torch.float16
     with pytest.raises(MMSpecError, match="torch.dtype"):
         resolve_dtype("fp17")
+    for integer in ("int8", torch.int8, "torch.bool"):  # weights are floating point: .to(int8) fails deep inside
+        with pytest.raises(MMSpecError, match="floating-point torch.dtype"):
+            resolve_dtype(integer)
     with pytest.raises(MMSpecError, match="not a saved pipeline folder"):
         SpeculativePipeline.from_pretrained(tmp_path)
 

@@ -15,8 +15,8 @@ needs_zoo = pytest.mark.skipif(not {"shapes-image-ar", "whisper-tiny.en"} <= {e.
 @needs_zoo
 def test_a_toy_model_named_on_the_command_line_is_announced_once(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(common, "_announced", set())
-    argv = ["generate-image", "red circle", "--model", "shapes-image-ar", "--out", "/proc/x.png"]
-    assert main(argv) == 2  # the output cannot be written: nothing is generated
+    argv = ["generate-image", "9999", "--model", "shapes-image-ar", "--out", str(tmp_path / "x.png")]
+    assert main(argv) == 2  # no such class: nothing is generated, after the model is named
     err = capsys.readouterr().err
     notices = [line for line in err.splitlines() if "synthetic world of coloured shapes" in line]
     assert len(notices) == 1 and "'shapes-image-ar'" in notices[0] and "confident nonsense" in notices[0], err
@@ -27,6 +27,6 @@ def test_a_toy_model_named_on_the_command_line_is_announced_once(tmp_path, capsy
 @needs_zoo
 def test_the_default_toy_says_it_too_and_a_real_model_does_not(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(common, "_announced", set())
-    assert main(["generate-image", "red circle", "--out", "/proc/x.png"]) == 2
+    assert main(["generate-image", "9999", "--out", str(tmp_path / "x.png")]) == 2
     assert "synthetic world of coloured shapes" in capsys.readouterr().err
     assert not common.is_toy("whisper-tiny.en") and not common.is_toy(str(tmp_path)) and common.is_toy("shapes-var")

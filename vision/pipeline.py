@@ -376,6 +376,8 @@ class CaptionPipeline(SpeculativePipeline):
         return max_new_tokens, notes
 
     def _prompt_text(self, kind: str, prompt: str | None) -> str:
+        if prompt is not None and not isinstance(prompt, str):
+            raise MMSpecError(f"prompt must be a string (or None for the model's own), got {type(prompt).__name__}")
         placeholder = getattr(self.processor, f"{kind}_token")
         if prompt is not None and placeholder in prompt:
             # The caller placed the media already: use the prompt as it is.

@@ -64,6 +64,7 @@ def note_report(report: Any) -> None:
     data = report.to_dict()
     record["titles"].append(data["title"])
     record.setdefault("reference", data["reference"])
+    record.setdefault("settings", data.get("settings") or {})  # e.g. an image bench's images per call (batch_size)
     record.setdefault("warnings", []).extend(data.get("warnings", []))  # e.g. the spread warning the CLI printed
     for row in data["methods"]:
         verified = bool(row.get("drafted", 1))  # no drafts verified (VAR / MAR rows): tau and alpha mean nothing

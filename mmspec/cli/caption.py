@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, folder_runs
+from . import checks, folder_runs, input_probes
 from .common import (
     IMAGE_SUFFIXES,
     LazyChoices,
@@ -61,19 +61,30 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 def media_kind(path: str) -> str:
     """"image" for a still image file, else "video" (a video file, or an animated GIF / WebP / PNG)."""
-    from ..vision.inputs import is_animated_image
+    return "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES and not input_probes.is_animated_image(path) else "video"
 
-    return "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES and not is_animated_image(path) else "video"
+
+def probe(path: str) -> None:
+    """Refuse an empty or unreadable single input before torch is imported and the model loads."""
+    if media_kind(path) == "image":
+        input_probes.probe_image(path)
+    elif input_probes.is_animated_image(path):
+        input_probes.probe_animated_image(path)
+    else:
+        input_probes.probe_video(path)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
-
-    set_threads(args)
     placement = placement_options(args)
     folder = folder_runs.plan(args.path, args.out, IMAGE_SUFFIXES | folder_runs.VIDEO_SUFFIXES, args.retry_failed)
     if args.batch_size > 1 and folder is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
+    if folder is None:
+        probe(args.path)
+
+    from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
+
+    set_threads(args)
 
     announce_toy(args.model, "captioner")
     if args.model is None:

@@ -90,6 +90,8 @@ def check_output(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:  # before torch is imported and the model loads: a path that cannot be written fails now
+        check_output(args.out)
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
@@ -100,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     common.announce_toy(args.model, "image model")
     if args.model is None:
         common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
-    if args.out:  # before the model loads: a path that cannot be written fails now, not after generating
-        check_output(args.out)
     model_name = args.model or DEFAULT_IMAGE_MODEL
     family = image_family(model_name)
     if family is not None:  # flags of another family fail before any weights load

@@ -36,6 +36,10 @@ def add_drafter_dtype_flag(parser: argparse.ArgumentParser) -> None:
 
 def placement_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `from_pretrained` keyword arguments of the flags, checked together before any model loads."""
+    options = {"device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder,
+               "drafter_device": args.drafter_device}
+    if all(value is None for value in options.values()):
+        return {}  # nothing to check: torch is not imported yet, so a bad input file is still refused at once
     from ..devices import load_options
 
     load_options(None, args.device_map, args.max_memory, args.offload_folder)  # combinations: one clear error
@@ -45,8 +49,6 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
         from ..devices import usable_device
 
         usable_device(args.drafter_device, "--drafter-device")
-    options = {"device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder,
-               "drafter_device": args.drafter_device}
     return {name: value for name, value in options.items() if value is not None}
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, folder_runs, outputs
+from . import checks, folder_runs, input_probes, outputs
 from .common import LazyChoices, SharedFlags, set_threads, stats_json
 from .placement import add_placement_flags, placement_options
 
@@ -76,12 +76,6 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    from ..speech.models import DEFAULT_ASR_MODEL
-    from ..speech.pipeline import TranscriptionPipeline
-
-    imported = time.perf_counter() - started
-    set_threads(args)
     placement = placement_options(args)
     source = Path(args.path)
     if not source.exists():
@@ -104,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and jsonl is None:  # before the model loads: an output that cannot be written fails now
         outputs.refuse_inputs(args.out, files)
         (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
+    if not source.is_dir() and jsonl is None:  # an empty or corrupt file fails now, before torch is imported
+        input_probes.probe_audio(source)
+    started = time.perf_counter()
+    from ..speech.models import DEFAULT_ASR_MODEL
+    from ..speech.pipeline import TranscriptionPipeline
+
+    imported = time.perf_counter() - started
+    set_threads(args)
     if args.model is None:
         print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
               file=sys.stderr)

@@ -28,8 +28,27 @@ def build() -> list:
 
 
 def _rounded(value: Any) -> float | None:
-    """A measured number to two places; None (a blank cell) where the row has none (no drafts verified)."""
-    return None if value is None else round(float(value), 2)
+    """A measured number to two places; None (a blank cell) where the row has none (no drafts verified) or the
+    results file holds something else there (a hand-edited or foreign file: the tab still shows the rest)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return round(float(value), 2)
+
+
+def images_per_call(modality: str, record: dict[str, Any]) -> int:
+    """How many sequences one counted target forward served. An image bench's batched call counts each forward
+    once for all its images (text batches count a forward per row), so its tau is divided by this to be per image."""
+    if modality != "image":
+        return 1
+    settings = record.get("settings")
+    size = settings.get("batch_size", 1) if isinstance(settings, dict) else 1
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
+
+
+def per_row_tau(modality: str, record: dict[str, Any], tau: Any) -> float | None:
+    """Tokens of one sequence per target forward, as `mmspec bench` prints tau; None where the row has none."""
+    tau = _rounded(tau)
+    return None if tau is None else _rounded(tau / images_per_call(modality, record))
 
 
 def read() -> list[Any]:
@@ -45,11 +64,14 @@ def read() -> list[Any]:
     for modality, record in sorted(latest.items()):
         lines.append(f"- **{modality}** ({record.get('time', '?')}): `{record.get('command', '')}`; "
                      f"reference `{record.get('reference', '?')}`")
-        lines += [f"  - **warning**: {warning}" for warning in record.get("warnings") or []]
-        for row in record["methods"]:
+        warnings = record.get("warnings") or []
+        lines += [f"  - **warning**: {warning}" for warning in ([warnings] if isinstance(warnings, str) else warnings)]
+        if images_per_call(modality, record) > 1:
+            lines.append(f"  - tau per image: {images_per_call(modality, record)} images a call shared each target forward")
+        for row in (row for row in record["methods"] if isinstance(row, dict)):
             rows.append({"modality": modality, "method": str(row.get("method")),
-                         "speed-up": round(float(row.get("speed_up") or 0.0), 2),
-                         "tau": _rounded(row.get("tau")), "alpha": _rounded(row.get("alpha")),
+                         "speed-up": _rounded(row.get("speed_up")) or 0.0,
+                         "tau": per_row_tau(modality, record, row.get("tau")), "alpha": _rounded(row.get("alpha")),
                          "identical to reference": bool(row.get("identical_to_reference"))})
     table = pd.DataFrame(rows, columns=COLUMNS)
     charts = []

@@ -60,7 +60,11 @@ def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) 
                               f"weights in {part}")
         return part
     if spec.get("language_model"):
-        return language_model_folder(name, folder, parent, int(spec["vocab_size"]))
+        vocab_size = spec.get("vocab_size")
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+            raise MMSpecError(f"the model card of {name!r}: derived_from.vocab_size must be an integer >= 1 (the rows "
+                              f"of the language model kept), got {vocab_size!r}")
+        return language_model_folder(name, folder, parent, vocab_size)
     if "overlay" in spec:
         return overlay_folder(name, folder, parent, spec)
     raise MMSpecError(f"the model card of {name!r} has a derived_from without 'folder', 'language_model' or "

@@ -58,3 +58,45 @@ def test_the_tab_shows_the_spread_warning_and_a_blank_tau(tmp_path, monkeypatch)
     assert "spread" in notes
     tau = table[table["method"] == "code"]["tau"].iloc[0]
     assert tau is None or math.isnan(tau)
+
+
+def test_batched_image_rows_show_tau_per_image(tmp_path, monkeypatch):
+    """A batched image call counts each target forward once for all its images: the tab divides by the images a call
+    (as one image's tau reads), while a text bench's batch rows, already counted per row, are left as they are."""
+    from mmspec.bench.results import RESULTS_ENV
+    from mmspec.demo.bench_tab import read
+
+    def batch_of_four(item: int) -> tuple[list[int], SpecStats]:  # 4 images x 16 tokens in 8 shared target forwards
+        return [item], SpecStats(new_tokens=64, target_forwards=8, drafted=40, accepted=30, rounds=8)
+
+    path = tmp_path / "results.jsonl"
+    for modality in ("image", "text"):
+        with recording(modality, f"mmspec bench {modality} --batch-size 4", path=path):
+            run_benchmark("t", {"ar": batch_of_four, "cspd k=4": batch_of_four}, [1, 2], reference="ar", repeats=1,
+                          warmup=0, progress=False, settings={"batch_size": 4})
+    assert latest_results(path)["image"]["settings"]["batch_size"] == 4
+    monkeypatch.setenv(RESULTS_ENV, str(path))
+    notes, table, *_ = read()
+    taus = {(row["modality"], row["method"]): row["tau"] for _, row in table.iterrows()}
+    assert taus[("image", "cspd k=4")] == 2.0  # 16 tokens of one image per 8 forwards; 8.0 counted the batch
+    assert taus[("text", "cspd k=4")] == 8.0
+    assert "tau per image" in notes
+
+
+@pytest.mark.parametrize("line", [
+    '{"modality": "image", "methods": [{"method": "sd", "tau": "fast", "speed_up": "x", "alpha": [1]}]}',
+    '{"modality": "image", "settings": [4], "methods": [{"method": "sd", "tau": 8}]}',
+    '{"modality": "image", "settings": {"batch_size": "4"}, "methods": [{"method": "sd", "tau": 8}]}',
+    '{"modality": "image", "methods": [5, {"method": "sd", "tau": 8}]}',
+    '{"modality": "image", "warnings": "busy machine", "methods": [{"method": "sd", "tau": 8}]}',
+])
+def test_a_malformed_results_line_still_shows_what_it_can(tmp_path, monkeypatch, line):
+    """A hand-edited or foreign results file: blank cells for what is not a number, never an error in the page."""
+    from mmspec.bench.results import RESULTS_ENV
+    from mmspec.demo.bench_tab import read
+
+    path = tmp_path / "results.jsonl"
+    path.write_text(line + "\n")
+    monkeypatch.setenv(RESULTS_ENV, str(path))
+    _notes, table, *_ = read()
+    assert list(table["method"]) == ["sd"]

@@ -177,6 +177,8 @@ def test_bad_calls(pipe, frames, tmp_path):
         pipe(video=frames, image=frames[0])
     with pytest.raises(MMSpecError, match="unknown method"):
         pipe(video=frames, method="magic")
+    with pytest.raises(MMSpecError, match="prompt must be a string"):
+        pipe(video=frames, prompt=5)
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"\x00\x01not a video" * 100)
     with pytest.raises(MMSpecError):
