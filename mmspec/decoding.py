@@ -292,6 +292,9 @@ def speculative_generate(
             names are refused with an `MMSpecError`.
     """
     check_arguments(target, input_ids, max_new_tokens, generator, num_draft_tokens, policy, kwargs)
+    for name, hook in (("on_tokens", on_tokens), ("on_round", kwargs.get("on_round"))):
+        if hook is not None and not callable(hook):
+            raise MMSpecError(f"{name} must be callable (or None), got {type(hook).__name__}")
     decoder = SpeculativeDecoder(target, drafter, policy=policy or FixedDraftLength(num_draft_tokens), rule=rule, tree=tree,
                                  compile=compile)
     return decoder.generate(

@@ -38,6 +38,8 @@ def test_bad_input_ids_are_named(target, small_drafter, input_ids, named):
     ({"eos_token_id": "x"}, "eos_token_id"),
     ({"eos_token_id": 2.0}, "eos_token_id"),
     ({"eos_token_id": [2, "a"]}, "eos_token_id"),
+    ({"on_tokens": "print"}, "on_tokens must be callable"),
+    ({"on_round": 3}, "on_round must be callable"),
 ])
 def test_bad_options_are_named(target, small_drafter, prompt, options, named):
     options = {"max_new_tokens": 4, **options}
