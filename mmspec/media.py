@@ -73,3 +73,20 @@ def write_audio(path: str | Path, samples: np.ndarray, sampling_rate: int = 16_0
         for packet in stream.encode(None):
             container.mux(packet)
     return path
+
+
+ANIMATED_SUFFIXES = {".gif", ".webp", ".png", ".apng"}
+
+
+def is_animated_image(path: str | Path) -> bool:
+    """Whether `path` is an image file with several frames (an animated GIF, WebP or PNG); reads the header only."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if path.suffix.lower() not in ANIMATED_SUFFIXES or not path.is_file():
+        return False
+    try:
+        with Image.open(path) as image:
+            return bool(getattr(image, "is_animated", False)) and getattr(image, "n_frames", 1) > 1
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return False

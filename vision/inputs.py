@@ -22,6 +22,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import MMSpecError
+from ..media import is_animated_image
 from ..optional import require
 
 ImageSource = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -241,20 +242,6 @@ def _decode_in_one_pass(path: Path, wanted: list[int]) -> list[np.ndarray]:
         return _decode_in_one_pass(path, _uniform_indices(decoded, len(wanted)))
     return [found[i] for i in wanted]
 
-
-ANIMATED_SUFFIXES = {".gif", ".webp", ".png", ".apng"}
-
-
-def is_animated_image(path: str | Path) -> bool:
-    """Whether `path` is an image file with several frames (an animated GIF, WebP or PNG)."""
-    path = Path(path)
-    if path.suffix.lower() not in ANIMATED_SUFFIXES or not path.is_file():
-        return False
-    try:
-        with Image.open(path) as image:
-            return bool(getattr(image, "is_animated", False)) and getattr(image, "n_frames", 1) > 1
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return False
 
 
 def _load_animated(path: Path, num_frames: int | None, fps: float | None) -> np.ndarray:

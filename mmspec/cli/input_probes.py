@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
+from ..media import ANIMATED_SUFFIXES, is_animated_image  # noqa: F401 - the probes test as the readers do
 from ..optional import require
 
 
@@ -95,20 +96,3 @@ def _first_frame(container: Any, stream: Any) -> Any:
         return frame
     return None
 
-
-ANIMATED_SUFFIXES = {".gif", ".webp", ".png", ".apng"}
-
-
-def is_animated_image(path: str | Path) -> bool:
-    """Whether `path` is an image file with several frames (an animated GIF, WebP or PNG); the test
-    `mmspec.vision.inputs.is_animated_image` makes, without importing torch."""
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    if path.suffix.lower() not in ANIMATED_SUFFIXES or not path.is_file():
-        return False
-    try:
-        with Image.open(path) as image:
-            return bool(getattr(image, "is_animated", False)) and getattr(image, "n_frames", 1) > 1
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return False
