@@ -19,7 +19,7 @@ from .drafters import Drafter, ModelDrafter, NoDrafter
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy, HeuristicDraftLength
 from .static_steps import StaticSteps
-from .targets import TARGET_FACTORIES, Target, load_adapters
+from .targets import TARGET_FACTORIES, Target, as_target, load_adapters
 from .trees import TreeConfig
 
 # A drafter catches up on one token (a rejected round: the correction) or two (a fully accepted one: the last
@@ -153,18 +153,42 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
     model's adapter builds from it alone (a pipeline's); another `Target` may carry behaviour this path would lose."""
     if tree is not None:
         raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off or tree unset)")
-    if not isinstance(target, StaticSteps):
+    if not is_static(target):
+        widths = (1,) if isinstance(drafter, NoDrafter) else verify_widths(policy)  # plain decoding: one token a step
+        model = target.model if isinstance(target, Target) else target
+        load_adapters()  # adapters register their static targets as they load
+        factory = STATIC_TARGET_FACTORIES.get(getattr(getattr(model, "config", None), "model_type", ""))
+        if factory is not None:  # an adapter's own static target (e.g. Whisper's encoder-decoder caches)
+            return factory(as_target(target), widths, DEFAULT_BACKEND), _static_drafter(drafter)
         if isinstance(target, Target) and type(target) in (Target, registered_target_class(target.model)):
             target = target.model  # built from the model alone: its static variant is the same target
         if not isinstance(target, PreTrainedModel):
             raise MMSpecError(f"compile=True takes a transformers model as the target, got {type(target).__name__}")
-        widths = (1,) if isinstance(drafter, NoDrafter) else verify_widths(policy)  # plain decoding: one token a step
         target = _shared(target, ("target", widths), lambda m: static_target_for(m, widths, backend=DEFAULT_BACKEND))
+    return target, _static_drafter(drafter)
+
+
+def _static_drafter(drafter: PreTrainedModel | Drafter) -> PreTrainedModel | Drafter:
     if isinstance(drafter, PreTrainedModel):
-        drafter = _shared(drafter, ("drafter",), lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND))
-    elif isinstance(drafter, ModelDrafter):
-        drafter = static_model_drafter(drafter, backend=DEFAULT_BACKEND)
-    return target, drafter
+        return _shared(drafter, ("drafter",), lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND))
+    if isinstance(drafter, ModelDrafter):
+        return static_model_drafter(drafter, backend=DEFAULT_BACKEND)
+    return drafter
+
+
+# model_type -> factory(the adapter's target for the call, the policy's verify widths, backend) -> its static twin.
+# Adapters whose models need more than `StaticSteps` (encoder-decoder caches) register one, as they register targets.
+StaticTargetFactory = Callable[[Target, tuple[int, ...], str], Target]
+STATIC_TARGET_FACTORIES: dict[str, StaticTargetFactory] = {}
+
+
+def register_static_target(model_type: str, factory: StaticTargetFactory) -> None:
+    STATIC_TARGET_FACTORIES[model_type] = factory
+
+
+def is_static(target: Any) -> bool:
+    """Whether a target already runs the static-shape path (the core's steps, or an adapter's `static_shapes`)."""
+    return isinstance(target, StaticSteps) or bool(getattr(target, "static_shapes", False))
 
 
 def registered_target_class(model: PreTrainedModel) -> Any:

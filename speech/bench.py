@@ -221,16 +221,16 @@ def hf_generate(model: PreTrainedModel, assistant: ARFastDecoder | None = None,
 
 
 def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mode: str = "strict",
-                draft_tokens: int | None = None, certified_head: bool = True) -> Decode:
+                draft_tokens: int | None = None, certified_head: bool = True, compile: bool = False) -> Decode:
     """mmspec's loop on a `WhisperTarget` (the forced prompt, language detection included, built inside);
     `draft_tokens` caps the drafts a round (None: the hybrid default); `certified_head=False` keeps the
-    model's float32 head in greedy verification."""
+    model's float32 head in greedy verification; `compile`: the static-shape path (`speech/static_target.py`)."""
     policy = hybrid_policy() if draft_tokens is None else hybrid_policy(draft_tokens)
 
     def decode(encoder_outputs: BaseModelOutput, item: SpeechItem) -> tuple[list[int], SpecStats]:
         target = WhisperTarget(model)
         target.use_certified_head = certified_head
-        decoder = SpeculativeDecoder(target, make_drafter(), policy=policy, rule=hybrid_rule(mode))
+        decoder = SpeculativeDecoder(target, make_drafter(), policy=policy, rule=hybrid_rule(mode), compile=compile)
         out = decoder.generate(None, max_new_tokens=item.max_new_tokens, encoder_outputs=encoder_outputs)
         return out.sequences[0, item.prompt_length:].tolist(), out.stats
 
@@ -334,11 +334,13 @@ def bench_speech(
     notes: list[str] | None = None,
     only: Sequence[str] | None = None,
     feature_padding: str = DEFAULT_FEATURE_PADDING,
+    compile: bool = False,
 ) -> SpeechBenchReport:
     """Run every available method over `clips` (see the module docstring) and report them side by side;
     `peers` (loaded `peers.FasterWhisperPeer`s) run as rows of their own, interleaved with mmspec's; `only`: the
     rows to run (the reference always runs), None for all; `feature_padding`: how mmspec's rows pad a clip's
-    log-mel features (`speech/features.py`; the peers compute their own)."""
+    log-mel features (`speech/features.py`; the peers compute their own). `compile`: a " compiled" twin of the
+    greedy loop and the strict hybrid rows (`speech/bench_compiled.py`), compiled before the timed passes."""
     if not clips:
         raise MMSpecError("no clips to benchmark")
     if repeats < 1:
@@ -391,6 +393,21 @@ def bench_speech(
             for k in chain_tokens or (feature_drafter.config.draft_tokens,):
                 decoders[f"feature-chain{k}"] = (mmspec_loop(
                     model, lambda: WhisperFeatureDrafter(feature_drafter), "strict", draft_tokens=k), True)
+        if compile:
+            from .bench_compiled import compile_decoder, compiled_twins
+
+            drafters: dict[str, Callable[[], Drafter]] = {"greedy-loop": NoDrafter}
+            if ctc_fast_decoder is not None:
+                drafters["hybrid-strict"] = lambda: hybrid_drafter_for(ctc_fast_decoder)
+            if ar_fast_decoder is not None:
+                drafters["hybrid-strict-ar"] = lambda: hybrid_drafter_for(ar_fast_decoder)
+            if only is not None:
+                drafters = {name: make for name, make in drafters.items() if f"{name} compiled" in only}
+            twins = compiled_twins(drafters, lambda make: mmspec_loop(model, make, compile=True))
+            decoders.update({name: (decode, True) for name, decode in twins.items()})
+            if twins:
+                seconds = compile_decoder(model, greedy_only=list(drafters) == ["greedy-loop"])
+                notes.append(f"compiled rows: the decoder's graphs were compiled before timing, in {seconds:.0f} s")
         methods: dict[str, _Method | _PeerMethod] = {
             name: _Method(name, model, processor, decoder_counter, decode, own, feature_padding)
             for name, (decode, own) in decoders.items()}
@@ -492,13 +509,15 @@ def run_speech_bench(
     peers: bool = True,
     only: Sequence[str] | None = None,
     feature_padding: str | None = None,
+    compile: bool = False,
 ) -> Any:
     """Load a Whisper model (zoo name, folder, offline Hub id) and its fast decoders, read the clips, bench
     (with `batch_sizes`: plain batched `generate` vs the methods that batch, `speech/bench_batches.py`).
 
     `compute_type`: the precision of mmspec's rows (`speech/precision.py`; default float32). `peers`: add the
     faster-whisper rows when faster_whisper imports and the model is a CTranslate2 folder (`speech/peers.py`).
-    `only`: the rows to run (plus the reference), e.g. ("hybrid-strict-ar", "faster-whisper-int8")."""
+    `only`: the rows to run (plus the reference), e.g. ("hybrid-strict-ar", "faster-whisper-int8"). `compile`: the
+    compiled twins of the greedy and strict hybrid rows (`speech/bench_compiled.py`)."""
     from .models import fast_decoder_root, speech_model_path
 
     if n < 1:
@@ -506,6 +525,8 @@ def run_speech_bench(
     if batch_sizes and (chain_tokens or feature_drafter is not None):
         raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
                           "with --batch-size")
+    if batch_sizes and compile:
+        raise MMSpecError("--compile decodes one recording at a time: it does not combine with --batch-size")
     compute_type = check_compute_type(compute_type)
     feature_padding = check_feature_padding(feature_padding)
     path = speech_model_path(model_name)
@@ -538,7 +559,7 @@ def run_speech_bench(
     peer_rows, notes = peer_models(path, model, peers)
     return bench_speech(model, processor, clips, ctc_fast_decoder=ctc, ar_fast_decoder=ar, chain_tokens=chain_tokens,
                         feature_drafter=feature, repeats=repeats, progress=progress, title=title, peers=peer_rows, notes=notes,
-                        only=only, feature_padding=feature_padding)
+                        only=only, feature_padding=feature_padding, compile=compile)
 
 
 def peer_models(path: str, model: PreTrainedModel, wanted: bool) -> tuple[list[Any], list[str]]:

@@ -377,6 +377,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         callback_on_round: RoundCallback | None = None,
         batch_size: int = 1,
         pack_seconds: float | None = None,
+        compile: bool = False,
     ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
         `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
@@ -399,6 +400,9 @@ class TranscriptionPipeline(SpeculativePipeline):
                 recording's alone.
             pack_seconds: neighbouring speech regions are read together in one window of up to this much audio
                 (None: the model's window, 30 s for Whisper; 0: one region per window, shorter subtitle cues).
+            compile: the static-shape compiled path (`speculative_generate(compile=True)`, `speech/static_target.py`):
+                static decoder caches, fixed-width decoder steps compiled on the first call (slow), the same
+                transcripts. One recording at a time (batch_size 1).
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -409,6 +413,8 @@ class TranscriptionPipeline(SpeculativePipeline):
             raise MMSpecError("mode 'relaxed' applies to hybrid decoding only; method 'ar' is plain greedy decoding")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if compile and batch_size > 1:
+            raise MMSpecError(f"batch_size={batch_size}: compile=True transcribes one recording at a time; use batch_size=1")
         check_language_and_task(self.model, language, task)
         settings = dict(method=method, mode=mode, language=language, task=task, max_new_tokens=max_new_tokens,
                         silence_threshold=silence_threshold, pack_seconds=self._pack_seconds(pack_seconds))
@@ -417,7 +423,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             if isinstance(sampling_rate, (list, tuple)):
                 raise MMSpecError("sampling_rate is a list, but one audio was given: pass a list of audio, or one rate")
             reporter = self.round_reporter(callback_on_round)
-            return self._transcribe_one(audio, sampling_rate, reporter, progress_bar, started, **settings)
+            return self._transcribe_one(audio, sampling_rate, reporter, progress_bar, started, compile=compile, **settings)
         rates = per_item(sampling_rate, len(items), "sampling_rate")
         if batch_size > 1:
             if callback_on_round is not None:
@@ -430,7 +436,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                 if batch_size == 1:
                     reporter = self.round_reporter(callback_on_round)
                     outputs.append(self._transcribe_one(items[group[0]], rates[group[0]], reporter, False,
-                                                        time.perf_counter(), **settings))
+                                                        time.perf_counter(), compile=compile, **settings))
                 else:
                     outputs.extend(self._transcribe_batch([items[i] for i in group], [rates[i] for i in group],
                                                           batch_size, **settings))
@@ -499,7 +505,7 @@ class TranscriptionPipeline(SpeculativePipeline):
     def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
                         started: float, *, method: str, mode: str, language: str | None, task: str | None,
                         max_new_tokens: int | None, silence_threshold: float | None,
-                        pack_seconds: float) -> TranscriptionOutput:
+                        pack_seconds: float, compile: bool = False) -> TranscriptionOutput:
         samples, windows = self._windows(audio, sampling_rate, silence_threshold, pack_seconds)
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         chunks: list[ChunkTranscript] = []
@@ -514,15 +520,15 @@ class TranscriptionPipeline(SpeculativePipeline):
                     chunks.append(self._transcribe_chunk(
                         BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(group),
                         planned.start / rate, planned.end / rate, method, mode, label, language, task, max_new_tokens,
-                        reporter))
+                        reporter, compile=compile))
                     bar.update(1)
         windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task, max_new_tokens,
-                                              reporter)
+                                              reporter, compile=compile)
         return self._output(windows, chunks, method, mode, label, silence_threshold, started)
 
     def _unpack_looped(self, samples: np.ndarray, windows: list[Window], chunks: list[ChunkTranscript], method: str,
                        mode: str, label: str, language: str | None, task: str | None, max_new_tokens: int | None,
-                       reporter: RoundReporter | None) -> tuple[list[Window], list[ChunkTranscript]]:
+                       reporter: RoundReporter | None, compile: bool = False) -> tuple[list[Window], list[ChunkTranscript]]:
         """Each packed window whose transcript looks like a decoding loop (`looks_looped`) read again region by region,
         each region encoded and decoded as a window of its own; other windows as they were."""
         eos = self.model.generation_config.eos_token_id
@@ -543,7 +549,8 @@ class TranscriptionPipeline(SpeculativePipeline):
                 kept_windows.append(part)
                 kept_chunks.append(self._transcribe_chunk(
                     BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(parts),
-                    part.start / rate, part.end / rate, method, mode, label, language, task, max_new_tokens, reporter))
+                    part.start / rate, part.end / rate, method, mode, label, language, task, max_new_tokens, reporter,
+                    compile=compile))
         return kept_windows, kept_chunks
 
     def encode(self, pieces: list[np.ndarray]) -> tuple[torch.Tensor, float]:
@@ -623,12 +630,12 @@ class TranscriptionPipeline(SpeculativePipeline):
     def _transcribe_chunk(
         self, encoder_outputs: BaseModelOutput, encoder_time: float, start_s: float, end_s: float, method: str, mode: str,
         label: str, language: str | None, task: str | None, max_new_tokens: int | None,
-        reporter: RoundReporter | None = None,
+        reporter: RoundReporter | None = None, compile: bool = False,
     ) -> ChunkTranscript:
         target = WhisperTarget(self.model, language=language, task=task)
         decoder = SpeculativeDecoder(
             target, self.make_drafter(method), policy=hybrid_policy(self.draft_length(method)),
-            rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label,
+            rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label, compile=compile,
         )
         passes = 0
 
@@ -645,6 +652,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             out = decoder.generate(None, max_new_tokens=limit, decoder_input_ids=prompt, on_round=reporter, **inputs)
         finally:
             hook.remove()
+        passes += getattr(out.target, "compiled_forwards", 0)  # compiled steps run the decoder's forward without its hooks
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes, encoder_time)

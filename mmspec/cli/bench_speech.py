@@ -39,6 +39,10 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--rows", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()), default=None,
                         metavar="NAME[,NAME...]", help="run only these rows (plain-greedy, the reference, always runs), "
                                                         "e.g. greedy-loop,hybrid-strict-ar,faster-whisper-int8")
+    parser.add_argument("--compile", action="store_true",
+                        help="a twin row (' compiled') for greedy-loop and the strict hybrid rows on mmspec's static-shape "
+                             "path (static decoder caches, fixed-width decoder steps, torch.compile); compiled before "
+                             "timing, compile time in the notes")
     long = parser.add_mutually_exclusive_group()
     long.add_argument("--long-audio-minutes", type=checks.positive_float, default=None, metavar="N",
                       help="instead of the clips: one recording of about N minutes built from them (pauses between), "
@@ -57,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     mode = "--startup" if args.startup else "--long-audio" if args.long_audio_minutes is not None or args.long_audio else None
     if mode is not None:
         given = [flag for flag, value in (("--rows", args.rows), ("--batch-size", args.batch_size), ("--chain", args.chain),
+                                          ("--compile", args.compile),
                                           ("--feature-drafter", args.feature_drafter),
                                           ("--feature-padding", args.startup and args.feature_padding)) if value]
         if given:
@@ -81,6 +86,6 @@ def run(args: argparse.Namespace) -> int:
                               ar_fast_decoder=args.ar_fast_decoder, progress=not args.json, batch_sizes=args.batch_size,
                               chain_tokens=tuple(args.chain), feature_drafter=args.feature_drafter,
                               compute_type=args.compute_type, peers=args.peers, only=args.rows,
-                              feature_padding=args.feature_padding)
+                              feature_padding=args.feature_padding, compile=args.compile)
     emit(report, args)
     return 0

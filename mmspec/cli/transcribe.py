@@ -68,6 +68,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "(required), one FILE_STEM.FORMAT per audio file (FILE_NAME.FORMAT where stems collide), "
                              "or a FILE.jsonl: one JSON line per audio "
                              "file, resumable (a re-run skips files already in it)")
+    parser.add_argument("--compile", action="store_true",
+                        help="the static-shape compiled path (static decoder caches, fixed-width decoder steps, "
+                             "torch.compile): the same transcripts; compiling takes a while once per run (one file at a "
+                             "time: not with --batch-size)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="with --out FILE.jsonl: run again the files whose line records an error")
     folder_runs.add_batch_size_flag(parser)
@@ -91,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
+    if args.batch_size > 1 and args.compile:
+        raise MMSpecError("--compile transcribes one file at a time; use --batch-size 1 with --compile")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
@@ -150,7 +156,7 @@ def output_format(args: argparse.Namespace) -> str:
 
 def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bool) -> Any:
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
-               progress_bar=progress, pack_seconds=args.pack_seconds)
+               progress_bar=progress, pack_seconds=args.pack_seconds, compile=args.compile)
     if out.note:
         print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
