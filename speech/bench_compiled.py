@@ -12,8 +12,8 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel
 
+from .. import static_target as core_static
 from ..drafters import Drafter
-from ..static_target import DEFAULT_BACKEND, verify_widths
 from .hybrid import hybrid_policy
 from .static_target import StaticWhisperTarget, whisper_widths
 
@@ -32,8 +32,8 @@ def compiled_twins(rows: dict[str, Callable[[], Drafter]], make_row: Callable[[C
 def compile_decoder(model: PreTrainedModel, greedy_only: bool = False) -> float:
     """Compile every decoder width the compiled rows use (greedy: one token; hybrid: its padded widths) now;
     returns the seconds it took."""
-    widths = {1} if greedy_only else {1, *whisper_widths(verify_widths(hybrid_policy()))}
+    widths = {1} if greedy_only else {1, *whisper_widths(core_static.verify_widths(hybrid_policy()))}
     start = time.perf_counter()
     with torch.inference_mode():
-        StaticWhisperTarget(model, widths=tuple(sorted(widths)), backend=DEFAULT_BACKEND).warm_up()
+        StaticWhisperTarget(model, widths=tuple(sorted(widths)), backend=core_static.DEFAULT_BACKEND).warm_up()
     return time.perf_counter() - start

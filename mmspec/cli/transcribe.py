@@ -81,6 +81,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 def run(args: argparse.Namespace) -> int:
     placement = placement_options(args)
+    if args.batch_size > 1 and args.compile:
+        raise MMSpecError("--compile transcribes one file at a time; use --batch-size 1 with --compile")
     source = Path(args.path)
     if not source.exists():
         raise MMSpecError(f"audio file {args.path!r} does not exist" if not source.is_symlink() else checks.not_found(args.path))
@@ -95,8 +97,6 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
-    if args.batch_size > 1 and args.compile:
-        raise MMSpecError("--compile transcribes one file at a time; use --batch-size 1 with --compile")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
