@@ -221,10 +221,12 @@ def hf_generate(model: PreTrainedModel, assistant: ARFastDecoder | None = None,
 
 
 def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mode: str = "strict",
-                draft_tokens: int | None = None, certified_head: bool = True, compile: bool = False) -> Decode:
+                draft_tokens: int | None = None, certified_head: bool = True, compile: bool = False,
+                counter: ForwardCounter | None = None) -> Decode:
     """mmspec's loop on a `WhisperTarget` (the forced prompt, language detection included, built inside);
     `draft_tokens` caps the drafts a round (None: the hybrid default); `certified_head=False` keeps the
-    model's float32 head in greedy verification; `compile`: the static-shape path (`speech/static_target.py`)."""
+    model's float32 head in greedy verification; `compile`: the static-shape path (`speech/static_target.py`), whose
+    compiled decoder steps `counter` (the decoder's pass counter) is told of: they run without the decoder's hooks."""
     policy = hybrid_policy() if draft_tokens is None else hybrid_policy(draft_tokens)
 
     def decode(encoder_outputs: BaseModelOutput, item: SpeechItem) -> tuple[list[int], SpecStats]:
@@ -232,6 +234,8 @@ def mmspec_loop(model: PreTrainedModel, make_drafter: Callable[[], Drafter], mod
         target.use_certified_head = certified_head
         decoder = SpeculativeDecoder(target, make_drafter(), policy=policy, rule=hybrid_rule(mode), compile=compile)
         out = decoder.generate(None, max_new_tokens=item.max_new_tokens, encoder_outputs=encoder_outputs)
+        if counter is not None:
+            counter.count += getattr(out.target, "compiled_forwards", 0)
         return out.sequences[0, item.prompt_length:].tolist(), out.stats
 
     return decode
@@ -403,7 +407,7 @@ def bench_speech(
                 drafters["hybrid-strict-ar"] = lambda: hybrid_drafter_for(ar_fast_decoder)
             if only is not None:
                 drafters = {name: make for name, make in drafters.items() if f"{name} compiled" in only}
-            twins = compiled_twins(drafters, lambda make: mmspec_loop(model, make, compile=True))
+            twins = compiled_twins(drafters, lambda make: mmspec_loop(model, make, compile=True, counter=decoder_counter))
             decoders.update({name: (decode, True) for name, decode in twins.items()})
             if twins:
                 seconds = compile_decoder(model, greedy_only=list(drafters) == ["greedy-loop"])

@@ -223,6 +223,8 @@ def test_cli_bench_speech_compiled_rows(tmp_path, capsys, eager_backend):
     assert {"greedy-loop compiled", "hybrid-strict compiled", "hybrid-strict-ar compiled"} <= set(names)
     assert all(m["identical_to_greedy"] for m in result["methods"])
     assert any("compiled before timing" in note for note in result["notes"])
+    rows = {m["method"]: m for m in result["methods"]}  # compiled steps are counted as passes too
+    assert rows["greedy-loop compiled"]["decoder_passes_per_utterance"] == rows["greedy-loop"]["decoder_passes_per_utterance"]
 
 
 @pytest.mark.parametrize("argv, message", [
