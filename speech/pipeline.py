@@ -415,6 +415,10 @@ class TranscriptionPipeline(SpeculativePipeline):
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if compile and batch_size > 1:
             raise MMSpecError(f"batch_size={batch_size}: compile=True transcribes one recording at a time; use batch_size=1")
+        if compile:
+            from .static_target import refuse_unsupported
+
+            refuse_unsupported(self.model)  # before any audio is read
         check_language_and_task(self.model, language, task)
         settings = dict(method=method, mode=mode, language=language, task=task, max_new_tokens=max_new_tokens,
                         silence_threshold=silence_threshold, pack_seconds=self._pack_seconds(pack_seconds))

@@ -30,6 +30,7 @@ from ..devices import input_device
 from ..errors import MMSpecError
 from ..static_steps import RECOMPILE_LIMIT, compile_mode, rounded_capacity
 from ..targets import Target
+from .precision import ROW_ATTENTION, compute_type_of, has_compute_type_layers
 from .target import WhisperTarget
 
 # The widths (tokens per decoder forward) a chain's verification is padded to, and the widest one, in chunks of
@@ -338,6 +339,10 @@ def refuse_unsupported(model: PreTrainedModel) -> None:
         raise MMSpecError("compile=True needs the Whisper model on one device, without accelerate's offloading")
     if not hasattr(model, "get_decoder") or getattr(model.config, "max_source_positions", None) is None:
         raise MMSpecError(f"compile=True serves Whisper models; got {type(model).__name__}")
+    if has_compute_type_layers(model) or getattr(model.config, "_attn_implementation", None) == ROW_ATTENTION:
+        # Their row-by-row layers and attention read a cache as long as the tokens so far, not a static one.
+        raise MMSpecError(f"compile=True runs Whisper at float32 or a plain dtype, not at compute type "
+                          f"{compute_type_of(model)}; leave compile off")
 
 
 def static_whisper_target(target: Target, widths: tuple[int, ...], backend: str = "inductor") -> Target:

@@ -14,11 +14,12 @@ from mmspec import static_target as core_static
 from mmspec.decoding import SpeculativeDecoder
 from mmspec.speech import ARFastDecoder, hybrid_drafter_for
 from mmspec.speech.hybrid import HybridDrafter, hybrid_policy, hybrid_rule
+from mmspec.speech.precision import apply_compute_type
 from mmspec.speech.static_target import StaticWhisperTarget, whisper_widths
 from mmspec.speech.target import WhisperTarget
 
 from .conftest import MAX_NEW, PROMPT_LENGTH, assert_same
-from .tiny_whisper import MAX_TARGET_POSITIONS, features
+from .tiny_whisper import MAX_TARGET_POSITIONS, features, tiny_whisper
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -185,6 +186,11 @@ def test_unsupported_uses_are_refused_in_one_line(whisper, references, eager_bac
     with pytest.raises(MMSpecError, match="one sequence at a time"):
         speculative_generate(whisper, NoDrafter(), None, input_features=features(0, batch=2), max_new_tokens=4,
                              compile=True)
+
+    for compute_type in ("int8", "bfloat16"):  # row-by-row layers and attention that read dynamic caches
+        with pytest.raises(MMSpecError, match=f"not at compute type {compute_type}"):
+            speculative_generate(apply_compute_type(tiny_whisper(), compute_type), NoDrafter(), None,
+                                 input_features=x, max_new_tokens=4, compile=True)
 
     class OwnTarget(WhisperTarget):
         pass
