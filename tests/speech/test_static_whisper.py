@@ -142,6 +142,18 @@ def test_compile_flag_builds_the_static_target(whisper, references, eager_backen
     assert out.target.language == "fr" and out.target.widths == (1,)
 
 
+def test_a_bfloat16_model_equals_static_cache_generate(eager_backend):
+    """A plain bfloat16 cast: the static path's output is generate's over a static cache (attention over the padded
+    cache rounds differently from a dynamic cache's at that precision, in transformers' own generate too)."""
+    model = tiny_whisper().to(torch.bfloat16)
+    for seed in range(4):
+        x = features(seed).to(torch.bfloat16)
+        expected = model.generate(x, do_sample=False, max_new_tokens=30, return_dict_in_generate=True,
+                                  cache_implementation="static").sequences
+        out = speculative_generate(model, NoDrafter(), None, input_features=x, max_new_tokens=30, compile=True)
+        assert_same(out.sequences, expected)
+
+
 def test_a_self_drafter_hands_over_its_cross_attention(whisper, references):
     """The self-drafter's cross-attention keys/values are written into the static cross cache (the model does not
     project them again) and the output is still the model's greedy output."""
