@@ -212,12 +212,15 @@ def test_unsupported_uses_are_refused_in_one_line(whisper, references, eager_bac
 
 
 def test_inductor_compiled_greedy(whisper, references):
-    """compile=True itself (inductor): one-token decoder steps; a second call reuses the graph."""
-    x, sequences, _ = references[1]
-    for _ in range(2):
+    """compile=True itself (inductor): one-token decoder steps; a second recording reuses the graph."""
+    graphs = []
+    for seed in (1, 2):
+        x, sequences, _ = references[seed]
         out = speculative_generate(whisper, NoDrafter(), None, input_features=x, max_new_tokens=MAX_NEW, compile=True)
         assert_same(out.sequences, sequences)
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     assert isinstance(out.target, StaticWhisperTarget) and out.target.compiled_forwards > 0
+    assert 0 < graphs[0] == graphs[1]  # another recording (new encoder states, new target): the same graph
 
 
 # --- the pipeline, the CLI and the bench ---------------------------------------------------------------------------
