@@ -92,6 +92,7 @@ class DecodeState:
     on_tokens: Callable[[int], None] | None = None
     on_round: RoundHook | None = None
     streamer: Any = None
+    processors: Any = None  # the logits processors `generate` would apply this call (the drafter's view carries them)
 
     def announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
         """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""

@@ -173,7 +173,6 @@ class SpeculativeDecoder:
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
         target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
         rounds = choose_rounds(state, batched, model_inputs, settings.pad_token_id)
-        drafter.accept_inputs(input_ids, model_inputs)
         stats = state.stats
 
         with stats.timer("total"):
@@ -194,7 +193,7 @@ class SpeculativeDecoder:
                     settings.config, prompt_length, settings.user_processors, encoder_input_ids=input_ids
                 )
                 target.processors = processors
-                drafter.logits_processor = processors
+                state.processors = processors
                 if state.streamer is not None:
                     state.streamer.put(sequence.cpu())
                 # The drafter's prefill; the first drafts ride along with the target's when they can.

@@ -6,7 +6,7 @@ The loop (`SpeculativeDecoder.generate`) is the same for all three; it picks one
     TreeRounds    one sequence drafting a tree (`mmspec.trees`); the caches keep the accepted path
     BatchRounds   several rows (`mmspec.ragged`); rejected drafts become masked holes, finished rows leave
 
-Each gives the loop's steps for its shape: `begin` (drafter prefill, the drafts that ride along with the
+Each gives the loop's steps for its shape: `begin` (the drafter's `begin`, the drafts that ride along with the
 target's prefill, if any), `start` (the target's prefill), `first` (the prefill's token when no drafts rode
 along), `propose`, `verify`, `commit` (append the verdict's tokens, roll back, tell the drafter), `live` and
 `finish` (the output sequences, the stats' counts). The call's settings and callbacks stay in `DecodeState`.
@@ -19,13 +19,14 @@ from typing import Any
 import torch
 
 from .decode_state import DecodeState
+from .drafters import DraftView
 from .errors import MMSpecError
 from .ragged import RaggedBatch
 from .rule_capabilities import check_proposal
 from .rules import drop_nonfinite_drafts
 from .stats import SpecStats
 from .targets import TargetStep
-from .trees import DraftTree
+from .trees import DraftTree, TreeConfig
 from .types import Proposal, Verdict
 
 
@@ -78,10 +79,16 @@ class ChainRounds:
         """The most drafts this round may hold: one token of the room left is the target's own."""
         return self.state.max_new_tokens - (self.sequence.shape[1] - self.prompt_length) - 1
 
+    def view(self, max_tokens: int = 0, tree: TreeConfig | None = None) -> DraftView:
+        """What the drafter sees now."""
+        state = self.state
+        return DraftView(self.sequence, state.sampling, state.generator, state.policy, state.processors, max_tokens,
+                         tree=tree)
+
     def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
         """Prefill the drafter; the drafts to verify with the target's prefill (None: none ride along)."""
         self.sequence, self.prompt_length = sequence, sequence.shape[1]
-        self.state.drafter.prefill(sequence, model_inputs)
+        self.state.drafter.begin(self.view(), model_inputs)
         if not (self.rides_along and self.state.drafter.drafts_from_prompt):
             return None
         return self.propose()
@@ -92,7 +99,7 @@ class ChainRounds:
             tokens = torch.cat([self.sequence, proposal.tokens], dim=1)
             return target.start(tokens, num_logits=proposal.length + 1, **model_inputs)
         step = target.start(self.sequence, **model_inputs)
-        drafter.on_target_prefill(self.sequence, step)
+        drafter.observe(self.view(), None, step)
         return step
 
     def first(self, token: torch.LongTensor) -> None:
@@ -105,7 +112,7 @@ class ChainRounds:
         """The drafter's chain, drafts from a non-finite distribution counted as rejected."""
         state = self.state
         k = min(state.policy.max_tokens(), self.budget())
-        proposal = drop_nonfinite_drafts(state.drafter.propose(self.sequence, k, state.sampling, state.generator, state.policy))
+        proposal = drop_nonfinite_drafts(state.drafter.propose(self.view(k)))  # type: ignore[arg-type]
         check_proposal(state.capabilities, state.rule, proposal)
         return proposal
 
@@ -122,7 +129,7 @@ class ChainRounds:
         state.announce(new_tokens, proposal.tokens[0], accepted)
         # The cache now holds every committed token but the newest; drop the rejected drafts.
         state.target.truncate(state.target.length - (proposal.length - accepted))
-        state.drafter.observe(self.sequence, verdict, step)
+        state.drafter.observe(self.view(), verdict, step)
         state.policy.update(proposal.length, accepted)
         state.stats.record_round(proposal.length, accepted)
 
@@ -145,7 +152,7 @@ class TreeRounds(ChainRounds):
         max_drafts = self.budget()
         if max_drafts < 1:
             return DraftTree.empty(self.sequence.device)
-        return state.drafter.propose_tree(self.sequence, state.tree.limited(max_drafts), state.sampling, state.generator)
+        return state.drafter.propose(self.view(max_drafts, state.tree.limited(max_drafts)))  # type: ignore[return-value]
 
     def verify(self, tree: DraftTree) -> TargetStep:  # type: ignore[override]
         return self.state.target.score_tree(self.sequence, tree)
@@ -164,7 +171,7 @@ class TreeRounds(ChainRounds):
         # Drafters see the verify forward as if it had covered [root, path] only, as after a chain.
         rows = torch.tensor([0] + [i + 1 for i in path], device=step.logits.device)
         hidden = None if step.hidden_states is None else tuple(h.index_select(1, rows.to(h.device)) for h in step.hidden_states)
-        state.drafter.observe(self.sequence, verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
+        state.drafter.observe(self.view(), verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
         # For trees `drafted` is the tree's depth: the most tokens a round could accept.
         state.stats.record_round(int(tree.depths().max()) if tree.size else 0, len(path))
 
@@ -194,6 +201,12 @@ class BatchRounds:
         batch, room = self.batch, self.state.max_new_tokens
         return max(room - len(batch.generated[live]) for live in batch.rows.tolist()) - 1
 
+    def view(self, max_tokens: int = 0) -> DraftView:
+        """What the drafter sees now: the batch's columns."""
+        state = self.state
+        return DraftView(self.batch.tokens, state.sampling, state.generator, state.policy, state.processors, max_tokens,
+                         batch=self.batch)
+
     def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
         state, padding = self.state, self.padding
         batch = self.batch = RaggedBatch(sequence, padding)
@@ -202,13 +215,13 @@ class BatchRounds:
         self.prompt = sequence
         self.row_stats = [SpecStats(method=state.stats.method) for _ in range(batch.size)]
         self.drafter_forwards = state.drafter.forwards
-        state.drafter.prefill_batch(batch, model_inputs)
+        state.drafter.begin(self.view(), model_inputs)
         k = min(state.policy.max_tokens(), self.budget())
         if not state.drafter.drafts_from_prompt or k <= 0:
             return None
         proposal = self._drafts(k)
         if not proposal.length or not state.target.drafts_can_join_prefill(proposal.tokens, model_inputs):
-            state.drafter.prefill_batch(batch, model_inputs)  # forget those drafts; the next round drafts again
+            state.drafter.begin(self.view(), model_inputs)  # forget those drafts; the next round drafts again
             return None
         check_proposal(state.capabilities, state.rule, proposal)
         return proposal
@@ -217,7 +230,7 @@ class BatchRounds:
         target, drafter = self.state.target, self.state.drafter
         step = target.start_batch(self.batch, None if proposal is None else proposal.tokens, **model_inputs)
         self._count("target", 1)
-        drafter.on_target_prefill_batch(self.batch, step)
+        drafter.observe(self.view(), None, step)
         self._count("drafter", drafter.forwards - self.drafter_forwards)
         return step
 
@@ -226,8 +239,7 @@ class BatchRounds:
         self._append(token[:, None], torch.ones_like(token[:, None], dtype=torch.bool))
 
     def _drafts(self, k: int) -> Proposal:
-        state = self.state
-        return drop_nonfinite_drafts(state.drafter.propose_batch(self.batch, k, state.sampling, state.generator))
+        return drop_nonfinite_drafts(self.state.drafter.propose(self.view(k)))  # type: ignore[arg-type]
 
     def propose(self) -> Proposal:
         before = self.state.drafter.forwards
@@ -251,7 +263,7 @@ class BatchRounds:
         for live, row_drafted, n in zip(batch.rows.tolist(), drafted, accepted.tolist()):
             self.row_stats[live].record_round(row_drafted, n)
         state.policy.update(proposal.length, int(accepted.max()))
-        state.drafter.observe_batch(batch, verdict, step)
+        state.drafter.observe(self.view(), verdict, step)
         self._append(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
 
     def _append(self, tokens: torch.LongTensor, valid: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ from transformers import DynamicCache, PreTrainedModel
 from mmspec.cached_model import cache_argument, model_vocab_size
 from mmspec.compat import attention_implementation
 from mmspec.drafters.autoregressive import choose_draft_token
-from mmspec.drafters.base import Drafter
+from mmspec.drafters.base import Drafter, DraftView
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
@@ -153,11 +153,34 @@ class SparseToDenseDrafter(Drafter):
         kept_visual = self.visual_keep or max(1, self.kv_budget - text.numel())
         return select_kv_positions(self._capture.per_layer[layer_idx][row], visual, text, kept_visual)
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        self._start_capture([self._split(sequence[0], torch.arange(sequence.shape[1], device=sequence.device))])
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        """Score the prompt's visual keys during the target's prefill: each row keeps its own top-K."""
+        if view.batch is None:
+            sequence = view.sequence
+            self._start_capture([self._split(sequence[0], torch.arange(sequence.shape[1], device=sequence.device))])
+            return
+        batch, rows = view.batch, []
+        for b in range(batch.size):
+            columns = batch.mask[b].nonzero().flatten()
+            rows.append(self._split(batch.tokens[b][columns], columns))
+        self._start_capture(rows)
 
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
-        self._end_capture()
+    def propose(self, view: DraftView) -> Proposal:
+        if view.batch is not None:
+            return self.draft_rows(view.batch, view.max_tokens, view.sampling, view.generator)
+        return self.draft_chain(view.sequence, view.max_tokens, view.sampling, view.generator, view.policy)
+
+    def observe(self, view: DraftView, verdict: Any, target_step: Any) -> None:
+        if verdict is None:  # the target's prefill: keep its top-K visual entries
+            self._end_capture()
+            if view.batch is None:
+                self._sparse_prompt()
+            else:
+                self._sparse_batch_prompt(view.batch)
+        elif view.batch is None:  # (a batch mirrors its committed columns when it next drafts)
+            self._mirror_chain()
+
+    def _sparse_prompt(self) -> None:
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
         for layer_idx, layer in enumerate(dense.layers):
@@ -168,8 +191,8 @@ class SparseToDenseDrafter(Drafter):
         self._prompt_length = self._synced
         self._rope_deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def draft_chain(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                    generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         token = sequence[:, -1]
@@ -187,7 +210,7 @@ class SparseToDenseDrafter(Drafter):
         probs = torch.stack(dists, dim=1) if dists else None
         return Proposal(tokens=torch.stack(tokens, dim=1), probs=probs)
 
-    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+    def _mirror_chain(self) -> None:
         """Drop the drafts' sparse KV; mirror the dense KV of newly committed tokens."""
         dense = self.target.cache
         self._truncate_sparse(self._sparse_prompt_length + (self._synced - self._prompt_length))
@@ -236,15 +259,7 @@ class SparseToDenseDrafter(Drafter):
 
     drafts_batches = True
 
-    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
-        rows = []
-        for b in range(batch.size):
-            columns = batch.mask[b].nonzero().flatten()
-            rows.append(self._split(batch.tokens[b][columns], columns))
-        self._start_capture(rows)
-
-    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
-        self._end_capture()
+    def _sparse_batch_prompt(self, batch: RaggedBatch) -> None:
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
         for layer_idx, layer in enumerate(dense.layers):
@@ -261,8 +276,8 @@ class SparseToDenseDrafter(Drafter):
         self._synced = dense.get_seq_length()
         self._rope_deltas = None
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
+    def draft_rows(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                   generator: torch.Generator | None) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(batch.tokens)
         self._mirror_committed(batch)
