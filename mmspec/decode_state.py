@@ -94,7 +94,7 @@ class DecodeState:
     streamer: Any = None
     processors: Any = None  # the logits processors `generate` would apply this call (the drafter's view carries them)
 
-    def announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
+    def announce(self, new_tokens: torch.Tensor, proposed: torch.Tensor, accepted: int = 0) -> None:
         """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""
         if self.on_tokens is not None:
             self.on_tokens(new_tokens.shape[0])

@@ -4,9 +4,9 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
     prefill drafter and target; the first drafts ride along with the target's prefill when they can
     while live:
         proposal = drafter.propose(k)               # tokens [B, k] (+ q [B, k, V] or None)
-        step     = target.score(last + proposal)    # ONE target forward over k + 1 positions
+        step     = target.verify(committed, proposal.tokens)  # ONE target forward over k + 1 positions
         verdict  = rule(proposal, step.logits, ...) # accepted count + correction / bonus token
-        commit; roll the caches back; drafter.observe(...)
+        commit; target.rollback(...); drafter.observe(...)
 
 One loop body serves three shapes (`mmspec.rounds`, chosen once per call): one sequence drafting chains
 (rejected drafts are cropped from the caches); one sequence drafting a tree (`tree=TreeConfig(...)`,

@@ -67,7 +67,7 @@ class ChainRounds:
         self.state = state
         # The working copies start with the shared objects' counters: the call's forwards are what it adds.
         self.forwards_before = (state.target.forwards, state.drafter.forwards)
-        self.sequence: torch.LongTensor  # the prompt, then every committed token (set by `begin`)
+        self.sequence: torch.Tensor  # the prompt, then every committed token (set by `begin`)
         self.prompt_length = 0
         self.done = False
 
@@ -85,7 +85,7 @@ class ChainRounds:
         return DraftView(self.sequence, state.sampling, state.generator, state.policy, state.processors, max_tokens,
                          tree=tree)
 
-    def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
+    def begin(self, sequence: torch.Tensor, model_inputs: dict[str, Any]) -> Proposal | None:
         """Prefill the drafter; the drafts to verify with the target's prefill (None: none ride along)."""
         self.sequence, self.prompt_length = sequence, sequence.shape[1]
         self.state.drafter.begin(self.view(), model_inputs)
@@ -96,13 +96,12 @@ class ChainRounds:
     def start(self, proposal: Proposal | None, model_inputs: dict[str, Any]) -> TargetStep:
         target, drafter = self.state.target, self.state.drafter
         if proposal is not None:
-            tokens = torch.cat([self.sequence, proposal.tokens], dim=1)
-            return target.start(tokens, num_logits=proposal.length + 1, **model_inputs)
+            return target.start(self.sequence, proposal.tokens, **model_inputs)
         step = target.start(self.sequence, **model_inputs)
         drafter.observe(self.view(), None, step)
         return step
 
-    def first(self, token: torch.LongTensor) -> None:
+    def first(self, token: torch.Tensor) -> None:
         """Commit the prefill's token [1] (no drafts rode along)."""
         self.state.announce(token, token[:0])
         self.sequence = torch.cat([self.sequence, token[:, None]], dim=1)
@@ -117,7 +116,7 @@ class ChainRounds:
         return proposal
 
     def verify(self, proposal: Proposal) -> TargetStep:
-        return self.state.target.score(torch.cat([self.sequence[:, -1:], proposal.tokens], dim=1))
+        return self.state.target.verify(self.sequence, proposal.tokens)
 
     def commit(self, proposal: Proposal, step: TargetStep, verdict: Verdict) -> None:
         """Append the accepted drafts plus the target's token, crop the rejected drafts from the target's cache."""
@@ -127,13 +126,12 @@ class ChainRounds:
         new_tokens, self.done = truncate_at_stop(new_tokens, state.stops)
         self.sequence = torch.cat([self.sequence, new_tokens[None]], dim=1)
         state.announce(new_tokens, proposal.tokens[0], accepted)
-        # The cache now holds every committed token but the newest; drop the rejected drafts.
-        state.target.truncate(state.target.length - (proposal.length - accepted))
+        state.target.rollback(proposal.tokens, verdict)
         state.drafter.observe(self.view(), verdict, step)
         state.policy.update(proposal.length, accepted)
         state.stats.record_round(proposal.length, accepted)
 
-    def finish(self) -> torch.LongTensor:
+    def finish(self) -> torch.Tensor:
         stats = self.state.stats
         stats.new_tokens = self.sequence.shape[1] - self.prompt_length
         stats.target_forwards = self.state.target.forwards - self.forwards_before[0]
@@ -155,7 +153,7 @@ class TreeRounds(ChainRounds):
         return state.drafter.propose(self.view(max_drafts, state.tree.limited(max_drafts)))  # type: ignore[return-value]
 
     def verify(self, tree: DraftTree) -> TargetStep:  # type: ignore[override]
-        return self.state.target.score_tree(self.sequence, tree)
+        return self.state.target.verify(self.sequence, tree)
 
     def commit(self, tree: DraftTree, step: TargetStep, verdict: Verdict) -> None:  # type: ignore[override]
         state = self.state
@@ -167,7 +165,7 @@ class TreeRounds(ChainRounds):
         # The hook's drafts: the accepted path, then the drafter's own first choice below it (rejected).
         proposed = tree.path_tokens(path + tree.best_branch(path[-1] if path else -1))
         state.announce(new_tokens, proposed, len(path))
-        state.target.keep_tree_path(tree, path)
+        state.target.rollback(tree, verdict)
         # Drafters see the verify forward as if it had covered [root, path] only, as after a chain.
         rows = torch.tensor([0] + [i + 1 for i in path], device=step.logits.device)
         hidden = None if step.hidden_states is None else tuple(h.index_select(1, rows.to(h.device)) for h in step.hidden_states)
@@ -189,7 +187,7 @@ class BatchRounds:
         self.padding = padding
         self.pad_token_id = pad_token_id
         self.batch: RaggedBatch  # made by `begin`, from the prompts
-        self.prompt: torch.LongTensor
+        self.prompt: torch.Tensor
         self.row_stats: list[SpecStats] = []
         self.drafter_forwards = 0
 
@@ -207,7 +205,7 @@ class BatchRounds:
         return DraftView(self.batch.tokens, state.sampling, state.generator, state.policy, state.processors, max_tokens,
                          batch=self.batch)
 
-    def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
+    def begin(self, sequence: torch.Tensor, model_inputs: dict[str, Any]) -> Proposal | None:
         state, padding = self.state, self.padding
         batch = self.batch = RaggedBatch(sequence, padding)
         if padding is not None and not bool(padding[:, -1].bool().all()):
@@ -228,13 +226,13 @@ class BatchRounds:
 
     def start(self, proposal: Proposal | None, model_inputs: dict[str, Any]) -> TargetStep:
         target, drafter = self.state.target, self.state.drafter
-        step = target.start_batch(self.batch, None if proposal is None else proposal.tokens, **model_inputs)
+        step = target.start(self.batch, None if proposal is None else proposal.tokens, **model_inputs)
         self._count("target", 1)
         drafter.observe(self.view(), None, step)
         self._count("drafter", drafter.forwards - self.drafter_forwards)
         return step
 
-    def first(self, token: torch.LongTensor) -> None:
+    def first(self, token: torch.Tensor) -> None:
         """Commit each row's prefill token [B] (no drafts rode along)."""
         self._append(token[:, None], torch.ones_like(token[:, None], dtype=torch.bool))
 
@@ -249,7 +247,7 @@ class BatchRounds:
         return proposal
 
     def verify(self, proposal: Proposal) -> TargetStep:
-        step = self.state.target.score_batch(self.batch, proposal.tokens)
+        step = self.state.target.verify(self.batch, proposal.tokens)
         self._count("target", 1)
         return step
 
@@ -266,7 +264,7 @@ class BatchRounds:
         state.drafter.observe(self.view(), verdict, step)
         self._append(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
 
-    def _append(self, tokens: torch.LongTensor, valid: torch.Tensor) -> None:
+    def _append(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """Append the round's columns; rows that stopped leave the batch (and every cache)."""
         state, batch = self.state, self.batch
         committed, finished = batch.commit(tokens, valid, state.stops, state.max_new_tokens)
@@ -285,7 +283,7 @@ class BatchRounds:
         for live in self.batch.rows.tolist():
             setattr(self.row_stats[live], name, getattr(self.row_stats[live], name) + forwards)
 
-    def finish(self) -> torch.LongTensor:
+    def finish(self) -> torch.Tensor:
         """Prompt + new tokens [B, P + longest], rows that stopped early padded; `stats` holds the sums over
         rows and `stats.rows` each row's own counts."""
         stats, rows = self.state.stats, self.row_stats

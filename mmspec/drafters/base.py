@@ -36,7 +36,7 @@ class DraftView:
     vocabulary applies them to its own logits with its own prefixes, so its drafts follow the same rules.
     """
 
-    sequence: torch.LongTensor
+    sequence: torch.Tensor
     sampling: SamplingConfig
     generator: torch.Generator | None
     policy: DraftLengthPolicy
@@ -84,5 +84,5 @@ class Drafter(ABC):
         sequence, always on a batch), then each round's verification, with the target's step. On one sequence
         `view.sequence` already holds the round's tokens; a batch receives its columns after this call."""
 
-    def select_rows(self, keep: torch.LongTensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the live rows at indices `keep` (the others finished)."""
