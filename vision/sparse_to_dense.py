@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from mmspec.cached_model import cache_argument, model_vocab_size
-from mmspec.compat import attention_implementation
+from mmspec.compat import attention_implementation, cache_layers
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.drafters.base import Drafter, DraftView
 from mmspec.errors import MMSpecError
@@ -183,9 +183,9 @@ class SparseToDenseDrafter(Drafter):
     def _sparse_prompt(self) -> None:
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
-        for layer_idx, layer in enumerate(dense.layers):
+        for layer_idx, (keys, values) in enumerate(cache_layers(dense)):
             keep = self._kept(0, layer_idx)
-            self.sparse_cache.update(gather_positions(layer.keys, keep), gather_positions(layer.values, keep), layer_idx)
+            self.sparse_cache.update(gather_positions(keys, keep), gather_positions(values, keep), layer_idx)
         self._sparse_prompt_length = self.sparse_cache.get_seq_length()
         self._synced = dense.get_seq_length()  # dense positions mirrored into the sparse cache
         self._prompt_length = self._synced
@@ -215,8 +215,8 @@ class SparseToDenseDrafter(Drafter):
         dense = self.target.cache
         self._truncate_sparse(self._sparse_prompt_length + (self._synced - self._prompt_length))
         new_length = dense.get_seq_length()
-        for layer_idx, layer in enumerate(dense.layers):
-            self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
+        for layer_idx, (keys, values) in enumerate(cache_layers(dense)):
+            self.sparse_cache.update(keys[:, :, self._synced:new_length], values[:, :, self._synced:new_length], layer_idx)
         self._synced = new_length
 
     def _sparse_step(self, token: torch.Tensor, position: int | torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -262,14 +262,14 @@ class SparseToDenseDrafter(Drafter):
     def _sparse_batch_prompt(self, batch: RaggedBatch) -> None:
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
-        for layer_idx, layer in enumerate(dense.layers):
+        for layer_idx, (layer_keys, layer_values) in enumerate(cache_layers(dense)):
             kept = [self._kept(b, layer_idx) for b in range(batch.size)]
             width = max(k.shape[-1] for k in kept)
             keys, values = [], []
             for b, keep in enumerate(kept):
                 padded = torch.nn.functional.pad(keep, (0, width - keep.shape[-1]))  # pads read column 0, masked
-                keys.append(gather_positions(layer.keys[b:b + 1], padded.to(layer.keys.device)))
-                values.append(gather_positions(layer.values[b:b + 1], padded.to(layer.values.device)))
+                keys.append(gather_positions(layer_keys[b:b + 1], padded.to(layer_keys.device)))
+                values.append(gather_positions(layer_values[b:b + 1], padded.to(layer_values.device)))
             self.sparse_cache.update(torch.cat(keys), torch.cat(values), layer_idx)
         counts = torch.tensor([k.shape[-1] for k in kept], device=batch.mask.device)
         self._sparse_mask = (torch.arange(width, device=batch.mask.device)[None] < counts[:, None]).long()
@@ -297,8 +297,8 @@ class SparseToDenseDrafter(Drafter):
         self._truncate_sparse(self._sparse_mask.shape[1])
         dense = self.target.cache
         new_length = dense.get_seq_length()
-        for layer_idx, layer in enumerate(dense.layers):
-            self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
+        for layer_idx, (keys, values) in enumerate(cache_layers(dense)):
+            self.sparse_cache.update(keys[:, :, self._synced:new_length], values[:, :, self._synced:new_length], layer_idx)
         self._sparse_mask = torch.cat([self._sparse_mask, batch.mask[:, self._synced:new_length]], dim=1)
         self._synced = new_length
 
