@@ -18,11 +18,19 @@ from typing import Any
 
 import torch
 
+from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy
 from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig
 from ..trees import DraftTree, TreeConfig
 from ..types import Proposal, Verdict
+
+# Hooks of earlier versions, and the hook that does their work now.
+RETIRED_HOOKS = {
+    "accept_inputs": "begin", "prefill": "begin", "prefill_batch": "begin",
+    "on_target_prefill": "observe (verdict None)", "on_target_prefill_batch": "observe (verdict None)",
+    "propose_tree": "propose (view.tree)", "propose_batch": "propose (view.batch)", "observe_batch": "observe (view.batch)",
+}
 
 
 @dataclass
@@ -63,6 +71,13 @@ class Drafter(ABC):
     # see `mmspec.trees`) and batches (`view.batch`, several rows, see `mmspec.ragged`; then `select_rows` too).
     drafts_trees: bool = False
     drafts_batches: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, now in RETIRED_HOOKS.items():
+            if name in vars(cls):
+                raise MMSpecError(f"{cls.__name__}.{name} is never called: drafter hooks are bind, begin, propose, observe "
+                                  f"and select_rows, each taking a DraftView; move its work to {now}")
 
     def bind(self, target: Any) -> None:
         """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
