@@ -92,6 +92,7 @@ class DecodeState:
     on_tokens: Callable[[int], None] | None = None
     on_round: RoundHook | None = None
     streamer: Any = None
+    inputs: dict[str, Any] | None = None  # the caller's own model inputs (the drafter's view carries them)
     processors: Any = None  # the logits processors `generate` would apply this call (the drafter's view carries them)
 
     def announce(self, new_tokens: torch.Tensor, proposed: torch.Tensor, accepted: int = 0) -> None:

@@ -173,6 +173,8 @@ class SpeculativeDecoder:
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
         target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
         rounds = choose_rounds(state, batched, model_inputs, settings.pad_token_id)
+        # The caller's own inputs, before the target derives anything from them (a drafter with its own encoder).
+        state.inputs = {**model_inputs, **({} if input_ids is None else {"input_ids": input_ids})}
         stats = state.stats
 
         with stats.timer("total"):

@@ -83,7 +83,7 @@ class ChainRounds:
         """What the drafter sees now."""
         state = self.state
         return DraftView(self.sequence, state.sampling, state.generator, state.policy, state.processors, max_tokens,
-                         tree=tree)
+                         tree=tree, inputs=state.inputs)
 
     def begin(self, sequence: torch.Tensor, model_inputs: dict[str, Any]) -> Proposal | None:
         """Prefill the drafter; the drafts to verify with the target's prefill (None: none ride along)."""
@@ -203,7 +203,7 @@ class BatchRounds:
         """What the drafter sees now: the batch's columns."""
         state = self.state
         return DraftView(self.batch.tokens, state.sampling, state.generator, state.policy, state.processors, max_tokens,
-                         batch=self.batch)
+                         batch=self.batch, inputs=state.inputs)
 
     def begin(self, sequence: torch.Tensor, model_inputs: dict[str, Any]) -> Proposal | None:
         state, padding = self.state, self.padding

@@ -155,15 +155,10 @@ class SparseToDenseDrafter(Drafter):
 
     def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
         """Score the prompt's visual keys during the target's prefill: each row keeps its own top-K."""
-        if view.batch is None:
-            sequence = view.sequence
-            self._start_capture([self._split(sequence[0], torch.arange(sequence.shape[1], device=sequence.device))])
-            return
-        batch, rows = view.batch, []
-        for b in range(batch.size):
-            columns = batch.mask[b].nonzero().flatten()
-            rows.append(self._split(batch.tokens[b][columns], columns))
-        self._start_capture(rows)
+        tokens = view.sequence
+        mask = torch.ones_like(tokens) if view.batch is None else view.batch.mask
+        columns = [mask[b].nonzero().flatten() for b in range(tokens.shape[0])]
+        self._start_capture([self._split(tokens[b][kept], kept) for b, kept in enumerate(columns)])
 
     def propose(self, view: DraftView) -> Proposal:
         if view.batch is not None:

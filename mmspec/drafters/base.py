@@ -52,6 +52,7 @@ class DraftView:
     max_tokens: int = 0
     batch: RaggedBatch | None = None
     tree: TreeConfig | None = None
+    inputs: dict[str, Any] | None = None  # the caller's own model inputs, before the target derived any from them
 
 
 class Drafter(ABC):

@@ -65,8 +65,8 @@ class ModelDrafter(AutoregressiveDrafter):
         self._encoder_inputs = {}
         if not self.lm.is_encoder_decoder:
             return
-        # The caller's encoder inputs (`input_ids` among them), not the target's decoder prompt.
-        inputs = {k: v for k, v in model_inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
+        # The caller's own encoder inputs (`input_ids` among them), not the target's decoder prompt or encoder states.
+        inputs = {k: v for k, v in (view.inputs or {}).items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
         given = inputs.get("encoder_outputs")
         if given is not None:
             states = given[0] if isinstance(given, (tuple, list)) else given.last_hidden_state
