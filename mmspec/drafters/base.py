@@ -42,6 +42,7 @@ class DraftView:
     tree within that config (already limited to the room left). `processors` are the logits processors the
     target applies this call (repetition penalty, suppressed tokens, ...): a drafter that scores the target's
     vocabulary applies them to its own logits with its own prefixes, so its drafts follow the same rules.
+    `inputs` are the caller's own model inputs (a drafter with an encoder of its own runs it on them).
     """
 
     sequence: torch.Tensor
@@ -52,7 +53,7 @@ class DraftView:
     max_tokens: int = 0
     batch: RaggedBatch | None = None
     tree: TreeConfig | None = None
-    inputs: dict[str, Any] | None = None  # the caller's own model inputs, before the target derived any from them
+    inputs: dict[str, Any] | None = None
 
 
 class Drafter(ABC):
