@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from mmspec.drafters.autoregressive import AutoregressiveDrafter, common_prefix_length
+from mmspec.drafters.base import DraftView
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy, FixedDraftLength
 from mmspec.rule_capabilities import RuleCapabilities, declare_rule
@@ -58,9 +59,9 @@ class GuidedImageDrafter(AutoregressiveDrafter):
             if theirs is not None and theirs != self.cfg.config.num_classes:
                 raise MMSpecError(f"drafter has {self.cfg.config.num_classes} classes, the target {theirs}")
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
         self.cfg.cache = None
-        self.cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
+        self.cached_tokens = torch.empty(0, dtype=torch.long, device=view.sequence.device)
 
     def catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
         """Align the cache with `sequence` = [condition, tokens...]; guided next-token logits [1, V]."""

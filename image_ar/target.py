@@ -178,26 +178,26 @@ class GuidedImageTarget(Target):
     # A batch of conditions decodes in lockstep (plain AR: no drafts, no holes, no early stops), one forward
     # per token for all rows; image drafters draft one grid at a time.
 
-    def start_batch(self, batch: Any, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
+    def _start_rows(self, batch: Any, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
         if drafts is not None:
             raise MMSpecError("a batch of image conditions decodes plain AR (method ar); draft one condition at a time")
-        return self.start(batch.tokens, **model_inputs)
+        return self._start_sequence(batch.tokens, **model_inputs)
 
-    def score_batch(self, batch: Any, drafts: torch.LongTensor) -> TargetStep:
+    def _score_rows(self, batch: Any, drafts: torch.LongTensor) -> TargetStep:
         if drafts.shape[1] or not bool(batch.mask.bool().all()):
             raise MMSpecError("a batch of image conditions decodes plain AR (method ar); draft one condition at a time")
-        return self.score(batch.tokens[:, -1:])
+        return self._score(batch.tokens[:, -1:])
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         raise MMSpecError("image grids have no end token: every row of a batch runs to the last token")
 
-    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
+    def _start_sequence(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
         tokens = sequence[:, 1:] if sequence.shape[1] > 1 else None
         logits = self.cfg.start(sequence[:, 0], tokens)
         self.forwards += 1
         return TargetStep(logits=logits[:, -num_logits:])
 
-    def score(self, tokens: torch.LongTensor) -> TargetStep:
+    def _score(self, tokens: torch.LongTensor) -> TargetStep:
         logits = self.cfg.extend(tokens)
         self.forwards += 1
         return TargetStep(logits=logits)

@@ -19,6 +19,7 @@ _EXPORTS = {
     "SpeculativeOutput": "mmspec.decoding",
     "speculative_generate": "mmspec.decoding",
     "Drafter": "mmspec.drafters",
+    "DraftView": "mmspec.drafters",
     "ModelDrafter": "mmspec.drafters",
     "NoDrafter": "mmspec.drafters",
     "PromptLookupDrafter": "mmspec.drafters",
@@ -77,7 +78,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
     from .decoding import SpeculativeDecoder, SpeculativeOutput, speculative_generate
-    from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+    from .drafters import Drafter, DraftView, ModelDrafter, NoDrafter, PromptLookupDrafter
     from .pipelines import (
         ImagePipelineOutput,
         RoundInfo,

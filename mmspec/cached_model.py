@@ -190,7 +190,7 @@ class CachedModel:
         position scheme, e.g. Qwen2-VL's 3-D M-RoPE, override this)."""
         return positions
 
-    def select_rows(self, keep: torch.LongTensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only batch rows `keep` in the cache (and the encoder's states): finished rows stop costing work."""
         self.cache.batch_select_indices(keep.to(input_device(self.model)))  # not model.device: "meta" when offloaded
         for name, value in list(self._encoder_kwargs.items()):

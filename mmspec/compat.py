@@ -164,6 +164,18 @@ def _generation_source() -> str:
     return inspect.getsource(transformers.generation.utils)
 
 
+def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) [B, heads, positions, head dim] of a transformers `DynamicCache`, to copy entries
+    into another cache (Sparse-to-Dense's sparse copy). transformers has no public per-layer read of them."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise incompatible(f"transformers {type(cache).__name__}.layers", "reading a KV cache's keys and values")
+    if not all(isinstance(getattr(layer, "keys", None), torch.Tensor) and isinstance(getattr(layer, "values", None), torch.Tensor)
+               for layer in layers):
+        raise incompatible("transformers cache layer .keys / .values", "reading a KV cache's keys and values")
+    return [(layer.keys, layer.values) for layer in layers]
+
+
 def keep_cache_positions(cache: Any, positions: torch.LongTensor) -> None:
     """Keep only the sequence positions `positions` (ascending) of every layer of a transformers `DynamicCache`,
     in place (after a tree forward: the committed path's entries). transformers has no public way to drop

@@ -92,8 +92,10 @@ class DecodeState:
     on_tokens: Callable[[int], None] | None = None
     on_round: RoundHook | None = None
     streamer: Any = None
+    inputs: dict[str, Any] | None = None  # the caller's own model inputs (the drafter's view carries them)
+    processors: Any = None  # the logits processors `generate` would apply this call (the drafter's view carries them)
 
-    def announce(self, new_tokens: torch.LongTensor, proposed: torch.LongTensor, accepted: int = 0) -> None:
+    def announce(self, new_tokens: torch.Tensor, proposed: torch.Tensor, accepted: int = 0) -> None:
         """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""
         if self.on_tokens is not None:
             self.on_tokens(new_tokens.shape[0])

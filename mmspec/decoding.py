@@ -4,9 +4,9 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
     prefill drafter and target; the first drafts ride along with the target's prefill when they can
     while live:
         proposal = drafter.propose(k)               # tokens [B, k] (+ q [B, k, V] or None)
-        step     = target.score(last + proposal)    # ONE target forward over k + 1 positions
+        step     = target.verify(committed, proposal.tokens)  # ONE target forward over k + 1 positions
         verdict  = rule(proposal, step.logits, ...) # accepted count + correction / bonus token
-        commit; roll the caches back; drafter.observe(...)
+        commit; target.rollback(...); drafter.observe(...)
 
 One loop body serves three shapes (`mmspec.rounds`, chosen once per call): one sequence drafting chains
 (rejected drafts are cropped from the caches); one sequence drafting a tree (`tree=TreeConfig(...)`,
@@ -173,7 +173,8 @@ class SpeculativeDecoder:
         # Only each row's argmax will be read: the target may take it from a certified bfloat16 head.
         target.certify_greedy = rule is greedy_match and not sampling.do_sample and self.tree is None
         rounds = choose_rounds(state, batched, model_inputs, settings.pad_token_id)
-        drafter.accept_inputs(input_ids, model_inputs)
+        # The caller's own inputs, before the target derives anything from them (a drafter with its own encoder).
+        state.inputs = {**model_inputs, **({} if input_ids is None else {"input_ids": input_ids})}
         stats = state.stats
 
         with stats.timer("total"):
@@ -194,7 +195,7 @@ class SpeculativeDecoder:
                     settings.config, prompt_length, settings.user_processors, encoder_input_ids=input_ids
                 )
                 target.processors = processors
-                drafter.logits_processor = processors
+                state.processors = processors
                 if state.streamer is not None:
                     state.streamer.put(sequence.cpu())
                 # The drafter's prefill; the first drafts ride along with the target's when they can.

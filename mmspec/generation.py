@@ -9,7 +9,7 @@ same transformers code, so a published checkpoint's shipped settings are in forc
 as in `generate`:
 
 - the processors run on every verified position with that position's own prefix (`Target`), and
-  on the drafter's proposals with theirs (`Drafter.logits_processor`);
+  on the drafter's proposals with theirs (`DraftView.processors`);
 - temperature / top-k / top-p become the `SamplingConfig` both sides warp with;
 - settings that cannot be honoured exactly (beam search, other warpers, guidance, ...) and
   arguments that are neither a setting nor a model input are refused, naming them.

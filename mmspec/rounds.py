@@ -6,7 +6,7 @@ The loop (`SpeculativeDecoder.generate`) is the same for all three; it picks one
     TreeRounds    one sequence drafting a tree (`mmspec.trees`); the caches keep the accepted path
     BatchRounds   several rows (`mmspec.ragged`); rejected drafts become masked holes, finished rows leave
 
-Each gives the loop's steps for its shape: `begin` (drafter prefill, the drafts that ride along with the
+Each gives the loop's steps for its shape: `begin` (the drafter's `begin`, the drafts that ride along with the
 target's prefill, if any), `start` (the target's prefill), `first` (the prefill's token when no drafts rode
 along), `propose`, `verify`, `commit` (append the verdict's tokens, roll back, tell the drafter), `live` and
 `finish` (the output sequences, the stats' counts). The call's settings and callbacks stay in `DecodeState`.
@@ -19,13 +19,14 @@ from typing import Any
 import torch
 
 from .decode_state import DecodeState
+from .drafters import DraftView
 from .errors import MMSpecError
 from .ragged import RaggedBatch
 from .rule_capabilities import check_proposal
 from .rules import drop_nonfinite_drafts
 from .stats import SpecStats
 from .targets import TargetStep
-from .trees import DraftTree
+from .trees import DraftTree, TreeConfig
 from .types import Proposal, Verdict
 
 
@@ -66,7 +67,7 @@ class ChainRounds:
         self.state = state
         # The working copies start with the shared objects' counters: the call's forwards are what it adds.
         self.forwards_before = (state.target.forwards, state.drafter.forwards)
-        self.sequence: torch.LongTensor  # the prompt, then every committed token (set by `begin`)
+        self.sequence: torch.Tensor  # the prompt, then every committed token (set by `begin`)
         self.prompt_length = 0
         self.done = False
 
@@ -78,10 +79,16 @@ class ChainRounds:
         """The most drafts this round may hold: one token of the room left is the target's own."""
         return self.state.max_new_tokens - (self.sequence.shape[1] - self.prompt_length) - 1
 
-    def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
+    def view(self, max_tokens: int = 0, tree: TreeConfig | None = None) -> DraftView:
+        """What the drafter sees now."""
+        state = self.state
+        return DraftView(self.sequence, state.sampling, state.generator, state.policy, state.processors, max_tokens,
+                         tree=tree, inputs=state.inputs)
+
+    def begin(self, sequence: torch.Tensor, model_inputs: dict[str, Any]) -> Proposal | None:
         """Prefill the drafter; the drafts to verify with the target's prefill (None: none ride along)."""
         self.sequence, self.prompt_length = sequence, sequence.shape[1]
-        self.state.drafter.prefill(sequence, model_inputs)
+        self.state.drafter.begin(self.view(), model_inputs)
         if not (self.rides_along and self.state.drafter.drafts_from_prompt):
             return None
         return self.propose()
@@ -89,13 +96,12 @@ class ChainRounds:
     def start(self, proposal: Proposal | None, model_inputs: dict[str, Any]) -> TargetStep:
         target, drafter = self.state.target, self.state.drafter
         if proposal is not None:
-            tokens = torch.cat([self.sequence, proposal.tokens], dim=1)
-            return target.start(tokens, num_logits=proposal.length + 1, **model_inputs)
+            return target.start(self.sequence, proposal.tokens, **model_inputs)
         step = target.start(self.sequence, **model_inputs)
-        drafter.on_target_prefill(self.sequence, step)
+        drafter.observe(self.view(), None, step)
         return step
 
-    def first(self, token: torch.LongTensor) -> None:
+    def first(self, token: torch.Tensor) -> None:
         """Commit the prefill's token [1] (no drafts rode along)."""
         self.state.announce(token, token[:0])
         self.sequence = torch.cat([self.sequence, token[:, None]], dim=1)
@@ -105,12 +111,12 @@ class ChainRounds:
         """The drafter's chain, drafts from a non-finite distribution counted as rejected."""
         state = self.state
         k = min(state.policy.max_tokens(), self.budget())
-        proposal = drop_nonfinite_drafts(state.drafter.propose(self.sequence, k, state.sampling, state.generator, state.policy))
+        proposal = drop_nonfinite_drafts(state.drafter.propose(self.view(k)))  # type: ignore[arg-type]
         check_proposal(state.capabilities, state.rule, proposal)
         return proposal
 
     def verify(self, proposal: Proposal) -> TargetStep:
-        return self.state.target.score(torch.cat([self.sequence[:, -1:], proposal.tokens], dim=1))
+        return self.state.target.verify(self.sequence, proposal.tokens)
 
     def commit(self, proposal: Proposal, step: TargetStep, verdict: Verdict) -> None:
         """Append the accepted drafts plus the target's token, crop the rejected drafts from the target's cache."""
@@ -120,13 +126,12 @@ class ChainRounds:
         new_tokens, self.done = truncate_at_stop(new_tokens, state.stops)
         self.sequence = torch.cat([self.sequence, new_tokens[None]], dim=1)
         state.announce(new_tokens, proposal.tokens[0], accepted)
-        # The cache now holds every committed token but the newest; drop the rejected drafts.
-        state.target.truncate(state.target.length - (proposal.length - accepted))
-        state.drafter.observe(self.sequence, verdict, step)
+        state.target.rollback(proposal.tokens, verdict)
+        state.drafter.observe(self.view(), verdict, step)
         state.policy.update(proposal.length, accepted)
         state.stats.record_round(proposal.length, accepted)
 
-    def finish(self) -> torch.LongTensor:
+    def finish(self) -> torch.Tensor:
         stats = self.state.stats
         stats.new_tokens = self.sequence.shape[1] - self.prompt_length
         stats.target_forwards = self.state.target.forwards - self.forwards_before[0]
@@ -145,10 +150,10 @@ class TreeRounds(ChainRounds):
         max_drafts = self.budget()
         if max_drafts < 1:
             return DraftTree.empty(self.sequence.device)
-        return state.drafter.propose_tree(self.sequence, state.tree.limited(max_drafts), state.sampling, state.generator)
+        return state.drafter.propose(self.view(max_drafts, state.tree.limited(max_drafts)))  # type: ignore[return-value]
 
     def verify(self, tree: DraftTree) -> TargetStep:  # type: ignore[override]
-        return self.state.target.score_tree(self.sequence, tree)
+        return self.state.target.verify(self.sequence, tree)
 
     def commit(self, tree: DraftTree, step: TargetStep, verdict: Verdict) -> None:  # type: ignore[override]
         state = self.state
@@ -160,11 +165,11 @@ class TreeRounds(ChainRounds):
         # The hook's drafts: the accepted path, then the drafter's own first choice below it (rejected).
         proposed = tree.path_tokens(path + tree.best_branch(path[-1] if path else -1))
         state.announce(new_tokens, proposed, len(path))
-        state.target.keep_tree_path(tree, path)
+        state.target.rollback(tree, verdict)
         # Drafters see the verify forward as if it had covered [root, path] only, as after a chain.
         rows = torch.tensor([0] + [i + 1 for i in path], device=step.logits.device)
         hidden = None if step.hidden_states is None else tuple(h.index_select(1, rows.to(h.device)) for h in step.hidden_states)
-        state.drafter.observe(self.sequence, verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
+        state.drafter.observe(self.view(), verdict, TargetStep(logits=step.logits.index_select(1, rows), hidden_states=hidden))
         # For trees `drafted` is the tree's depth: the most tokens a round could accept.
         state.stats.record_round(int(tree.depths().max()) if tree.size else 0, len(path))
 
@@ -182,7 +187,7 @@ class BatchRounds:
         self.padding = padding
         self.pad_token_id = pad_token_id
         self.batch: RaggedBatch  # made by `begin`, from the prompts
-        self.prompt: torch.LongTensor
+        self.prompt: torch.Tensor
         self.row_stats: list[SpecStats] = []
         self.drafter_forwards = 0
 
@@ -194,7 +199,13 @@ class BatchRounds:
         batch, room = self.batch, self.state.max_new_tokens
         return max(room - len(batch.generated[live]) for live in batch.rows.tolist()) - 1
 
-    def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
+    def view(self, max_tokens: int = 0) -> DraftView:
+        """What the drafter sees now: the batch's columns."""
+        state = self.state
+        return DraftView(self.batch.tokens, state.sampling, state.generator, state.policy, state.processors, max_tokens,
+                         batch=self.batch, inputs=state.inputs)
+
+    def begin(self, sequence: torch.Tensor, model_inputs: dict[str, Any]) -> Proposal | None:
         state, padding = self.state, self.padding
         batch = self.batch = RaggedBatch(sequence, padding)
         if padding is not None and not bool(padding[:, -1].bool().all()):
@@ -202,32 +213,31 @@ class BatchRounds:
         self.prompt = sequence
         self.row_stats = [SpecStats(method=state.stats.method) for _ in range(batch.size)]
         self.drafter_forwards = state.drafter.forwards
-        state.drafter.prefill_batch(batch, model_inputs)
+        state.drafter.begin(self.view(), model_inputs)
         k = min(state.policy.max_tokens(), self.budget())
         if not state.drafter.drafts_from_prompt or k <= 0:
             return None
         proposal = self._drafts(k)
         if not proposal.length or not state.target.drafts_can_join_prefill(proposal.tokens, model_inputs):
-            state.drafter.prefill_batch(batch, model_inputs)  # forget those drafts; the next round drafts again
+            state.drafter.begin(self.view(), model_inputs)  # forget those drafts; the next round drafts again
             return None
         check_proposal(state.capabilities, state.rule, proposal)
         return proposal
 
     def start(self, proposal: Proposal | None, model_inputs: dict[str, Any]) -> TargetStep:
         target, drafter = self.state.target, self.state.drafter
-        step = target.start_batch(self.batch, None if proposal is None else proposal.tokens, **model_inputs)
+        step = target.start(self.batch, None if proposal is None else proposal.tokens, **model_inputs)
         self._count("target", 1)
-        drafter.on_target_prefill_batch(self.batch, step)
+        drafter.observe(self.view(), None, step)
         self._count("drafter", drafter.forwards - self.drafter_forwards)
         return step
 
-    def first(self, token: torch.LongTensor) -> None:
+    def first(self, token: torch.Tensor) -> None:
         """Commit each row's prefill token [B] (no drafts rode along)."""
         self._append(token[:, None], torch.ones_like(token[:, None], dtype=torch.bool))
 
     def _drafts(self, k: int) -> Proposal:
-        state = self.state
-        return drop_nonfinite_drafts(state.drafter.propose_batch(self.batch, k, state.sampling, state.generator))
+        return drop_nonfinite_drafts(self.state.drafter.propose(self.view(k)))  # type: ignore[arg-type]
 
     def propose(self) -> Proposal:
         before = self.state.drafter.forwards
@@ -237,7 +247,7 @@ class BatchRounds:
         return proposal
 
     def verify(self, proposal: Proposal) -> TargetStep:
-        step = self.state.target.score_batch(self.batch, proposal.tokens)
+        step = self.state.target.verify(self.batch, proposal.tokens)
         self._count("target", 1)
         return step
 
@@ -251,10 +261,10 @@ class BatchRounds:
         for live, row_drafted, n in zip(batch.rows.tolist(), drafted, accepted.tolist()):
             self.row_stats[live].record_round(row_drafted, n)
         state.policy.update(proposal.length, int(accepted.max()))
-        state.drafter.observe_batch(batch, verdict, step)
+        state.drafter.observe(self.view(), verdict, step)
         self._append(torch.cat([proposal.tokens, verdict.next_token[:, None]], dim=1), valid)
 
-    def _append(self, tokens: torch.LongTensor, valid: torch.Tensor) -> None:
+    def _append(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """Append the round's columns; rows that stopped leave the batch (and every cache)."""
         state, batch = self.state, self.batch
         committed, finished = batch.commit(tokens, valid, state.stops, state.max_new_tokens)
@@ -273,7 +283,7 @@ class BatchRounds:
         for live in self.batch.rows.tolist():
             setattr(self.row_stats[live], name, getattr(self.row_stats[live], name) + forwards)
 
-    def finish(self) -> torch.LongTensor:
+    def finish(self) -> torch.Tensor:
         """Prompt + new tokens [B, P + longest], rows that stopped early padded; `stats` holds the sums over
         rows and `stats.rows` each row's own counts."""
         stats, rows = self.state.stats, self.row_stats

@@ -19,6 +19,7 @@ from .kernels.certified_head import CertifiedHead, certified_head_available, cer
 from .kernels.lean_llama import has_hooks
 from .ragged import RaggedBatch
 from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
+from .types import Verdict
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
 PER_TOKEN_INPUTS = ("mm_token_type_ids", "token_type_ids")
@@ -46,7 +47,7 @@ class Target(CachedModel):
     """Wraps a transformers LM (decoder-only or encoder-decoder) as the verifier.
 
     The committed sequence always has one more token than the cache: the newest token is fed
-    at the start of the next `score()` call, together with the drafts.
+    at the start of the next `verify()` call, together with the drafts.
 
     Logits come back processed as `generate` processes them: `processors` (set per call by the
     loop from the generation settings, see `build_logits_processors`) run on every returned row
@@ -56,7 +57,7 @@ class Target(CachedModel):
     # Whether the model's shipped `generation_config` (sampling, penalties, ...) applies to this
     # decoding, as in its `generate`; False for targets whose settings come from elsewhere.
     reads_generation_config: bool = True
-    # Whether `start_batch` / `score_batch` serve this target (batch size > 1, see `mmspec.ragged`).
+    # Whether `start` / `verify` serve a ragged batch on this target (batch size > 1, see `mmspec.ragged`).
     decodes_batches: bool = True
     # Below this many head weights (vocabulary x width) the float32 head is a small part of a forward: keep it.
     certified_head_min_size: int = 1 << 22
@@ -101,20 +102,55 @@ class Target(CachedModel):
             model_inputs["input_ids"] = input_ids
         return decoder_ids
 
-    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
-        """Prefill all of `sequence`, keeping the logits of its last `num_logits` positions.
+    # --- the loop's four calls: start, verify, rollback, select_rows (one of each for every shape) -------------
 
-        With drafts appended to the prompt (num_logits = k + 1) this is the first verification too.
-        When the drafts may not join the prefill (see `drafts_can_join_prefill`), the prompt is
-        prefilled alone and the drafts are scored in a second forward.
-        """
+    def start(self, prompt: torch.Tensor | RaggedBatch, drafts: torch.Tensor | None = None,
+              **model_inputs: Any) -> TargetStep:
+        """The prefill of one sequence's prompt [1, L] or of a ragged batch's left-padded prompts, with `drafts`
+        [B, k] appended when they ride along: then it is the first verification too, logits [B, k + 1, V] from the
+        prompt's last token on (else [B, 1, V]). Drafts that may not join the prefill (`drafts_can_join_prefill`)
+        are scored in a second forward."""
+        if isinstance(prompt, RaggedBatch):
+            return self._start_rows(prompt, drafts, **model_inputs)
+        if drafts is None:
+            return self._start_sequence(prompt, 1, **model_inputs)
+        return self._start_sequence(torch.cat([prompt, drafts], dim=1), drafts.shape[1] + 1, **model_inputs)
+
+    def verify(self, committed: torch.Tensor | RaggedBatch, drafts: torch.Tensor | DraftTree) -> TargetStep:
+        """ONE forward over the newest committed token and the drafts: of one sequence [1, L] (a chain [1, k]:
+        logits [1, k + 1, V]; a `DraftTree`: logits [1, N + 1, V], see `_score_tree`) or of each row of a ragged
+        batch (drafts [B, k]: logits [B, k + 1, V])."""
+        if isinstance(committed, RaggedBatch):
+            assert isinstance(drafts, torch.Tensor)
+            return self._score_rows(committed, drafts)
+        if isinstance(drafts, DraftTree):
+            return self._score_tree(committed, drafts)
+        return self._score(torch.cat([committed[:, -1:], drafts], dim=1))
+
+    def rollback(self, drafts: torch.Tensor | DraftTree, verdict: Verdict) -> None:
+        """After verifying one sequence's drafts: drop the rejected ones from the cache (of a tree, every node off
+        the accepted path). The cache then holds every committed token but the newest. A batch keeps its rejected
+        drafts as masked holes instead (`mmspec.ragged`)."""
+        if not isinstance(drafts, DraftTree):
+            self.truncate(self.length - (drafts.shape[1] - int(verdict.num_accepted[0])))
+            return
+        path, root, device = verdict.path or [], self.length - drafts.size - 1, input_device(self.model)
+        nodes = torch.tensor(path, dtype=torch.long, device=device) + root + 1
+        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=device), nodes]))
+        if self._tokens is not None:
+            self._tokens = torch.cat([self._tokens, drafts.path_tokens(path)[None].to(self._tokens.device)], dim=1)
+
+    # (`select_rows`, from `CachedModel`: rows of a batch that finished leave the cache.)
+
+    def _start_sequence(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> TargetStep:
+        """Prefill all of `sequence`, keeping the logits of its last `num_logits` positions."""
         num_drafts = num_logits - 1
         # A prefill that fills a sliding window drops states before they are recorded: drafts that
         # might be rejected must then come in a second forward.
         beyond_window = self.sliding_window is not None and sequence.shape[1] >= self.sliding_window
         if num_drafts > 0 and (beyond_window or not self.drafts_can_join_prefill(sequence[:, -num_drafts:], model_inputs)):
-            first = self.start(sequence[:, :-num_drafts], 1, **model_inputs)
-            rest = self.score(sequence[:, -num_drafts:])
+            first = self._start_sequence(sequence[:, :-num_drafts], 1, **model_inputs)
+            rest = self._score(sequence[:, -num_drafts:])
             hidden = None
             if first.hidden_states is not None and rest.hidden_states is not None:
                 hidden = tuple(torch.cat(pair, dim=1) for pair in zip(first.hidden_states, rest.hidden_states))
@@ -133,7 +169,7 @@ class Target(CachedModel):
         step = self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
         return self._processed(step, sequence.shape[1] - num_logits)
 
-    def drafts_can_join_prefill(self, drafts: torch.LongTensor, model_inputs: dict[str, Any]) -> bool:
+    def drafts_can_join_prefill(self, drafts: torch.Tensor, model_inputs: dict[str, Any]) -> bool:
         """Whether drafts may be appended to the prompt in the prefill forward.
 
         Safe by default only for text-only decoder inputs and for encoder-decoders (whose extra
@@ -142,7 +178,7 @@ class Target(CachedModel):
         """
         return self.is_encoder_decoder or not model_inputs
 
-    def score(self, tokens: torch.LongTensor) -> TargetStep:
+    def _score(self, tokens: torch.LongTensor) -> TargetStep:
         """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""
         first_position = self.length
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
@@ -154,9 +190,7 @@ class Target(CachedModel):
             return self._certified_step(out, tokens.shape[1], first_position)
         return self._processed(self._step(out, tokens.shape[1]), first_position)
 
-    def start_batch(self, batch: RaggedBatch, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
-        """Batch decoding: prefill the left-padded prompts of `batch`, with `drafts` [B, k] appended when they ride
-        along (see `drafts_can_join_prefill`); logits [B, k + 1, V] from each prompt's last token on."""
+    def _start_rows(self, batch: RaggedBatch, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
         drafts = batch.tokens[:, :0] if drafts is None else drafts
         for name in PER_TOKEN_INPUTS:
             value = model_inputs.get(name)
@@ -169,8 +203,7 @@ class Target(CachedModel):
         out = self.feed_columns(batch, 0, drafts, logits_to_keep=drafts.shape[1] + 1, **extra, **model_inputs)
         return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
 
-    def score_batch(self, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
-        """Batch decoding: ONE forward over each row's newest token and its drafts [B, k]: logits [B, k + 1, V]."""
+    def _score_rows(self, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
         extra = {"output_hidden_states": True} if self.output_hidden_states else {}
         if self._certifies():
             return self._certified_batch_step(self.feed_columns(batch, batch.width - 1, drafts, head=False), batch, drafts)
@@ -200,7 +233,7 @@ class Target(CachedModel):
         schemes, e.g. Qwen2-VL's 3-D M-RoPE, override this)."""
         return positions
 
-    def score_tree(self, sequence: torch.LongTensor, tree: DraftTree) -> TargetStep:
+    def _score_tree(self, sequence: torch.LongTensor, tree: DraftTree) -> TargetStep:
         """ONE forward over [newest committed token, tree nodes...]: logits [1, N + 1, V], row 0 after the root,
         row i + 1 after node i. Each node sits at position (committed length - 1 + depth) and sees the cached
         prefix, the root and its ancestors; its logits are processed with the prefix its own path makes."""
@@ -219,15 +252,6 @@ class Target(CachedModel):
                                  for i in range(tree.size)]
         return TargetStep(logits=process_prefixed_rows(self.processors, prefixes, step.logits),
                           hidden_states=step.hidden_states)
-
-    def keep_tree_path(self, tree: DraftTree, path: list[int]) -> None:
-        """After `score_tree`: keep the cache entries of the prefix, the root and the accepted `path` only."""
-        root = self.length - tree.size - 1
-        device = input_device(self.model)
-        nodes = torch.tensor(path, dtype=torch.long, device=device) + root + 1
-        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=device), nodes]))
-        if self._tokens is not None:
-            self._tokens = torch.cat([self._tokens, tree.path_tokens(path)[None].to(self._tokens.device)], dim=1)
 
     def truncate(self, length: int) -> None:
         super().truncate(length)
@@ -272,7 +296,7 @@ class Target(CachedModel):
         return all(type(processor) in MASKING_PROCESSORS for processor in self.processors)
 
     def _certified_step(self, out: Any, num_logits: int, first_position: int) -> TargetStep:
-        """Greedy-exact processed logits of the last `num_logits` positions from a base-model output (see `score`)."""
+        """Greedy-exact processed logits of the last `num_logits` positions from a base-model output (see `_score`)."""
         process = None
         if self.processors and self._tokens is not None:
             def process(logits: torch.Tensor) -> torch.Tensor:

@@ -44,10 +44,9 @@ from transformers import GenerationConfig, PreTrainedModel, WhisperConfig, Whisp
 
 from ..cached_model import cache_argument, model_vocab_size, output_cache
 from ..devices import input_device
+from ..drafters.base import DraftView
 from ..errors import MMSpecError
 from ..kernels.int8_linear import Int8Linear, int8_drafting_available, int8_linears
-from ..policies import DraftLengthPolicy
-from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
 from .fast_decoder import check_draft_vocab
 from .hybrid import HybridDrafter
@@ -394,7 +393,7 @@ class ARHybridDrafter(HybridDrafter):
 
     The CTC hypothesis needs only encoder states; an autoregressive one also needs the forced
     prompt (which holds the detected language) and the target's suppression lists, which only the
-    drafter sees (the prompt is `sequence` in `prefill`, the target is bound). Drafter forwards
+    drafter sees (the prompt is `view.sequence` in `begin`, the target is bound). Drafter forwards
     count every autoregressive step of the fast decoder, not one per hypothesis.
 
     `redraft=True` (our extension, not in the paper): after a round in which the big decoder
@@ -428,9 +427,13 @@ class ARHybridDrafter(HybridDrafter):
     def drafts_batches(self) -> bool:  # type: ignore[override]
         return not self.redraft  # re-drafting follows one recording's committed text
 
-    def prefill_batch(self, batch: Any, model_inputs: dict[str, Any]) -> None:
-        """Each recording's hypothesis continues its own forced prompt (recordings sharing a prompt, e.g. one
-        detected language, are drafted together in one batched pass of the fast decoder)."""
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        if view.batch is None:
+            self._begin_one(view, model_inputs)
+            return
+        # Each recording's hypothesis continues its own forced prompt (recordings sharing a prompt, e.g. one
+        # detected language, are drafted together in one batched pass of the fast decoder).
+        batch = view.batch
         self._reset()
         self._read_suppression()
         states = encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
@@ -450,13 +453,14 @@ class ARHybridDrafter(HybridDrafter):
             generation = self.target.model.generation_config
             self._suppression = (list(generation.suppress_tokens or []), list(generation.begin_suppress_tokens or []))
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+    def _begin_one(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        sequence = view.sequence
         self._prompt = [int(t) for t in sequence[0].tolist()]
         self._read_suppression()
         self.redrafts, self._rejected = 0, False
         if not self.redraft:
             with self._drafting_setup(self._prompt):
-                super().prefill(sequence, model_inputs)
+                super().begin(view, model_inputs)
             self.forwards += max(0, self.fast_decoder.last_steps - 1)  # the base class counted one
             return
         self._encoder_states = self._start(sequence, model_inputs)
@@ -486,12 +490,11 @@ class ARHybridDrafter(HybridDrafter):
         finally:
             decoder.prompt_ids = decoder.suppress_tokens = decoder.begin_suppress_tokens = None
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def propose(self, view: DraftView) -> Proposal:
         wanted = self._rejected or self.redraft_tokens is not None  # capped: a new chain every round
-        if self.redraft and wanted and not self._fresh and max_tokens > 0 and self._encoder_states is not None:
-            self._redraft(sequence[0, len(self._prompt):].tolist())
-        return super().propose(sequence, max_tokens, sampling, generator, policy)
+        if self.redraft and wanted and not self._fresh and view.max_tokens > 0 and self._encoder_states is not None:
+            self._redraft(view.sequence[0, len(self._prompt):].tolist())
+        return super().propose(view)
 
     def _redraft(self, committed: list[int]) -> None:
         """A new hypothesis: the committed transcript + the fast decoder's continuation of it."""
@@ -508,11 +511,12 @@ class ARHybridDrafter(HybridDrafter):
         self.stats = stats
         self.offset, self.floor, self.misses, self._rejected, self._fresh = 0, len(committed), 0, False, True
 
-    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
-        self._fresh = False
-        if self._last is not None:
-            self._rejected = int(verdict.num_accepted[0]) < self._last[1]
-        super().observe(sequence, verdict, target_step)
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
+        if verdict is not None and view.batch is None:
+            self._fresh = False
+            if self._last is not None:
+                self._rejected = int(verdict.num_accepted[0]) < self._last[1]
+        super().observe(view, verdict, target_step)
 
 
 def attach_ar_fast_decoder(fast_decoder: ARFastDecoder, model: PreTrainedModel) -> ARFastDecoder:

@@ -29,10 +29,8 @@ from torch import nn
 from transformers import PreTrainedModel, WhisperConfig
 from transformers.models.whisper.modeling_whisper import WhisperDecoderLayer, WhisperPreTrainedModel
 
-from ..drafters import Drafter
+from ..drafters import Drafter, DraftView
 from ..errors import MMSpecError
-from ..policies import DraftLengthPolicy
-from ..sampling import SamplingConfig
 from ..types import Proposal, Verdict
 from .lean_decoder import LeanDecoderState, LeanWhisperDecoder
 from .target import encoder_outputs_of
@@ -158,7 +156,8 @@ class WhisperFeatureDrafter(Drafter):
         self.target = target
         self._runner = self.model.runner()
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        sequence = view.sequence
         if self.target is None:
             raise MMSpecError("WhisperFeatureDrafter must be bound to a target (use it through SpeculativeDecoder)")
         if sequence.shape[0] != 1:
@@ -172,20 +171,16 @@ class WhisperFeatureDrafter(Drafter):
             raise MMSpecError("the feature drafter needs the target's hidden states (run it through SpeculativeDecoder)")
         return step.hidden_states[-1][0]  # the decoder's final-normed states of this forward's positions [n, D]
 
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
-        self._features = self._require_features(step)
-
     def _slot(self, features: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
         """Feed slots (features [n, D], next tokens [n]); the predicted feature of the last one [D]."""
         self.forwards += 1
         h = self.model.fuse(features[None], tokens[None], self._state.length)
         return self._runner.final_norm(self._runner.run_layers(self._state, h)[0, -1])
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        length = sequence.shape[1]
+    def propose(self, view: DraftView) -> Proposal:
+        sequence, length = view.sequence, view.sequence.shape[1]
         limit = self.model.config.max_target_positions - 1
-        max_tokens = min(max_tokens, limit - length)
+        max_tokens = min(view.max_tokens, limit - length)
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         # True slots first: slot j pairs the target's feature at j with committed token j + 1.
@@ -201,8 +196,12 @@ class WhisperFeatureDrafter(Drafter):
                 feature = self._slot(feature[None], token[None])
         return Proposal(tokens=torch.stack(drafts)[None].to(sequence.dtype))
 
-    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
-        """Drop the draft slots; keep the target's features of the positions this round committed."""
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
+        """Take the target's features of the prompt; after a round, drop the draft slots and keep the target's
+        features of the positions it committed."""
+        if verdict is None:
+            self._features = self._require_features(target_step)
+            return
         LeanWhisperDecoder.truncate(self._state, self._true_slots)
         accepted = int(verdict.num_accepted[0])
         verified = self._require_features(target_step)  # newest committed token, then the drafts

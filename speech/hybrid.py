@@ -45,7 +45,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from ..decoding import SpeculativeDecoder, SpeculativeOutput
-from ..drafters.base import Drafter
+from ..drafters.base import Drafter, DraftView
 from ..errors import MMSpecError
 from ..policies import DraftLengthPolicy, FixedDraftLength
 from ..ragged import RaggedBatch
@@ -177,22 +177,33 @@ class HybridDrafter(Drafter):
             raise MMSpecError("HybridDrafter must be bound to a target (use it through SpeculativeDecoder)")
         return encoder_outputs_of(self.target.model, model_inputs).last_hidden_state
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        """Run the encoder and the fast decoder."""
-        self._hypotheses = self.fast_decoder.hypothesis(self._start(sequence, model_inputs))
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        """Run the encoder and the fast decoder: one hypothesis per recording (a batch's each with its own cursor)."""
+        self._hypotheses = self.fast_decoder.hypothesis(self._start(view.sequence, model_inputs))
         self.forwards += 1
         self.set_hypothesis(self._hypotheses[0])
+        if view.batch is not None:
+            self._start_cursors(view.batch)
 
     def set_hypothesis(self, tokens: Sequence[int]) -> None:
         self.hypothesis = [int(t) for t in tokens]
         self.stats = HybridStats(hypothesis_length=len(self.hypothesis))
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        drafts = self.draft_for(sequence[0, self.prompt_length :].tolist(), max_tokens)
-        if not drafts:
+    def propose(self, view: DraftView) -> Proposal:
+        sequence, batch, max_tokens = view.sequence, view.batch, view.max_tokens
+        if batch is None:
+            drafts = [self.draft_for(sequence[0, self.prompt_length :].tolist(), max_tokens)]
+        else:
+            drafts = [self._cursors[row].draft_for(batch.generated[row], max_tokens) for row in batch.rows.tolist()]
+        longest = max(len(d) for d in drafts)
+        if longest == 0:
             return Proposal.empty(sequence)
-        return Proposal(tokens=torch.tensor([drafts], dtype=sequence.dtype, device=sequence.device))
+        if batch is None:
+            return Proposal(tokens=torch.tensor(drafts, dtype=sequence.dtype, device=sequence.device))
+        tokens = sequence.new_zeros((batch.size, longest))
+        for b, row_drafts in enumerate(drafts):
+            tokens[b, : len(row_drafts)] = torch.tensor(row_drafts, dtype=tokens.dtype, device=tokens.device)
+        return Proposal(tokens=tokens, lengths=torch.tensor([len(d) for d in drafts], device=tokens.device))
 
     def draft_for(self, committed: list[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` hypothesis tokens continuing the `committed` transcript (none if it cannot align)."""
@@ -231,8 +242,15 @@ class HybridDrafter(Drafter):
         self.stats.unaligned += 1
         return None
 
-    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
-        self.after_verdict(int(verdict.num_accepted[0]))
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
+        if verdict is None:
+            return
+        if view.batch is None:
+            self.after_verdict(int(verdict.num_accepted[0]))
+            return
+        for row, accepted in zip(view.batch.rows.tolist(), verdict.num_accepted.tolist()):
+            self._cursors[row].after_verdict(accepted)
+        self.stats = sum((c.stats for c in self._cursors.values()), HybridStats())
 
     def after_verdict(self, accepted: int) -> None:
         """Move the cursor past what the target accepted of the last drafts."""
@@ -252,10 +270,6 @@ class HybridDrafter(Drafter):
 
     drafts_batches = True
 
-    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
-        self.prefill(batch.tokens, model_inputs)  # the fast decoder's hypotheses, one per recording
-        self._start_cursors(batch)
-
     def _start_cursors(self, batch: RaggedBatch) -> None:
         """One alignment cursor per recording, over its own hypothesis (`self._hypotheses[row]`)."""
         self._cursors = {}
@@ -265,22 +279,6 @@ class HybridDrafter(Drafter):
             cursor.prompt_length = batch.width
             cursor.set_hypothesis(self._hypotheses[row])
             self._cursors[row] = cursor
-
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
-        drafts = [self._cursors[row].draft_for(batch.generated[row], max_tokens) for row in batch.rows.tolist()]
-        longest = max(len(d) for d in drafts)
-        if longest == 0:
-            return Proposal.empty(batch.tokens)
-        tokens = batch.tokens.new_zeros((batch.size, longest))
-        for b, row_drafts in enumerate(drafts):
-            tokens[b, : len(row_drafts)] = torch.tensor(row_drafts, dtype=tokens.dtype, device=tokens.device)
-        return Proposal(tokens=tokens, lengths=torch.tensor([len(d) for d in drafts], device=tokens.device))
-
-    def observe_batch(self, batch: RaggedBatch, verdict: Verdict, target_step: Any) -> None:
-        for row, accepted in zip(batch.rows.tolist(), verdict.num_accepted.tolist()):
-            self._cursors[row].after_verdict(accepted)
-        self.stats = sum((c.stats for c in self._cursors.values()), HybridStats())
 
 
 # --- acceptance ---------------------------------------------------------------------------------

@@ -260,13 +260,13 @@ class WhisperTarget(Target):
             raise MMSpecError(f"cross-attention keys/values for {len(keys_values)} layers, the decoder has {layers}")
         self._cross_attention = (encoder_states, keys_values)
 
-    def start(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> Any:
+    def _start_sequence(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> Any:
         given, self._cross_attention = self._cross_attention, None
         outputs = model_inputs.get("encoder_outputs")
         name = cache_argument(self.model)
         if given is not None and outputs is not None and outputs.last_hidden_state is given[0] and name not in model_inputs:
             model_inputs[name] = self._cache_holding(given[1])
-        return super().start(sequence, num_logits, **model_inputs)
+        return super()._start_sequence(sequence, num_logits, **model_inputs)
 
     def _cache_holding(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> EncoderDecoderCache:
         """An empty self-attention cache beside a filled cross-attention one, marked filled (the layers then read

@@ -78,9 +78,10 @@ class RowCountingDrafter(ModelDrafter):
         super().__init__(model)
         self.sizes = []
 
-    def propose_batch(self, batch, max_tokens, sampling, generator):
-        self.sizes.append(batch.size)
-        return super().propose_batch(batch, max_tokens, sampling, generator)
+    def propose(self, view):
+        if view.batch is not None:
+            self.sizes.append(view.batch.size)
+        return super().propose(view)
 
 
 def test_rows_that_stop_leave_the_batch(target, small_drafter):

@@ -21,7 +21,7 @@ def test_decoder_only_rollback_matches_fresh_prefill(target, prompt):
         committed = prompt
         for drafts, keep in [([5, 6, 7, 8], 1), ([9, 10], 2), ([11, 12, 13], 0)]:
             block = torch.tensor([[drafts[0] + 20, *drafts]])
-            wrapped.score(block)
+            wrapped.verify(block[:, :1], block[:, 1:])
             # keep the fed last token plus `keep` drafts, drop the rest
             committed = torch.cat([committed, block[:, : 1 + keep]], dim=1)
             wrapped.truncate(committed.shape[1])
@@ -44,7 +44,7 @@ def test_encoder_decoder_rollback_keeps_cross_attention():
     with torch.inference_mode():
         decoder = wrapped.initial_sequence(encoder_ids, model_inputs := {})
         wrapped.start(decoder, **model_inputs)
-        wrapped.score(torch.tensor([[7, 8, 9, 10]]))
+        wrapped.verify(torch.tensor([[7]]), torch.tensor([[8, 9, 10]]))
         wrapped.truncate(3)
         fresh = Target(model)
         fresh.start(torch.tensor([[0, 7, 8]]), input_ids=encoder_ids)

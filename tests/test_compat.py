@@ -122,6 +122,26 @@ def test_keep_cache_positions_rewrites_every_dynamic_layer():
     assert cache.layers[1].values[0, 0, :, 0].tolist() == [10.0, 30.0, 60.0]
 
 
+def test_cache_layers_reads_every_dynamic_layer():
+    cache = DynamicCache()
+    for layer in range(2):
+        keys = torch.arange(4.0).view(1, 1, 4, 1) + layer
+        cache.update(keys, keys * 10, layer)
+    layers = compat.cache_layers(cache)
+    assert len(layers) == 2 and layers[1][0][0, 0, :, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert layers[1][1][0, 0, :, 0].tolist() == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_changed_cache_layers_are_refused_when_read():
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), 0)
+    cache.layers[0] = object()
+    with pytest.raises(CompatibilityError, match="keys"):
+        compat.cache_layers(cache)
+    with pytest.raises(CompatibilityError, match="layers"):
+        compat.cache_layers(object())
+
+
 def test_skip_keys_device_placement_is_a_model_attribute(model):
     # A causal LM names its cache argument: accelerate must not move the cache to the drafter's device.
     assert set(compat.skip_keys_device_placement(model)) & {"cache", "past_key_values"}

@@ -45,7 +45,7 @@ def test_chain_scores_are_bitwise_the_models_own(kv_heads, bias, past, lean_step
     target.start(prompt)
     reference_cache = output_cache(model(prompt, use_cache=True))
     for tokens in (torch.tensor([[5]]), torch.tensor([[7, 11, 13, 2, 90, 41]]), torch.tensor([[3, 4]])):
-        step = target.score(tokens)
+        step = target.verify(tokens[:, :1], tokens[:, 1:])
         expected = model(tokens, **{cache_argument(model): reference_cache}, use_cache=True, logits_to_keep=0).logits
         assert torch.equal(step.logits, expected)
     assert lean_steps == [1, 6, 2]
@@ -92,7 +92,7 @@ def test_the_models_own_forward_where_lean_is_not_proven_or_not_wanted(lean_step
     handle = hooked.register_forward_hook(lambda *args: calls.append(1))
     target = Target(hooked)
     target.start(prompt)
-    target.score(tokens)
+    target.verify(tokens[:, :1], tokens[:, 1:])
     handle.remove()
     assert calls == [1, 1] and not lean_steps  # the user's hook saw the prefill and the verification
 
@@ -101,15 +101,15 @@ def test_the_models_own_forward_where_lean_is_not_proven_or_not_wanted(lean_step
     wrapped.forward = lambda *args, **kwargs: calls.append(2) or own_forward(*args, **kwargs)
     target = Target(wrapped)
     target.start(prompt)
-    target.score(tokens)
+    target.verify(tokens[:, :1], tokens[:, 1:])
     assert calls.count(2) == 2 and not lean_steps  # a forward replaced on the instance is called
 
     half = llama().to(torch.bfloat16)
     target = Target(half)
     target.start(prompt)
-    target.score(tokens)
+    target.verify(tokens[:, :1], tokens[:, 1:])
     assert not lean_steps  # bfloat16: bitwise equality not established, transformers' forward
 
     target = Target(llama(), output_hidden_states=True)
     target.start(prompt)
-    assert target.score(tokens).hidden_states is not None and not lean_steps
+    assert target.verify(tokens[:, :1], tokens[:, 1:]).hidden_states is not None and not lean_steps

@@ -129,19 +129,19 @@ class NanDrafter(Drafter):
         self.inner = ModelDrafter(model)
         self.vocab_size = self.inner.vocab_size
 
-    def prefill(self, sequence, model_inputs):
-        self.inner.prefill(sequence, model_inputs)
+    def begin(self, view, model_inputs):
+        self.inner.begin(view, model_inputs)
 
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
-        proposal = self.inner.propose(sequence, max_tokens, sampling, generator, policy)
+    def propose(self, view):
+        proposal = self.inner.propose(view)
         if proposal.probs is not None and proposal.length > 1:
             probs = proposal.probs.clone()
             probs[:, 1:, -1] = float("nan")
             proposal = Proposal(tokens=proposal.tokens, probs=probs)
         return proposal
 
-    def observe(self, sequence, verdict, target_step):
-        self.inner.observe(sequence, verdict, target_step)
+    def observe(self, view, verdict, target_step):
+        self.inner.observe(view, verdict, target_step)
 
 
 def test_loop_survives_nan_draft_probs(target):

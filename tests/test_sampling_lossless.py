@@ -83,8 +83,8 @@ def test_jacobi_drafts_with_speculative_sampling_match_target(peaked_pair, sampl
 class ArgmaxJacobiDrafter(JacobiDrafter):
     """Control: carries the argmax of each row but claims q = the row (drafts not sampled from their q)."""
 
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
-        proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
+    def propose(self, view):
+        proposal = super().propose(view)
         return Proposal(tokens=proposal.probs.argmax(-1), probs=proposal.probs)
 
 

@@ -145,7 +145,10 @@ class SampledTreeDrafter(ModelDrafter):
     the sequential draws in order), a full tree of `top_k` children per node to `depth`, and hands q to the
     rule: the case the recursive rule's q renormalisation is for. Uncached forwards: tests only."""
 
-    def propose_tree(self, sequence, config, sampling, generator):
+    def propose(self, view):
+        if view.tree is None:
+            return super().propose(view)
+        sequence, config, sampling, generator = view.sequence, view.tree, view.sampling, view.generator
         tokens, parents, probs = [], [], []
         frontier = [(-1, sequence[0])]
         for _ in range(config.depth):

@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 
 from ..bench.harness import BenchReport, ForwardCounter, MethodFn, run_benchmark
 from ..cached_model import cache_argument
+from ..compat import cache_layers
 from ..decoding import SpeculativeDecoder
 from ..devices import synchronize
 from ..drafters import NoDrafter
@@ -115,9 +116,9 @@ def visual_attention_share(model: PreTrainedModel, item: CaptionInput, repeats: 
             from transformers import DynamicCache
 
             cache = DynamicCache()
-            for i, layer in enumerate(dense.layers):
-                index = positions.to(layer.keys.device).view(1, 1, -1).expand(layer.keys.shape[0], layer.keys.shape[1], -1)
-                cache.update(gather_positions(layer.keys, index), gather_positions(layer.values, index), i)
+            for i, (keys, values) in enumerate(cache_layers(dense)):
+                index = positions.to(keys.device).view(1, 1, -1).expand(keys.shape[0], keys.shape[1], -1)
+                cache.update(gather_positions(keys, index), gather_positions(values, index), i)
             return cache
 
         everything = torch.arange(length, device=device)

@@ -84,7 +84,8 @@ def trace_target(
         token = step.logits[:, -1].argmax(-1)
         generated.append(token)
         # Fed once more even when it is the last one: its feature is part of the trace.
-        step = target.score(token[:, None])
+        fed = token[:, None]
+        step = target.verify(fed, fed[:, :0])
         embeds.append(step.hidden_states[0][0])
         features.append(step.hidden_states[-1][0])
         if int(token[0]) in stops:

@@ -28,12 +28,13 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 
 from mmspec.compat import accelerate_hook
 from mmspec.devices import as_device, input_device
-from mmspec.drafters.base import Drafter
+from mmspec.drafters.base import Drafter, DraftView
 from mmspec.errors import MMSpecError
 from mmspec.loading import check_finite
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig, probabilities
 from mmspec.trees import DraftTree, TreeConfig, grow_tree, level_attention_mask, node_path
+from mmspec.types import Proposal, Verdict
 
 from .rope_positions import positions_at, target_prompt_positions
 
@@ -231,9 +232,30 @@ class TargetFeatureDrafter(Drafter):
         self._model_inputs: dict[str, Any] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # the target's M-RoPE prompt positions
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
         """A new prompt: no cache and no prompt positions yet; the target's inputs are kept for its M-RoPE positions."""
         self.cache, self._model_inputs, self._rope_table = None, model_inputs, None
+
+    # Each shape has its own steps in the subclasses: one sequence (`read_prompt`, `draft_chain`, `draft_tree`,
+    # `observe_chain`) and a batch (`read_batch_prompt`, `draft_rows`; `observe_rows` and `select_rows` here).
+
+    def propose(self, view: DraftView) -> Proposal | DraftTree:
+        if view.tree is not None:
+            return self.draft_tree(view.sequence, view.tree, view.sampling)
+        if view.batch is not None:
+            return self.draft_rows(view.batch, view.max_tokens, view.sampling, view.generator)
+        return self.draft_chain(view.sequence, view.max_tokens, view.sampling, view.generator, view.policy)
+
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
+        if verdict is None:  # the target's prefill
+            if view.batch is None:
+                self.read_prompt(view.sequence, target_step)
+            else:
+                self.read_batch_prompt(view.batch, target_step)
+        elif view.batch is None:
+            self.observe_chain(view.sequence, verdict, target_step)
+        else:
+            self.observe_rows(view.batch, verdict, target_step)
 
     def position_ids(self, indices: torch.LongTensor) -> torch.LongTensor:
         """Rotary positions of sequence `indices` [B, L]: the target's own (3-D) under M-RoPE, else the indices."""
@@ -297,7 +319,7 @@ class TargetFeatureDrafter(Drafter):
     # After the prompt, the drafter's cache gains one true slot per batch column: slot c consumes the
     # token of column c and the target's feature of the row's previous valid column (holes masked). Draft
     # slots read predicted features and are cropped after each round; the true features of the round's
-    # columns are queued by `observe_batch` for the next round's first forward.
+    # columns are queued by `observe_rows` for the next round's first forward.
 
     drafts_batches = True
 
@@ -329,7 +351,7 @@ class TargetFeatureDrafter(Drafter):
         mask = torch.cat([self._slot_mask, self._slot_mask.new_ones((batch.size, first + count))], dim=1)
         return mask, self._batch_rope(batch.next_positions(first + count)[:, first:] - 1)
 
-    def observe_batch(self, batch: RaggedBatch, verdict: Any, target_step: Any) -> None:
+    def observe_rows(self, batch: RaggedBatch, verdict: Verdict, target_step: Any) -> None:
         """Crop the draft slots; queue the features the round's columns read: a draft column the column
         before it, the new token's column the row's last accepted one."""
         excess = self.cache.get_seq_length() - self._slot_mask.shape[1]

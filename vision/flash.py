@@ -14,7 +14,7 @@ documented there; this module runs it inside the shared draft/verify loop:
   more. k drafts cost ceil(k / n) forwards;
 - `observe`: drops the cache entries built on drafts and predicted features, and queues the
   target's true features of the committed tokens for the next round;
-- `propose_tree`: an EAGLE-2 tree, one level per forward: each node reads its token and its parent's
+- `draft_tree`: an EAGLE-2 tree, one level per forward: each node reads its token and its parent's
   first predicted feature (the head's later predictions are conditioned on no drafted token, so a tree
   cannot branch below them), under a tree attention mask.
 
@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from mmspec.drafters.autoregressive import choose_draft_token
+from mmspec.drafters.base import DraftView
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
@@ -72,11 +73,11 @@ class FlashDrafter(TargetFeatureDrafter):
         self._fed = 0  # first text position with no entry in the cache
         self._pending: torch.Tensor | None = None  # true features f_t for t = _fed, _fed + 1, ... [1, P, H]
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        super().prefill(sequence, model_inputs)
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        super().begin(view, model_inputs)
         self._committed, self._fed, self._pending = 0, 0, None
 
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+    def read_prompt(self, sequence: torch.LongTensor, step: Any) -> None:
         """Compress the visual embeddings and cache [text; compressed visual; text] for the prompt."""
         self._require_hidden_states(step)
         if sequence.shape[0] != 1:
@@ -98,8 +99,8 @@ class FlashDrafter(TargetFeatureDrafter):
         self._fed = length - 1
         self._pending = features[None, length - 1 :]
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def draft_chain(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                    generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         n = self.model.config.semi_ar_tokens
@@ -124,8 +125,7 @@ class FlashDrafter(TargetFeatureDrafter):
 
     drafts_trees = True
 
-    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
-                     generator: torch.Generator | None) -> DraftTree:
+    def draft_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig) -> DraftTree:
         """EAGLE-2's dynamic tree, one level per drafter forward: every node reads its token and its parent's
         first predicted feature (the semi-autoregressive head's later predictions are not conditioned on a
         drafted token, so there is nothing to branch on below them)."""
@@ -138,7 +138,7 @@ class FlashDrafter(TargetFeatureDrafter):
 
         return self._grow_tree(root, sequence, config, sampling, run_level)
 
-    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+    def observe_chain(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
         """Forget the drafts' cache entries; queue the target's features of the newly committed tokens."""
         excess = self.cache.get_seq_length() - self._committed
         if excess > 0:
@@ -175,7 +175,7 @@ class FlashDrafter(TargetFeatureDrafter):
 
     # --- batches: each row's prompt assembled on its own, left-padded; then one slot per batch column ----
 
-    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+    def read_batch_prompt(self, batch: RaggedBatch, step: Any) -> None:
         self._require_hidden_states(step)
         embeds, features = step.hidden_states[0], step.hidden_states[-1]
         rows, places = [], []
@@ -200,8 +200,8 @@ class FlashDrafter(TargetFeatureDrafter):
             self.forwards += 1
             self.model(hidden, positions, key_padding=mask, past_key_values=self.cache, lean=self.lean)
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
+    def draft_rows(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                   generator: torch.Generator | None) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(batch.tokens)
         n = self.model.config.semi_ar_tokens

@@ -30,6 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from mmspec.cached_model import cache_argument, with_cache
 from mmspec.compat import set_attention_implementation
 from mmspec.drafters.autoregressive import choose_draft_token
+from mmspec.drafters.base import DraftView
 from mmspec.kernels.lean_llama import lean_layer_supported, llama_layer_forward
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
@@ -281,11 +282,11 @@ class MSDDrafter(TargetFeatureDrafter):
         self._features: torch.Tensor | None = None  # target features of indices _fed, _fed + 1, ...
         self._last_hidden: torch.Tensor | None = None  # the newest true slot's predicted feature
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        super().prefill(sequence, model_inputs)
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        super().begin(view, model_inputs)
         self._fed, self._features, self._last_hidden = 0, None, None
 
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
+    def read_prompt(self, sequence: torch.LongTensor, step: Any) -> None:
         """Build the drafter's cache over the prompt's slots from the target's prefill hidden states."""
         self._require_hidden_states(step)
         length = sequence.shape[1]
@@ -297,8 +298,8 @@ class MSDDrafter(TargetFeatureDrafter):
             visual = torch.isin(sequence[:, 1:], self.visual_ids.to(sequence.device))
             self._feed(sequence[:, 1:], visual, embeds[:, 1:])
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def draft_chain(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                    generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         # The target has features for every committed token but the newest: feed those slots first.
@@ -324,8 +325,7 @@ class MSDDrafter(TargetFeatureDrafter):
 
     drafts_trees = True
 
-    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
-                     generator: torch.Generator | None) -> DraftTree:
+    def draft_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig) -> DraftTree:
         """EAGLE-2's dynamic tree: each level's expanded nodes go through the drafter in one forward, each
         slot reading its token and its parent's predicted feature, with a tree attention mask."""
         root_hidden = self._feed(sequence[:, self._fed + 1 :])
@@ -338,7 +338,7 @@ class MSDDrafter(TargetFeatureDrafter):
 
         return self._grow_tree(root_hidden[0], sequence, config, sampling, run_level)
 
-    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+    def observe_chain(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
         """Crop the draft slots; queue the target's true features of the newly committed tokens."""
         excess = self.cache.get_seq_length() - self._fed
         if excess > 0:
@@ -371,7 +371,7 @@ class MSDDrafter(TargetFeatureDrafter):
 
     # --- batches: slots in the batch's columns; a row's first column, pads and holes are masked --------
 
-    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
+    def read_batch_prompt(self, batch: RaggedBatch, step: Any) -> None:
         self._require_hidden_states(step)
         embeds, features = step.hidden_states[0], step.hidden_states[-1]
         first = (batch.mask.cumsum(-1) == 1) & batch.mask.bool()
@@ -384,8 +384,8 @@ class MSDDrafter(TargetFeatureDrafter):
         positions = self._batch_rope((batch.column_positions(0) - 1).clamp(min=0), previous_columns)
         self._slot_forward(inputs, positions, self._slot_mask)
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
+    def draft_rows(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                   generator: torch.Generator | None) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(batch.tokens)
         tokens_in, features, positions = self._take_true_slots(batch)

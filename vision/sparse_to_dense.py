@@ -28,9 +28,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from mmspec.cached_model import cache_argument, model_vocab_size
-from mmspec.compat import attention_implementation
+from mmspec.compat import attention_implementation, cache_layers
 from mmspec.drafters.autoregressive import choose_draft_token
-from mmspec.drafters.base import Drafter
+from mmspec.drafters.base import Drafter, DraftView
 from mmspec.errors import MMSpecError
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
@@ -153,23 +153,41 @@ class SparseToDenseDrafter(Drafter):
         kept_visual = self.visual_keep or max(1, self.kv_budget - text.numel())
         return select_kv_positions(self._capture.per_layer[layer_idx][row], visual, text, kept_visual)
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        self._start_capture([self._split(sequence[0], torch.arange(sequence.shape[1], device=sequence.device))])
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        """Score the prompt's visual keys during the target's prefill: each row keeps its own top-K."""
+        tokens = view.sequence
+        mask = torch.ones_like(tokens) if view.batch is None else view.batch.mask
+        columns = [mask[b].nonzero().flatten() for b in range(tokens.shape[0])]
+        self._start_capture([self._split(tokens[b][kept], kept) for b, kept in enumerate(columns)])
 
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
-        self._end_capture()
+    def propose(self, view: DraftView) -> Proposal:
+        if view.batch is not None:
+            return self.draft_rows(view.batch, view.max_tokens, view.sampling, view.generator)
+        return self.draft_chain(view.sequence, view.max_tokens, view.sampling, view.generator, view.policy)
+
+    def observe(self, view: DraftView, verdict: Any, target_step: Any) -> None:
+        if verdict is None:  # the target's prefill: keep its top-K visual entries
+            self._end_capture()
+            if view.batch is None:
+                self._sparse_prompt()
+            else:
+                self._sparse_batch_prompt(view.batch)
+        elif view.batch is None:  # (a batch mirrors its committed columns when it next drafts)
+            self._mirror_chain()
+
+    def _sparse_prompt(self) -> None:
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
-        for layer_idx, layer in enumerate(dense.layers):
+        for layer_idx, (keys, values) in enumerate(cache_layers(dense)):
             keep = self._kept(0, layer_idx)
-            self.sparse_cache.update(gather_positions(layer.keys, keep), gather_positions(layer.values, keep), layer_idx)
+            self.sparse_cache.update(gather_positions(keys, keep), gather_positions(values, keep), layer_idx)
         self._sparse_prompt_length = self.sparse_cache.get_seq_length()
         self._synced = dense.get_seq_length()  # dense positions mirrored into the sparse cache
         self._prompt_length = self._synced
         self._rope_deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def draft_chain(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
+                    generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         token = sequence[:, -1]
@@ -187,13 +205,13 @@ class SparseToDenseDrafter(Drafter):
         probs = torch.stack(dists, dim=1) if dists else None
         return Proposal(tokens=torch.stack(tokens, dim=1), probs=probs)
 
-    def observe(self, sequence: torch.LongTensor, verdict: Any, target_step: Any) -> None:
+    def _mirror_chain(self) -> None:
         """Drop the drafts' sparse KV; mirror the dense KV of newly committed tokens."""
         dense = self.target.cache
         self._truncate_sparse(self._sparse_prompt_length + (self._synced - self._prompt_length))
         new_length = dense.get_seq_length()
-        for layer_idx, layer in enumerate(dense.layers):
-            self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
+        for layer_idx, (keys, values) in enumerate(cache_layers(dense)):
+            self.sparse_cache.update(keys[:, :, self._synced:new_length], values[:, :, self._synced:new_length], layer_idx)
         self._synced = new_length
 
     def _sparse_step(self, token: torch.Tensor, position: int | torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -236,33 +254,25 @@ class SparseToDenseDrafter(Drafter):
 
     drafts_batches = True
 
-    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
-        rows = []
-        for b in range(batch.size):
-            columns = batch.mask[b].nonzero().flatten()
-            rows.append(self._split(batch.tokens[b][columns], columns))
-        self._start_capture(rows)
-
-    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
-        self._end_capture()
+    def _sparse_batch_prompt(self, batch: RaggedBatch) -> None:
         dense = self.target.cache
         self.sparse_cache = DynamicCache()
-        for layer_idx, layer in enumerate(dense.layers):
+        for layer_idx, (layer_keys, layer_values) in enumerate(cache_layers(dense)):
             kept = [self._kept(b, layer_idx) for b in range(batch.size)]
             width = max(k.shape[-1] for k in kept)
             keys, values = [], []
             for b, keep in enumerate(kept):
                 padded = torch.nn.functional.pad(keep, (0, width - keep.shape[-1]))  # pads read column 0, masked
-                keys.append(gather_positions(layer.keys[b:b + 1], padded.to(layer.keys.device)))
-                values.append(gather_positions(layer.values[b:b + 1], padded.to(layer.values.device)))
+                keys.append(gather_positions(layer_keys[b:b + 1], padded.to(layer_keys.device)))
+                values.append(gather_positions(layer_values[b:b + 1], padded.to(layer_values.device)))
             self.sparse_cache.update(torch.cat(keys), torch.cat(values), layer_idx)
         counts = torch.tensor([k.shape[-1] for k in kept], device=batch.mask.device)
         self._sparse_mask = (torch.arange(width, device=batch.mask.device)[None] < counts[:, None]).long()
         self._synced = dense.get_seq_length()
         self._rope_deltas = None
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
+    def draft_rows(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                   generator: torch.Generator | None) -> Proposal:
         if max_tokens <= 0:
             return Proposal.empty(batch.tokens)
         self._mirror_committed(batch)
@@ -282,8 +292,8 @@ class SparseToDenseDrafter(Drafter):
         self._truncate_sparse(self._sparse_mask.shape[1])
         dense = self.target.cache
         new_length = dense.get_seq_length()
-        for layer_idx, layer in enumerate(dense.layers):
-            self.sparse_cache.update(layer.keys[:, :, self._synced:new_length], layer.values[:, :, self._synced:new_length], layer_idx)
+        for layer_idx, (keys, values) in enumerate(cache_layers(dense)):
+            self.sparse_cache.update(keys[:, :, self._synced:new_length], values[:, :, self._synced:new_length], layer_idx)
         self._sparse_mask = torch.cat([self._sparse_mask, batch.mask[:, self._synced:new_length]], dim=1)
         self._synced = new_length
 

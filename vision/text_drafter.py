@@ -8,6 +8,7 @@ marker) removed; the target alone consumes the pixels.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable
 
 import torch
@@ -15,12 +16,11 @@ from transformers import PreTrainedModel
 
 from ..cached_model import model_vocab_size
 from ..devices import input_device
-from ..drafters import ModelDrafter
+from ..drafters import DraftView, ModelDrafter
 from ..errors import MMSpecError
-from ..policies import DraftLengthPolicy
 from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig
-from ..trees import DraftTree, TreeConfig
+from ..trees import DraftTree
 from ..types import Proposal
 from .models import visual_token_ids
 
@@ -65,24 +65,18 @@ class TextOnlyDrafter(ModelDrafter):
         keep = ~torch.isin(sequence[0], self.visual_ids)
         return sequence[:, keep]
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
         # Pixels, grids and per-token modality ids belong to the target; the drafter gets none of them.
-        super().prefill(self.text_only(sequence), {})
+        super().begin(replace(view, sequence=self.text_only(view.sequence)), {})
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        text = self.text_only(sequence)
+    def propose(self, view: DraftView) -> Proposal | DraftTree:
+        if view.batch is not None:  # the visual columns become holes (`batch_columns`)
+            return super().propose(view)
+        text = self.text_only(view.sequence)
         if text.shape[1] == 0:
             # A prompt of nothing but visual tokens gives a text model no context: skip drafting.
-            return Proposal.empty(sequence)
-        return super().propose(text, max_tokens, sampling, generator, policy)
-
-    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
-                     generator: torch.Generator | None) -> DraftTree:
-        text = self.text_only(sequence)
-        if text.shape[1] == 0:
-            return DraftTree.empty(sequence.device)
-        return super().propose_tree(text, config, sampling, generator)
+            return Proposal.empty(view.sequence) if view.tree is None else DraftTree.empty(view.sequence.device)
+        return super().propose(replace(view, sequence=text))
 
     def batch_columns(self, batch: RaggedBatch) -> RaggedBatch:
         # In a batch the visual columns stay in place as holes: positions then count text tokens only.

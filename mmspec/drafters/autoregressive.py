@@ -6,10 +6,10 @@ from abc import abstractmethod
 
 import torch
 
-from ..policies import DraftLengthPolicy
 from ..sampling import SamplingConfig, probabilities, sample
+from ..trees import DraftTree
 from ..types import Proposal
-from .base import Drafter
+from .base import Drafter, DraftView
 
 
 def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -56,17 +56,18 @@ class AutoregressiveDrafter(Drafter):
                want_confidence: bool) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
         return choose_draft_token(logits, sampling, generator, want_confidence)
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def propose(self, view: DraftView) -> Proposal | DraftTree:
+        """A chain of up to `view.max_tokens` drafts, one forward each."""
+        sequence, max_tokens, policy, processors = view.sequence, view.max_tokens, view.policy, view.processors
         if max_tokens <= 0:
             return Proposal.empty(sequence)
         logits = self.catch_up(sequence[0])
         tokens, dists = [], []
         for step in range(max_tokens):
-            if self.logits_processor:
+            if processors:
                 prefix = torch.cat([sequence, torch.stack(tokens, dim=1)], dim=1) if tokens else sequence
-                logits = self.logits_processor(prefix, logits.float())
-            token, dist, confidence = self.choose(logits, sampling, generator, policy.needs_confidence)
+                logits = processors(prefix, logits.float())
+            token, dist, confidence = self.choose(logits, view.sampling, view.generator, policy.needs_confidence)
             tokens.append(token)
             if dist is not None:
                 dists.append(dist)

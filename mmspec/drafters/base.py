@@ -1,8 +1,19 @@
-"""The drafter contract: propose up to k tokens, then observe what the target decided."""
+"""The drafter contract: five hooks, one for each moment of a call, whatever the call's shape.
+
+    bind(target)                      once, when a decoder is built (self-speculative drafters keep the target)
+    begin(view, model_inputs)         once per call, before the target's prefill
+    propose(view)                     a round's drafts: a `Proposal`, or a `DraftTree` when `view.tree` is set
+    observe(view, verdict, step)      after the target's forward: its prefill (verdict None), then every round
+    select_rows(keep)                 batch decoding: rows that finished leave
+
+The shape of a call (one sequence drafting chains, one drafting trees, a batch of rows) is in the `DraftView`
+each hook receives; a drafter declares the shapes beyond chains it drafts (`drafts_trees`, `drafts_batches`).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +24,36 @@ from ..ragged import RaggedBatch
 from ..sampling import SamplingConfig
 from ..trees import DraftTree, TreeConfig
 from ..types import Proposal, Verdict
+
+# Hooks of earlier versions, and the hook that does their work now.
+RETIRED_HOOKS = {
+    "accept_inputs": "begin", "prefill": "begin", "prefill_batch": "begin",
+    "on_target_prefill": "observe (verdict None)", "on_target_prefill_batch": "observe (verdict None)",
+    "propose_tree": "propose (view.tree)", "propose_batch": "propose (view.batch)", "observe_batch": "observe (view.batch)",
+}
+
+
+@dataclass
+class DraftView:
+    """What a drafter sees of one call at one hook.
+
+    `sequence` [B, L] is the committed sequence (a batch's columns, holes included, when `batch` is set).
+    `max_tokens` is the most drafts a chain or a row may hold this round; with `tree` set the round drafts a
+    tree within that config (already limited to the room left). `processors` are the logits processors the
+    target applies this call (repetition penalty, suppressed tokens, ...): a drafter that scores the target's
+    vocabulary applies them to its own logits with its own prefixes, so its drafts follow the same rules.
+    `inputs` are the caller's own model inputs (a drafter with an encoder of its own runs it on them).
+    """
+
+    sequence: torch.Tensor
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    policy: DraftLengthPolicy
+    processors: Any = None
+    max_tokens: int = 0
+    batch: RaggedBatch | None = None
+    tree: TreeConfig | None = None
+    inputs: dict[str, Any] | None = None
 
 
 class Drafter(ABC):
@@ -28,68 +69,37 @@ class Drafter(ABC):
     # True when drafts can be made from the prompt alone, before the target's prefill (then the
     # first verification rides along with the prefill); False for drafters that read target features.
     drafts_from_prompt: bool = True
-    # The logits processors the target applies this call (repetition penalty, suppressed tokens,
-    # ...), set by the loop; a drafter that scores the target's vocabulary applies them to its own
-    # logits with its own prefixes, so its drafts follow the same rules and are accepted more often.
-    logits_processor: Any = None
-    # True when `propose_tree` is implemented (EAGLE-2 draft trees, see `mmspec.trees`).
+    # The shapes beyond one sequence's chains that `propose` serves: trees (`view.tree`, EAGLE-2 draft trees,
+    # see `mmspec.trees`) and batches (`view.batch`, several rows, see `mmspec.ragged`; then `select_rows` too).
     drafts_trees: bool = False
-    # True when `propose_batch` / `select_rows` are implemented (batch size > 1, see `mmspec.ragged`).
     drafts_batches: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, now in RETIRED_HOOKS.items():
+            if name in vars(cls):
+                raise MMSpecError(f"{cls.__name__}.{name} is never called: drafter hooks are bind, begin, propose, observe "
+                                  f"and select_rows, each taking a DraftView; move its work to {now}")
 
     def bind(self, target: Any) -> None:
         """Called once with the `Target` wrapper; self-speculative drafters keep a reference."""
 
-    def accept_inputs(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> None:
-        """Called first in every call, with the caller's own inputs, before the target derives anything
-        from them (a drafter that runs its own encoder needs the raw encoder inputs)."""
-
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        """Called once per generation, before the target's prefill, with the prompt and the target's extra inputs.
-
-        `model_inputs` is the same dict the target's prefill receives next: a drafter may replace
-        an input with a derived one both can use (e.g. `encoder_outputs` for `input_features`,
-        so the encoder runs once).
-        """
-
-    def on_target_prefill(self, sequence: torch.LongTensor, step: Any) -> None:
-        """Called right after the target's prefill of `sequence` (drafters that read the target's state)."""
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        """A new call: `view.sequence` is the prompt (the decoder prompt of an encoder-decoder), `model_inputs` the
+        target's other inputs, the same dict its prefill receives next: a drafter may replace an input with a derived
+        one both can use (e.g. `encoder_outputs` for `input_features`, so the encoder runs once). May be called again
+        before the target's prefill (batch decoding forgets drafts that cannot ride along)."""
 
     @abstractmethod
-    def propose(
-        self,
-        sequence: torch.LongTensor,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        policy: DraftLengthPolicy,
-    ) -> Proposal:
-        """Up to `max_tokens` draft tokens continuing `sequence` [B, L]."""
+    def propose(self, view: DraftView) -> Proposal | DraftTree:
+        """Up to `view.max_tokens` drafts continuing `view.sequence`; with `view.batch` set, per live row (rows may
+        draft fewer, `Proposal.lengths`); with `view.tree` set, a `DraftTree` below the newest token, whose accepted
+        nodes the next `observe` receives as `verdict.path`."""
 
-    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
-                     generator: torch.Generator | None) -> DraftTree:
-        """A draft tree below the newest token of `sequence` [1, L], no deeper than `config.depth`.
-        After verification `observe` receives a verdict whose `path` lists the accepted nodes."""
-        raise MMSpecError(f"{type(self).__name__} cannot draft trees; draft chains (leave tree unset)")
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
+        """After a target forward: its prefill (`verdict` None; only when no drafts rode along with it on one
+        sequence, always on a batch), then each round's verification, with the target's step. On one sequence
+        `view.sequence` already holds the round's tokens; a batch receives its columns after this call."""
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
-        """Up to `max_tokens` drafts per live row of `batch`, continuing each row's newest column. Rows
-        may draft fewer (`Proposal.lengths`). Rejected drafts become holes in `batch` afterwards."""
-        raise MMSpecError(f"{type(self).__name__} drafts one sequence at a time; pass a batch of one")
-
-    def prefill_batch(self, batch: RaggedBatch, model_inputs: dict[str, Any]) -> None:
-        """Batch decoding's `prefill`: called once, before the target's prefill of `batch`."""
-        self.prefill(batch.tokens, model_inputs)
-
-    def on_target_prefill_batch(self, batch: RaggedBatch, step: Any) -> None:
-        """Batch decoding: called right after the target's prefill of `batch` (drafters that read its state)."""
-
-    def observe_batch(self, batch: RaggedBatch, verdict: Verdict, target_step: Any) -> None:
-        """Batch decoding: called after verification, before `batch` receives the round's columns."""
-
-    def select_rows(self, keep: torch.LongTensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the live rows at indices `keep` (the others finished)."""
-
-    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
-        """Called after the target committed tokens; `sequence` is the new committed sequence."""

@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 
-from ..policies import DraftLengthPolicy
 from ..rules import target_distribution
-from ..sampling import SamplingConfig, randint, sample
+from ..sampling import randint, sample
 from ..types import Proposal, Verdict
-from .base import Drafter
+from .base import Drafter, DraftView
 
 
 class JacobiDrafter(Drafter):
@@ -44,10 +43,9 @@ class JacobiDrafter(Drafter):
         self.prompt_length = 0
         self.drafts: torch.LongTensor | None = None  # carried drafts [1, w]
         self.draft_probs: torch.Tensor | None = None  # the distribution each was drawn from [1, w, V]
-        self.sampling = SamplingConfig()
-        self.generator: torch.Generator | None = None
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        sequence = view.sequence
         self.prompt_length = sequence.shape[1]
         self.drafts = sequence.new_empty((1, 0))
         self.draft_probs = torch.empty(1, 0, self.vocab_size, device=sequence.device)
@@ -58,10 +56,9 @@ class JacobiDrafter(Drafter):
         generated tokens and drafts before it. Uniform over the vocabulary (drawn on the generator's device)."""
         return int(randint(self.vocab_size, (1,), generator, device))
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        self.sampling, self.generator = sampling, generator
-        width = max(max_tokens, 0)
+    def propose(self, view: DraftView) -> Proposal:
+        sequence, generator = view.sequence, view.generator
+        width = max(view.max_tokens, 0)
         drafts, probs = self.drafts[:, :width], self.draft_probs[:, :width]
         if drafts.shape[1] < width:
             tokens = sequence[0, self.prompt_length :].tolist() + drafts[0].tolist()
@@ -75,13 +72,16 @@ class JacobiDrafter(Drafter):
             probs = torch.cat([probs, torch.nn.functional.one_hot(fresh_tokens, self.vocab_size).to(probs.dtype)], dim=1)
         return Proposal(tokens=drafts, probs=probs)
 
-    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
+        if verdict is None:
+            return
+        sequence = view.sequence
         p = verdict.target_probs
         if p is None:
-            p = target_distribution(target_step.logits, self.sampling)
+            p = target_distribution(target_step.logits, view.sampling)
         rest = p[0, int(verdict.num_accepted[0]) + 1 :]
         if rest.shape[0]:
-            self.drafts = sample(rest, self.generator)[None]
+            self.drafts = sample(rest, view.generator)[None]
             self.draft_probs = rest[None]
         else:
             self.drafts = sequence.new_empty((1, 0))

@@ -24,6 +24,7 @@ from ..trees import (
 )
 from ..types import Proposal, Verdict
 from .autoregressive import AutoregressiveDrafter, common_prefix_length
+from .base import DraftView
 
 
 class ModelDrafter(AutoregressiveDrafter):
@@ -57,14 +58,15 @@ class ModelDrafter(AutoregressiveDrafter):
     def forwards(self) -> int:  # type: ignore[override]
         return self.lm.forwards
 
-    def accept_inputs(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> None:
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        self.lm.cache = None
+        self.cached_tokens = torch.empty(0, dtype=torch.long, device=view.sequence.device)
         # A decoder-only drafter is text-only: it never sees the target's images or features.
         self._encoder_inputs = {}
         if not self.lm.is_encoder_decoder:
             return
-        inputs = {k: v for k, v in model_inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
-        if input_ids is not None:
-            inputs["input_ids"] = input_ids
+        # The caller's own encoder inputs (`input_ids` among them), not the target's decoder prompt or encoder states.
+        inputs = {k: v for k, v in (view.inputs or {}).items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
         given = inputs.get("encoder_outputs")
         if given is not None:
             states = given[0] if isinstance(given, (tuple, list)) else given.last_hidden_state
@@ -76,10 +78,6 @@ class ModelDrafter(AutoregressiveDrafter):
                 )
         device = input_device(self.lm.model)
         self._encoder_inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        self.lm.cache = None
-        self.cached_tokens = torch.empty(0, dtype=torch.long, device=sequence.device)
 
     def catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
         """Bring the cache in line with `sequence` and return the next-token logits [B, V].
@@ -109,8 +107,15 @@ class ModelDrafter(AutoregressiveDrafter):
         # Holes in the columns would shift a sliding window.
         return self.lm.sliding_window is None
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
+    def propose(self, view: DraftView) -> Proposal | DraftTree:
+        if view.tree is not None:
+            return self.draft_tree(view.sequence, view.tree, view.sampling, view.processors)
+        if view.batch is not None:
+            return self.draft_rows(view.batch, view.max_tokens, view.sampling, view.generator, view.processors)
+        return super().propose(view)
+
+    def draft_rows(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
+                   generator: torch.Generator | None, processors: Any) -> Proposal:
         """`max_tokens` drafts for every live row, one forward per draft. The cache holds the same columns
         as the batch, holes included (masked): each round feeds the columns it has not seen yet."""
         if max_tokens <= 0:
@@ -123,10 +128,10 @@ class ModelDrafter(AutoregressiveDrafter):
         logits = out.logits[:, -1, :]
         tokens, dists = [], []
         for step in range(max_tokens):
-            if self.logits_processor:
+            if processors:
                 drafted = torch.stack(tokens, dim=1) if tokens else None
                 logits = torch.cat([
-                    self.logits_processor(batch.prefixes(b, batch.width - 1 + step, 1, drafted)[0], logits[b:b + 1].float())
+                    processors(batch.prefixes(b, batch.width - 1 + step, 1, drafted)[0], logits[b:b + 1].float())
                     for b in range(batch.size)])
             token, dist, _ = self.choose(logits, sampling, generator, want_confidence=False)
             tokens.append(token)
@@ -155,8 +160,8 @@ class ModelDrafter(AutoregressiveDrafter):
         self._encoder_inputs = {k: v.index_select(0, keep.to(v.device)) if isinstance(v, torch.Tensor) else v
                                 for k, v in self._encoder_inputs.items()}
 
-    def propose_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
-                     generator: torch.Generator | None) -> DraftTree:
+    def draft_tree(self, sequence: torch.LongTensor, config: TreeConfig, sampling: SamplingConfig,
+                   processors: Any) -> DraftTree:
         """EAGLE-2's dynamic tree (`grow_tree`): one forward to catch up, then one per level, each feeding
         that level's expanded nodes at once with a tree attention mask on top of the drafter's cache."""
         refuse_flash_attention(self.lm.model, "drafter")
@@ -166,9 +171,9 @@ class ModelDrafter(AutoregressiveDrafter):
         fed: list[int] = []
 
         def logprobs(logits: torch.Tensor, paths: list[torch.Tensor]) -> torch.Tensor:
-            if self.logits_processor:
+            if processors:
                 prefixes = [torch.cat([committed, path])[None] for path in paths]
-                logits = process_prefixed_rows(self.logits_processor, prefixes, logits[None].float())[0]
+                logits = process_prefixed_rows(processors, prefixes, logits[None].float())[0]
             logits = self.draft_logits(logits)
             if sampling.do_sample:
                 return probabilities(logits, sampling).log()
@@ -189,9 +194,9 @@ class ModelDrafter(AutoregressiveDrafter):
         self._tree_state = (committed, fed, grown, tree)
         return tree
 
-    def observe(self, sequence: torch.LongTensor, verdict: Verdict, target_step: Any) -> None:
+    def observe(self, view: DraftView, verdict: Verdict | None, target_step: Any) -> None:
         """After a tree round, keep the cache entries of the accepted nodes the drafter had fed."""
-        if self._tree_state is None or verdict.path is None:
+        if self._tree_state is None or verdict is None or verdict.path is None:
             return
         committed, fed, grown, tree = self._tree_state
         self._tree_state = None

@@ -6,22 +6,12 @@ the same sampling code as every speculative method, so comparisons measure only 
 
 from __future__ import annotations
 
-import torch
-
-from ..policies import DraftLengthPolicy
-from ..ragged import RaggedBatch
-from ..sampling import SamplingConfig
 from ..types import Proposal
-from .base import Drafter
+from .base import Drafter, DraftView
 
 
 class NoDrafter(Drafter):
     drafts_batches = True
 
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
-        return Proposal.empty(batch.tokens)
-
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
-        return Proposal.empty(sequence)
+    def propose(self, view: DraftView) -> Proposal:
+        return Proposal.empty(view.sequence)

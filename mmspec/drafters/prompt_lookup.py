@@ -9,11 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import MMSpecError
-from ..policies import DraftLengthPolicy
-from ..ragged import RaggedBatch
-from ..sampling import SamplingConfig
 from ..types import Proposal
-from .base import Drafter
+from .base import Drafter, DraftView
 
 
 def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, num_tokens: int) -> torch.Tensor:
@@ -42,18 +39,13 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, sequence: torch.LongTensor, max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, policy: DraftLengthPolicy) -> Proposal:
+    def propose(self, view: DraftView) -> Proposal:
+        """The continuation of each row's own valid tokens; in a batch, shorter rows are padded (`Proposal.lengths`)."""
+        max_tokens, batch = view.max_tokens, view.batch
         if max_tokens <= 0:
-            return Proposal.empty(sequence)
-        follow = find_continuation(sequence[0], self.max_ngram, self.min_ngram, max_tokens)
-        return Proposal(tokens=follow[None])
-
-    def propose_batch(self, batch: RaggedBatch, max_tokens: int, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
-        """Each row looks up its own valid tokens; shorter rows are padded (`Proposal.lengths`)."""
-        if max_tokens <= 0:
-            return Proposal.empty(batch.tokens)
+            return Proposal.empty(view.sequence)
+        if batch is None:
+            return Proposal(tokens=find_continuation(view.sequence[0], self.max_ngram, self.min_ngram, max_tokens)[None])
         found = [find_continuation(batch.tokens[b][batch.mask[b].bool()], self.max_ngram, self.min_ngram, max_tokens)
                  for b in range(batch.size)]
         lengths = torch.tensor([f.shape[0] for f in found], device=batch.tokens.device)

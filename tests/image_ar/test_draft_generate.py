@@ -38,8 +38,8 @@ def neighbours():
 class NeverAgrees(GuidedImageDrafter):
     """Greedy drafts of the target's own second-best token: every greedy draft is rejected."""
 
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
-        proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
+    def propose(self, view):
+        proposal, sequence = super().propose(view), view.sequence
         logits = self.cfg.full_logits(sequence[:, 0], torch.cat([sequence[:, 1:], proposal.tokens], dim=1))
         second = logits[:, sequence.shape[1] - 1 : sequence.shape[1] - 1 + proposal.length].topk(2, dim=-1).indices[..., 1]
         proposal.tokens = second

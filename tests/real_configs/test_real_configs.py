@@ -411,8 +411,8 @@ def test_llamagen_greedy_image_tokens_equal_plain_ar(drafter):
 
 
 class _NeverAgreeImageDrafter(GuidedImageDrafter):
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
-        proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
+    def propose(self, view):
+        proposal, sequence = super().propose(view), view.sequence
         logits = self.cfg.full_logits(sequence[:, 0], torch.cat([sequence[:, 1:], proposal.tokens], dim=1))
         start = sequence.shape[1] - 1
         proposal.tokens = logits[:, start : start + proposal.length].topk(2, dim=-1).indices[..., 1]

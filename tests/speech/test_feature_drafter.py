@@ -72,9 +72,9 @@ def test_each_first_draft_reads_the_targets_features_of_every_committed_position
     seen = []
 
     class Spy(WhisperFeatureDrafter):
-        def propose(self, sequence, *args):
-            proposal = super().propose(sequence, *args)
-            seen.append((sequence.clone(), proposal.tokens[0, 0].item()))
+        def propose(self, view):
+            proposal = super().propose(view)
+            seen.append((view.sequence.clone(), proposal.tokens[0, 0].item()))
             return proposal
 
     drafter = Spy(drafter_model)

@@ -134,10 +134,10 @@ def test_masks_equal_transformers_processors_row_by_row(whisper):
     # As the loop does once per call: the processors generate would build, set on the target.
     target.processors = target.build_logits_processors(whisper.generation_config, prompt.shape[1], [])
     sequence = torch.cat([prompt, torch.tensor([[5, 6, 5, 6]])], dim=1)
-    step = target.start(sequence, num_logits=6, **inputs)
+    step = target.start(sequence[:, :-5], sequence[:, -5:], **inputs)  # the prompt's last 2 positions onwards
     # As the loop does: the cache drops the newest token, which is fed again with the next drafts.
     target.truncate(sequence.shape[1] - 1)
-    more = target.score(torch.tensor([[6, 5, 8]]))
+    more = target.verify(torch.tensor([[6]]), torch.tensor([[5, 8]]))
     full = torch.cat([sequence, torch.tensor([[5, 8]])], dim=1)
     with torch.inference_mode():
         raw = whisper(encoder_outputs=inputs["encoder_outputs"], decoder_input_ids=full).logits

@@ -6,10 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
 from mmspec import ModelDrafter
+from mmspec.drafters import DraftView
 
 
 class MultimodalSelfDrafter(ModelDrafter):
@@ -19,8 +19,8 @@ class MultimodalSelfDrafter(ModelDrafter):
         # A copy, so no state stored on the module (Qwen2-VL's rope_deltas) is shared with the target.
         super().__init__(copy.deepcopy(model))
 
-    def prefill(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> None:
-        super().prefill(sequence, model_inputs)
+    def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        super().begin(view, model_inputs)
         # ModelDrafter passes these to its own prefill only for encoder-decoders; a VLM needs them too.
         self._encoder_inputs = dict(model_inputs)
 

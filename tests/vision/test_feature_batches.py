@@ -50,17 +50,13 @@ class Recording:
         self.lm_head = recording_head
         self.lm_head.weight = head.weight
 
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
+    def propose(self, view):
         self._box.logits = []
-        proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
-        if self._box.logits:
-            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([logit[0] for logit in self._box.logits]))})
-        return proposal
-
-    def propose_batch(self, batch, max_tokens, sampling, generator):
-        self._box.logits = []
-        proposal = super().propose_batch(batch, max_tokens, sampling, generator)
+        proposal, batch = super().propose(view), view.batch
         if not self._box.logits:
+            return proposal
+        if batch is None:
+            self.rounds.append({0: (proposal.tokens[0].tolist(), torch.stack([logit[0] for logit in self._box.logits]))})
             return proposal
         logits = torch.stack(self._box.logits, dim=1)
         self.rounds.append({row: (tokens, logits[i]) for i, (row, tokens) in

@@ -8,6 +8,7 @@ import torch
 
 from mmspec import FixedDraftLength, speculative_generate
 from mmspec.decoding import SpeculativeDecoder
+from mmspec.drafters import DraftView
 from mmspec.errors import MMSpecError
 from mmspec.sampling import SamplingConfig
 from mmspec.testing import assert_greedy_equal, tiny_llama
@@ -43,16 +44,21 @@ class RecordingFlash(FlashDrafter):
         super().__init__(model)
         self.log = []
 
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
+    def propose(self, view):
         self._blocks = []
-        proposal = super().propose(sequence, max_tokens, sampling, generator, policy)
-        self.log.append((sequence.clone(), proposal, self._blocks))
+        proposal = super().propose(view)
+        self.log.append((view.sequence.clone(), proposal, self._blocks))
         return proposal
 
     def _run(self, hidden, positions):
         predicted = super()._run(hidden, positions)
         getattr(self, "_blocks", []).append(predicted[0])
         return predicted
+
+
+def view_of(sequence: torch.LongTensor, k: int = 0, tree: TreeConfig | None = None) -> DraftView:
+    """What the loop shows a drafter of `sequence` with room for `k` greedy drafts (or a `tree`)."""
+    return DraftView(sequence, SamplingConfig(), None, FixedDraftLength(max(k, 1)), max_tokens=k, tree=tree)
 
 
 @torch.no_grad()
@@ -191,10 +197,10 @@ def test_semi_ar_forwards_per_proposal(cases, n, k):
     decoder = SpeculativeDecoder(case.model, drafter)
     with torch.no_grad():
         step = decoder.target.start(case.input_ids, **case.inputs)
-        drafter.on_target_prefill(case.input_ids, step)
+        drafter.observe(view_of(case.input_ids), None, step)
         assert drafter.forwards == 1  # the prompt's cache, in one forward
         sequence = torch.cat([case.input_ids, step.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        proposal = drafter.propose(sequence, k, SamplingConfig(), None, FixedDraftLength(k))
+        proposal = drafter.propose(view_of(sequence, k))
     assert proposal.length == k
     assert drafter.forwards - 1 == math.ceil(k / n)
 
@@ -221,14 +227,14 @@ def test_a_tree_one_node_wide_drafts_the_chain_of_a_one_token_head(cases, depth)
         drafter.lm_head = ReadFeatures(drafter.lm_head)
         with torch.no_grad():
             step = decoder.target.start(case.input_ids, **case.inputs)
-            drafter.on_target_prefill(case.input_ids, step)
+            drafter.observe(view_of(case.input_ids), None, step)
             sequence = torch.cat([case.input_ids, step.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
             return propose(drafter, sequence), drafter.forwards, torch.cat(drafter.lm_head.read)
 
     chain, chain_forwards, chain_features = first_round(
-        lambda d, s: d.propose(s, depth, SamplingConfig(), None, FixedDraftLength(depth)))
+        lambda d, s: d.propose(view_of(s, depth)))
     tree, tree_forwards, tree_features = first_round(
-        lambda d, s: d.propose_tree(s, TreeConfig(num_nodes=depth, top_k=1, depth=depth), SamplingConfig(), None))
+        lambda d, s: d.propose(view_of(s, depth, TreeConfig(num_nodes=depth, top_k=1, depth=depth))))
     assert tree.parents.tolist() == list(range(-1, depth - 1))
     assert torch.equal(tree.tokens, chain.tokens[0])
     assert torch.allclose(tree_features, chain_features, atol=1e-5)  # same inputs, positions and attention

@@ -36,10 +36,10 @@ class RecordingStD(SparseToDenseDrafter):
         self.steps.append(logits.clone())
         return logits
 
-    def propose_batch(self, batch, max_tokens, sampling, generator):
+    def draft_rows(self, batch, max_tokens, sampling, generator):
         self.rows_now = batch.rows.tolist()
         start = len(self.steps)
-        proposal = super().propose_batch(batch, max_tokens, sampling, generator)
+        proposal = super().draft_rows(batch, max_tokens, sampling, generator)
         self.steps[start:] = [{row: s[i] for i, row in enumerate(self.rows_now)} for s in self.steps[start:]]
         return proposal
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, speculative_generate
+from mmspec.drafters import DraftView
 from mmspec.vision import TextOnlyDrafter, VisionTarget, visual_token_ids
 
 from .test_sparse_to_dense import tiny_llava  # noqa: F401 (fixture)
@@ -67,8 +68,9 @@ def test_never_drafts_a_visual_token(text_lm, vlm_cases):
 def test_all_visual_prompt_gives_no_drafts(text_lm):
     drafter = TextOnlyDrafter(text_lm, {IMAGE})
     prompt = torch.full((1, 4), IMAGE)
-    drafter.prefill(prompt, {"pixel_values": torch.zeros(1)})
-    proposal = drafter.propose(prompt, 3, SamplingConfig(), None, FixedDraftLength(3))
+    view = DraftView(prompt, SamplingConfig(), None, FixedDraftLength(3), max_tokens=3)
+    drafter.begin(view, {"pixel_values": torch.zeros(1)})
+    proposal = drafter.propose(view)
     assert proposal.length == 0
 
 

@@ -30,10 +30,10 @@ class OracleTreeDrafter(Drafter):
     def __init__(self, reference: torch.LongTensor, wrong: int) -> None:
         self.reference, self.wrong = reference[0], wrong
 
-    def propose(self, sequence, max_tokens, sampling, generator, policy):
-        return Proposal.empty(sequence)
-
-    def propose_tree(self, sequence, config, sampling, generator):
+    def propose(self, view):
+        sequence, config = view.sequence, view.tree
+        if config is None:
+            return Proposal.empty(sequence)
         truth = self.reference[sequence.shape[1]: sequence.shape[1] + config.depth].tolist()
         tokens, parents, parent = [], [], -1
         for token in truth:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmspec import speculative_generate
-from mmspec.drafters import NoDrafter
+from mmspec.drafters import DraftView, NoDrafter
 from mmspec.policies import FixedDraftLength
 from mmspec.sampling import SamplingConfig
 from mmspec.vision.flash import FlashDrafterModel
@@ -74,9 +74,10 @@ class FirstDrafts(TextOnlyDrafter):
 
     first = None
 
-    def propose_batch(self, batch, max_tokens, sampling, generator):
-        proposal = super().propose_batch(batch, max_tokens, sampling, generator)
-        self.first = self.first if self.first is not None else proposal.tokens
+    def propose(self, view):
+        proposal = super().propose(view)
+        if view.batch is not None:
+            self.first = self.first if self.first is not None else proposal.tokens
         return proposal
 
 
@@ -90,9 +91,9 @@ def test_text_drafter_reads_a_batch_as_each_row_alone(drafter_lm):
     for i, row in enumerate(rows):
         # The first drafts ride along with the prefill: drafted from the prompt, as a lone drafter drafts them.
         lone = TextOnlyDrafter(drafter_lm, case.model)
-        lone.accept_inputs(row[None], {})
-        lone.prefill(row[None], {})
-        expected = lone.propose(row[None], 4, SamplingConfig(), None, FixedDraftLength(4)).tokens[0]
+        view = DraftView(row[None], SamplingConfig(), None, FixedDraftLength(4), max_tokens=4)
+        lone.begin(view, {})
+        expected = lone.propose(view).tokens[0]
         assert torch.equal(batched.first[i], expected)
 
 
