@@ -72,7 +72,8 @@ class StaticWhisperDecoder:
     static target of it, whatever widths each pads to."""
 
     def __init__(self, model: PreTrainedModel, backend: str = "inductor", mode: str | None = None) -> None:
-        self.model = model
+        # The decoder only, not the model: this object is the value of a weak-keyed table under the model, which
+        # a reference back to the model would keep alive for good.
         self.decoder = model.get_decoder()
         self.position_limit = getattr(model.config, "max_target_positions", None)
         config = copy.deepcopy(model.config)

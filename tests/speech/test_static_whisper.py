@@ -293,3 +293,16 @@ def test_tiny_en_compiled_equals_generate(tiny_en, eager_backend):
         assert compiled.decoder_passes == eager.decoder_passes
     with pytest.raises(MMSpecError, match="compile=True transcribes one recording at a time"):
         tiny_en([str(clip), str(clip)], batch_size=2, compile=True, progress_bar=False)
+
+
+def test_a_model_is_freed_after_its_compiled_calls(eager_backend):
+    """The shared compiled decoder sits in a table keyed weakly by the model: it must not keep the model alive."""
+    import gc
+    import weakref
+
+    model = tiny_whisper(seed=3)
+    speculative_generate(model, NoDrafter(), None, input_features=features(0), max_new_tokens=5, compile=True)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
