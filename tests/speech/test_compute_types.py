@@ -123,6 +123,45 @@ def test_row_int8_linear_is_its_reference_and_row_independent():
     assert not torch.equal(y, linear(x))  # and it is not the float32 layer
 
 
+def former_row_int8_linear(layer, x):
+    """`RowInt8Linear`'s arithmetic as first written (fresh tensors, a clamp), float32 step by step."""
+    rows = x.reshape(-1, layer.in_features).float()
+    scales = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    q = torch.round(rows / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    y = torch._int_mm(q, layer.qweight.t()).float() * (scales[:, None] * layer.weight_scales[None, :])
+    return (y + layer.bias).view(*x.shape[:-1], layer.out_features)
+
+
+@pytest.mark.parametrize("mode", ["inference", "no_grad"])
+def test_row_int8_linear_over_many_rows_is_bit_for_bit_the_one_row_product(mode):
+    """Over an encoder's [frames x width] the layer works in reused buffers; the values are those of the plain
+    arithmetic and of each row alone, bit for bit, and a result is not overwritten by the next call."""
+    torch.manual_seed(0)
+    layer = RowInt8Linear(torch.nn.Linear(384, 256))
+    x = torch.randn(1, 600, 384) * 3
+    x[0, 5] = 0  # a silent row: the smallest scale
+    x[0, 7, 11] = 1e4  # one large value
+    with torch.inference_mode() if mode == "inference" else torch.no_grad():
+        y = layer(x)
+        kept = y.clone()
+        assert torch.equal(y, former_row_int8_linear(layer, x))
+        for row in (0, 5, 7, 599):
+            assert torch.equal(layer(x[:, row:row + 1]), y[:, row:row + 1])
+        other = layer(torch.randn(1, 600, 384))
+        assert torch.equal(y, kept) and not torch.equal(other, y)
+
+
+def test_int8_drafting_reads_weight_only_copies_of_the_int8_layers():
+    """A self-drafter over an int8 decoder drafts with weight-only int8 copies (one product per step), not the
+    exact per-row layers the verification runs; the drafts change, the output cannot (hybrid equals greedy above)."""
+    model, fast = model_at("int8")
+    runner = fast.lean_runner(fast.draft_head()[0])
+    int8_layers = [m for m in model.get_decoder().layers.modules() if isinstance(m, RowInt8Linear)]
+    assert int8_layers and all(type(runner.linears[m]).__name__ == "Int8Linear" for m in int8_layers)
+    again = fast.lean_runner(fast.draft_head()[0])
+    assert all(again.linears[m] is runner.linears[m] for m in int8_layers)  # made once
+
+
 def test_the_pipeline_loads_each_compute_type_and_hybrid_equals_its_greedy(tmp_path):
     folder = make_asr_folder(tmp_path / "asr", ctc=False, ar=False)
     pipe = TranscriptionPipeline.from_pretrained(folder)
