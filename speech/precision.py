@@ -11,7 +11,10 @@
             (`torch._int_mm`), then rescaled to float32 and the bias added. Layer norms, attention,
             convolutions, embeddings and the output head stay float32 (the head's greedy choices come
             from the certified bfloat16 head on a CPU, see `mmspec.kernels.certified_head`). The decoder's
-            attention runs query row by query row (`ROW_ATTENTION`, below).
+            attention runs query row by query row (`ROW_ATTENTION`, below). Over the encoder's [frames x width]
+            the layers keep their intermediates in reused buffers (`_scratch`; the same values): a fresh buffer
+            that size cost more than the int8 product. A self-drafter's steps over these layers read weight-only
+            int8 copies of them (`ARFastDecoder.lean_runner`): drafts only, the verification runs these layers.
 
 Each compute type is a different model, with its own greedy output: "exact" (hybrid strict) means
 identical to the greedy `generate` of the same model at the same compute type, never to float32's.
