@@ -29,7 +29,7 @@ class Int8Linear:
     """`y = x @ W.T + b` with W stored as int8 rows times a bfloat16 scale per row; x of any float dtype
     [..., in] -> y [..., out] in x's dtype."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, source: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
         scales = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         # The CPU kernel needs the inner size to be a multiple of 16 (it crashes otherwise): zero columns pad it.
@@ -38,9 +38,7 @@ class Int8Linear:
         self.qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.scales = scales.to(torch.bfloat16)  # the kernel's scale dtype is the activations'
         self.bias = None if bias is None else bias.detach()
-        # the weights this copy was made from, to tell when it is stale (`source`: the tensor to compare instead, e.g.
-        # an int8 layer's own int8 weights when `weight` was computed from them)
-        self.source = weight if source is None else source
+        self.source = weight  # the weights this copy was made from (to tell when it is stale)
 
     @property
     def out_features(self) -> int:

@@ -52,7 +52,6 @@ from ..types import Proposal, Verdict
 from .fast_decoder import check_draft_vocab
 from .hybrid import HybridDrafter
 from .lean_decoder import LeanDecoderState, LeanWhisperDecoder
-from .precision import RowInt8Linear
 from .target import encoder_outputs_of
 
 AR_FAST_DECODER_FOLDER = "ar_fast_decoder"
@@ -350,17 +349,8 @@ class ARFastDecoder(WhisperForCausalLM):
         """The lean step runner over this decoder and the drafting `head` rows (int8 copies if the config asks)."""
         if getattr(self.config, "draft_weights", None) != "int8" or not int8_drafting_available(head.device):
             return LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head)
-        layers = [m for layer in self.model.decoder.layers for m in layer.modules()]
-        modules = [m for m in layers if isinstance(m, torch.nn.Linear)]
+        modules = [m for layer in self.model.decoder.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
         self._int8.update(int8_linears(modules, self._int8))
-        # A decoder at compute type int8 (a self-drafter's, the target's own) holds int8 layers that quantise each
-        # activation row (exact, and slow for one row): drafting steps read weight-only copies of them instead.
-        for module in layers:
-            if isinstance(module, RowInt8Linear):
-                held = self._int8.get(module)
-                if held is None or held.source is not module.qweight:
-                    self._int8[module] = Int8Linear(module.dequantised_weight(), module.bias, source=module.qweight)
-                modules.append(module)
         if "head" not in self._int8 or self._int8["head"].source is not head:
             self._int8["head"] = Int8Linear(head)  # head rows have no bias (see LeanWhisperDecoder.logits)
         return LeanWhisperDecoder(self.model.decoder, self.proj_out, head_weight=head,
