@@ -7,6 +7,9 @@
            zeros appended, so the last frame sees silence past the end), its frames up to the audio's end, then
            zero frames up to 30 s (0 is log10 = -4 after Whisper's normalisation).
 
+The default is log-mel: on tiny.en's 20 held-out clips its greedy WER is lower at every compute type (float32 51.1%
+against 54.3%; at int8 and bfloat16 the audio padding makes one clip loop), and it is faster-whisper's input.
+
 Both are the same computation over the audio's own frames (the same STFT, mel filters and normalisation by the
 window's largest value); they differ only in the value of the padding frames, which the encoder attends to.
 On the held-out clips that choice alone changes 15 of 20 greedy transcripts of tiny.en, and it is the whole
@@ -23,7 +26,7 @@ import numpy as np
 from ..errors import MMSpecError
 
 FEATURE_PADDINGS = ("audio", "log-mel")
-DEFAULT_FEATURE_PADDING = "audio"
+DEFAULT_FEATURE_PADDING = "log-mel"
 
 
 def check_feature_padding(padding: str | None) -> str:

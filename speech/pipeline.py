@@ -162,8 +162,8 @@ class TranscriptionPipeline(SpeculativePipeline):
         model_name: shown in outputs.
         num_draft_tokens: the longest draft verified in one decoder pass.
         relaxed_top_r, relaxed_margin: the `relaxed` acceptance rule (`relaxed_top_r_rule`).
-        feature_padding: how a window's log-mel features are padded to 30 s: "audio" (transformers' feature
-            extractor: zero samples) or "log-mel" (openai-whisper's and faster-whisper's: zero frames); see
+        feature_padding: how a window's log-mel features are padded to 30 s: "log-mel" (the default; openai-whisper's
+            and faster-whisper's: zero frames) or "audio" (transformers' feature extractor: zero samples); see
             `speech/features.py`. A setting of the model's input: hybrid strict equals greedy of either.
 
     Components (saved by `save_pretrained`): `model`, `processor`, `fast_decoder`; settings in

@@ -564,7 +564,8 @@ def test_an_ar_fast_decoder_built_from_a_whisper_with_its_encoder_on_disk(asr_fo
     reference = ARFastDecoder.for_target(tiny_whisper(), share_embeddings=share)
     assert built.device == torch.device("cpu")
     assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), reference.state_dict().values()))
-    pipe = TranscriptionPipeline(model, tiny_processor(), fast_decoder=built)
-    expected = greedy(TranscriptionPipeline(tiny_whisper(), tiny_processor()), load_audio(clip), MAX_NEW)
+    # (audio padding: on this clip the random fast decoder's drafts are then sometimes accepted, with log-mel never)
+    pipe = TranscriptionPipeline(model, tiny_processor(), fast_decoder=built, feature_padding="audio")
+    expected = greedy(TranscriptionPipeline(tiny_whisper(), tiny_processor(), feature_padding="audio"), load_audio(clip), MAX_NEW)
     out = pipe(clip, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False)
     assert out.chunks[0].tokens == expected and out.stats.accepted > 0

@@ -32,8 +32,8 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         metavar="TYPE", help="precision of mmspec's rows and of the greedy reference: float32 (default), "
                                              "int8 or bfloat16")
     parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
-                        metavar="PADDING", help="how mmspec's rows pad a clip's log-mel features to 30 s: audio (default) "
-                                                "or log-mel (as faster-whisper does)")
+                        metavar="PADDING", help="how mmspec's rows pad a clip's log-mel features to 30 s: log-mel "
+                                                "(default, as faster-whisper does) or audio (transformers' extractor)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
                         help="leave out the faster-whisper rows (run by default when faster_whisper is installed)")
     parser.add_argument("--rows", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()), default=None,

@@ -51,9 +51,9 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         metavar="TYPE", help="float32 (default), int8 (int8 products in the encoder and decoder layers; "
                                              "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
     parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
-                        metavar="PADDING", help="how a window's log-mel features are padded to 30 s: audio (default; "
-                                                "transformers' feature extractor) or log-mel (openai-whisper's and "
-                                                "faster-whisper's zero frames)")
+                        metavar="PADDING", help="how a window's log-mel features are padded to 30 s: log-mel (default; "
+                                                "openai-whisper's and faster-whisper's zero frames) or audio "
+                                                "(transformers' feature extractor: zero samples)")
     parser.add_argument("--language", default=None,
                         help="language code or name (default: detected; English-only models accept only en)")
     parser.add_argument("--max-new-tokens", type=checks.positive_int, default=None, help="per chunk (default: the decoder's limit)")

@@ -123,6 +123,34 @@ def test_row_int8_linear_is_its_reference_and_row_independent():
     assert not torch.equal(y, linear(x))  # and it is not the float32 layer
 
 
+def former_row_int8_linear(layer, x):
+    """`RowInt8Linear`'s arithmetic as first written (fresh tensors, a clamp), float32 step by step."""
+    rows = x.reshape(-1, layer.in_features).float()
+    scales = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    q = torch.round(rows / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    y = torch._int_mm(q, layer.qweight.t()).float() * (scales[:, None] * layer.weight_scales[None, :])
+    return (y + layer.bias).view(*x.shape[:-1], layer.out_features)
+
+
+@pytest.mark.parametrize("mode", ["inference", "no_grad"])
+def test_row_int8_linear_over_many_rows_is_bit_for_bit_the_one_row_product(mode):
+    """Over an encoder's [frames x width] the layer works in reused buffers; the values are those of the plain
+    arithmetic and of each row alone, bit for bit, and a result is not overwritten by the next call."""
+    torch.manual_seed(0)
+    layer = RowInt8Linear(torch.nn.Linear(384, 256))
+    x = torch.randn(1, 600, 384) * 3
+    x[0, 5] = 0  # a silent row: the smallest scale
+    x[0, 7, 11] = 1e4  # one large value
+    with torch.inference_mode() if mode == "inference" else torch.no_grad():
+        y = layer(x)
+        kept = y.clone()
+        assert torch.equal(y, former_row_int8_linear(layer, x))
+        for row in (0, 5, 7, 599):
+            assert torch.equal(layer(x[:, row:row + 1]), y[:, row:row + 1])
+        other = layer(torch.randn(1, 600, 384))
+        assert torch.equal(y, kept) and not torch.equal(other, y)
+
+
 def test_the_pipeline_loads_each_compute_type_and_hybrid_equals_its_greedy(tmp_path):
     folder = make_asr_folder(tmp_path / "asr", ctc=False, ar=False)
     pipe = TranscriptionPipeline.from_pretrained(folder)
@@ -132,7 +160,8 @@ def test_the_pipeline_loads_each_compute_type_and_hybrid_equals_its_greedy(tmp_p
     clips = [write_wav(tmp_path / f"clip{i}.wav", speechy(0.8, seed=i)) for i in range(2)]
     transcripts = {}
     for compute_type in COMPUTE_TYPES:
-        pipe = TranscriptionPipeline.from_pretrained(folder, compute_type=compute_type)
+        # (audio padding: with log-mel padding these clips meet the bfloat16 batch limit below)
+        pipe = TranscriptionPipeline.from_pretrained(folder, compute_type=compute_type, feature_padding="audio")
         assert pipe.compute_type == compute_type and pipe.fast_decoder.model.decoder is pipe.model.get_decoder()
         hybrid = [pipe(c, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False).chunks[0].tokens for c in clips]
         plain = [pipe(c, method="ar", max_new_tokens=MAX_NEW, progress_bar=False).chunks[0].tokens for c in clips]
@@ -141,6 +170,21 @@ def test_the_pipeline_loads_each_compute_type_and_hybrid_equals_its_greedy(tmp_p
         assert [o.chunks[0].tokens for o in batched] == plain  # a batch decodes each recording as alone
         transcripts[compute_type] = plain
     assert transcripts["int8"] != transcripts["float32"] or transcripts["bfloat16"] != transcripts["float32"]
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: a bfloat16 batch of recordings of different lengths can decode a "
+                                        "recording otherwise than alone (padded rows round differently)")
+def test_bfloat16_batch_of_recordings_equals_each_alone_with_log_mel_padding(tmp_path):
+    folder = make_asr_folder(tmp_path / "asr", ctc=False, ar=False)
+    pipe = TranscriptionPipeline.from_pretrained(folder)
+    fast = ARFastDecoder.for_target(pipe.model, share_decoder=True)
+    fast.config.draft_redraft, fast.config.draft_redraft_tokens = True, 3
+    fast.save_pretrained(folder / AR_FAST_DECODER_FOLDER)
+    clips = [write_wav(tmp_path / f"clip{i}.wav", speechy(0.8, seed=i)) for i in range(2)]
+    pipe = TranscriptionPipeline.from_pretrained(folder, compute_type="bfloat16", feature_padding="log-mel")
+    alone = [pipe(c, method="ar", max_new_tokens=MAX_NEW, progress_bar=False).chunks[0].tokens for c in clips]
+    batched = pipe(clips, method="hybrid", max_new_tokens=MAX_NEW, progress_bar=False, batch_size=2)
+    assert [o.chunks[0].tokens for o in batched] == alone
 
 
 def test_compute_type_errors(tmp_path):
@@ -173,7 +217,8 @@ def test_tiny_en_int8_hybrid_equals_its_greedy_on_a_shipped_clip():
     assert [c.tokens for c in hybrid.chunks] == [c.tokens for c in plain.chunks] and hybrid.stats.drafted > 0
     from mmspec.speech.audio import load_audio
 
-    x = pipe.features(load_audio(str(clip), pipe.sampling_rate))
+    rate, chunk = pipe.sampling_rate, hybrid.chunks[0]  # the speech region decoded: log-mel padding starts at its end
+    x = pipe.features(load_audio(str(clip), rate)[round(chunk.start_s * rate):round(chunk.end_s * rate)])
     generated = pipe.model.generate(x, do_sample=False, return_dict_in_generate=True).sequences[0].tolist()
     if len(hybrid.chunks) == 1:  # one window: the model's generate on the same features
         tokens = hybrid.chunks[0].tokens

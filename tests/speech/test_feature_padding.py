@@ -45,7 +45,7 @@ def test_log_mel_padding_is_faster_whispers_features():
 
 
 def test_feature_padding_names():
-    assert FEATURE_PADDINGS == ("audio", "log-mel") and check_feature_padding(None) == "audio"
+    assert FEATURE_PADDINGS == ("audio", "log-mel") and check_feature_padding(None) == "log-mel"
     with pytest.raises(MMSpecError, match="unknown feature padding 'zeros'"):
         check_feature_padding("zeros")
     with pytest.raises(MMSpecError, match="needs a Whisper feature extractor"):
@@ -72,8 +72,10 @@ def test_the_pipeline_pads_as_asked_and_hybrid_equals_greedy_of_those_features(t
         tokens = [t for t in plain.chunks[0].tokens if t != pipe.model.generation_config.eos_token_id]
         assert generated[len(generated) - len(tokens):] == tokens
     assert not torch.equal(features["audio"], features["log-mel"])
+    assert pipe.feature_padding == "log-mel" == TranscriptionPipeline.from_pretrained(folder).feature_padding  # the default
+    pipe = TranscriptionPipeline.from_pretrained(folder, fast_decoder="ar", feature_padding="audio")
     pipe.save_pretrained(tmp_path / "saved")  # the setting is saved with the pipeline
-    assert TranscriptionPipeline.from_pretrained(tmp_path / "saved").feature_padding == "log-mel"
+    assert TranscriptionPipeline.from_pretrained(tmp_path / "saved").feature_padding == "audio"
 
 
 def test_cli_transcribe_feature_padding(tmp_path, capsys):

@@ -70,7 +70,7 @@ def test_examples_labels_are_greedy_transcripts_or_the_text(asr, data):
     distilled = prepare_examples(model, processor, clips, "target", label_batch_size=3, progress_bar=False)
     truth = prepare_examples(model, processor, clips[:1], "truth", progress_bar=False)
     for clip, example in zip(clips, distilled):
-        features = clip_features(processor, clip.path)
+        features = clip_features(processor, clip.path, "audio")  # the padding the distillation labels are decoded with
         sequences = model.generate(features, do_sample=False, max_new_tokens=59, return_dict_in_generate=True).sequences
         expected = sequences[0, PROMPT_LENGTH:].tolist()
         assert example.labels == (expected[:-1] if expected[-1] == EOT else expected)
