@@ -35,8 +35,11 @@ Conventions and decisions:
     their samples back to back, as faster-whisper's VAD path packs its speech chunks (`pack_windows`;
     this changes what the model sees: several regions in one window; `pack_seconds=0` reads one region
     per window). Windows are encoded `encoder_batch_size` at a time (default `ENCODER_BATCH`, 8), then
-    each window is decoded on its own (the language is detected per window when not given), so hybrid
-    strict equals greedy window by window: greedy decoding of the same encoder states. A row of a
+    decoded `decoder_batch_size` at a time (default `DECODER_BATCH`, 8) as one ragged batch (`BatchRounds`: rows
+    leave the batch when they end; one window at a time when a round callback is given or the method's drafter
+    does not decode batches); the language is detected per window when not given. Each row's tokens are those of
+    its window decoded alone, so hybrid strict equals greedy window by window: greedy decoding of the same encoder
+    states. A row of a
     batched encoder forward may differ in its last bits from that window encoded alone, as the matrix
     kernels can depend on the batch size (whisper-tiny.en's rows came out bit-identical on the CPUs
     tried; a tiny random model's did not); `encoder_batch_size = 1` encodes each window alone, and
@@ -118,6 +121,7 @@ SILENCE_THRESHOLD = 1e-3
 MIN_AUDIO_S = 0.2  # shorter than a syllable: no speech to transcribe
 FALLBACK_MAX_NEW_TOKENS = 448  # Whisper's decoder length, for models that do not state theirs
 ENCODER_BATCH = 8  # windows of one recording encoded together ([B, mel bins, frames]): `encoder_batch_size`'s default
+DECODER_BATCH = 8  # windows of one recording decoded together (a ragged batch): `decoder_batch_size`'s default
 
 
 @dataclass
@@ -213,6 +217,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         self.sampling_rate = int(self.feature_extractor.sampling_rate)
         self.chunk_seconds = self._chunk_seconds()
         self.encoder_batch_size = ENCODER_BATCH  # windows of one recording per encoder forward (1: each alone)
+        self.decoder_batch_size = DECODER_BATCH  # windows of one recording per decoder batch (1: each alone)
 
     @classmethod
     def from_pretrained(
@@ -504,11 +509,19 @@ class TranscriptionPipeline(SpeculativePipeline):
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         chunks: list[ChunkTranscript] = []
         rate = self.sampling_rate
+        rows = self.window_batch_size(method, reporter)
         with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
             step = check_batch_size(self.encoder_batch_size)
             for first in range(0, len(windows), step):
                 group = windows[first:first + step]
                 states, encoder_time = self.encode([w.samples(samples) for w in group])
+                if rows > 1:
+                    for part in range(0, len(group), rows):
+                        chunks.extend(self._decode_windows(states[part:part + rows], group[part:part + rows],
+                                                           encoder_time * min(rows, len(group) - part) / len(group),
+                                                           method, mode, label, language, task, max_new_tokens))
+                    bar.update(len(group))
+                    continue
                 for offset, planned in enumerate(group):
                     reporter.chunk = first + offset
                     chunks.append(self._transcribe_chunk(
@@ -552,6 +565,59 @@ class TranscriptionPipeline(SpeculativePipeline):
         encoding = time.perf_counter()
         states = encoder_outputs_of(self.model, inputs)[0]  # last_hidden_state
         return states, time.perf_counter() - encoding
+
+    def window_batch_size(self, method: str, reporter: RoundReporter | None = None) -> int:
+        """Windows of one recording decoded together (`decoder_batch_size`): 1 when a round callback follows one
+        sequence, or when the method's drafter does not decode batches."""
+        rows = check_batch_size(self.decoder_batch_size)
+        if rows == 1 or (reporter is not None and reporter.callback is not None):
+            return 1
+        if batching_refusal(WhisperTarget(self.model), self._batch_drafter(method), method) is not None:
+            return 1
+        return rows
+
+    def _decode_windows(self, states: torch.Tensor, windows: list[Window], encoder_time: float, method: str, mode: str,
+                        label: str, language: str | None, task: str | None,
+                        max_new_tokens: int | None) -> list[ChunkTranscript]:
+        """Windows whose encoder states are `states` [len(windows), frames, width], decoded as one batch (rows with
+        decoder prompts of one length together; rows leave the batch when they end). Each row's tokens are those of
+        its window decoded alone (`BatchRounds`): greedy decoding of that window's encoder states."""
+        target = WhisperTarget(self.model, language=language, task=task)
+        passes = 0
+
+        def count(*_: Any) -> None:
+            nonlocal passes
+            passes += 1
+
+        prompts, detections = [], []
+        hook = self.model.get_decoder().register_forward_hook(count)
+        try:
+            for row in range(len(windows)):
+                before = passes
+                prompts.append(target.prompt_ids({"encoder_outputs": BaseModelOutput(last_hidden_state=states[row:row + 1])}))
+                detections.append(passes - before)
+        finally:
+            hook.remove()
+        wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
+        decoded: dict[int, ChunkTranscript] = {}
+        rate = self.sampling_rate
+        for length in sorted({prompt.shape[1] for prompt in prompts}):
+            same = [row for row, prompt in enumerate(prompts) if prompt.shape[1] == length]
+            decoder = SpeculativeDecoder(
+                WhisperTarget(self.model, language=language, task=task), self._batch_drafter(method),
+                policy=hybrid_policy(self.draft_length(method)),
+                rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label)
+            out = decoder.generate(None, max_new_tokens=target.max_new_tokens_for(length, wanted),
+                                   decoder_input_ids=torch.cat([prompts[row] for row in same]),
+                                   encoder_outputs=BaseModelOutput(last_hidden_state=states[same]))
+            row_stats = out.stats.rows if len(same) > 1 else [out.stats]
+            for position, (row, stats) in enumerate(zip(same, row_stats)):
+                tokens = out.sequences[position, length:length + stats.new_tokens].tolist()
+                window = windows[row]
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                decoded[row] = ChunkTranscript(window.start / rate, window.end / rate, text, tokens, stats,
+                                               stats.target_forwards + detections[row], encoder_time / len(windows))
+        return [decoded[row] for row in range(len(windows))]
 
     def _transcribe_batch(self, items: list[AudioSource], rates: list[int | None], batch_size: int, *, method: str,
                           mode: str, language: str | None, task: str | None, max_new_tokens: int | None,
