@@ -191,8 +191,11 @@ class BatchRounds:
         return bool(self.batch.size)
 
     def budget(self) -> int:
+        """The most drafts this round may hold: the room of the live row with the least left, less the target's own
+        token. Every row gets the same draft columns, and a row's columns past its room would sit past the model's
+        last position (Whisper's learned position table ends there) for tokens that could never be committed."""
         batch, room = self.batch, self.state.max_new_tokens
-        return max(room - len(batch.generated[live]) for live in batch.rows.tolist()) - 1
+        return min(room - len(batch.generated[live]) for live in batch.rows.tolist()) - 1
 
     def begin(self, sequence: torch.LongTensor, model_inputs: dict[str, Any]) -> Proposal | None:
         state, padding = self.state, self.padding
