@@ -56,6 +56,12 @@ def test_batched_windows_equal_windows_alone(ending_folder, ar_folder, bursts, k
     assert [c.tokens for c in batched.chunks] == [greedy_on_states(pipe, states[i:i + 1]) for i in range(len(windows))]
 
 
+def test_a_redrafting_ar_fast_decoder_decodes_window_by_window(ar_folder):
+    pipe = TranscriptionPipeline.from_pretrained(ar_folder, fast_decoder="ar")
+    pipe.fast_decoder.config.draft_redraft = True  # as whisper-tiny.en's shipped one
+    assert pipe.window_batch_size("hybrid") == 1 and pipe.window_batch_size("ar") == DECODER_BATCH
+
+
 def test_a_round_callback_decodes_window_by_window(ending_folder, bursts):  # noqa: F811
     pipe = TranscriptionPipeline.from_pretrained(ending_folder)
     seen = []
