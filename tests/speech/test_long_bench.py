@@ -144,3 +144,24 @@ def test_feature_padding_reaches_the_long_audio_pipeline(monkeypatch):
     monkeypatch.setattr(long_bench, "run_long_audio_bench", fake_bench)
     assert main(["bench", "speech", "--long-audio-minutes", "1", "--feature-padding", "log-mel"]) == 2
     assert seen["feature_padding"] == "log-mel"
+
+
+def test_mmspec_rows_report_their_time_by_part(tmp_path):
+    from types import SimpleNamespace
+
+    from mmspec.speech.long_bench import PARTS, MmspecRow
+
+    timings = iter([(1.0, 0.5, 2.0, 3.0, 7.0), (3.0, 0.5, 2.0, 1.0, 8.0)])
+
+    def pipe(path, method, progress_bar):
+        encoder, prefill, draft, verify, total = next(timings)
+        stats = SimpleNamespace(prefill_time=prefill, draft_time=draft, verify_time=verify)
+        return SimpleNamespace(text="the cat sat", segments=[1], encoder_time_s=encoder, stats=stats, total_time_s=total)
+
+    report = bench_long_audio({"mmspec-hybrid": MmspecRow(pipe, None)}, tmp_path / "long.wav", "the cat sat", warm_up=None,
+                              repeats=2, progress=False)
+    parts = report.row("mmspec-hybrid").parts_s
+    assert list(parts) == list(PARTS)
+    assert parts == {"encoder": 2.0, "prefill": 0.5, "drafting": 2.0, "verification": 2.0, "rest": 1.0}  # medians
+    assert "mmspec-hybrid by part, wall s: encoder 2.00, prefill 0.50" in report.to_table()
+    assert report.to_dict()["rows"][0]["parts_s"] == parts
