@@ -617,6 +617,8 @@ class TranscriptionPipeline(SpeculativePipeline):
                                    encoder_outputs=BaseModelOutput(last_hidden_state=states[same]))
             row_stats = out.stats.rows if len(same) > 1 else [out.stats]
             for position, (row, stats) in enumerate(zip(same, row_stats)):
+                for name in ("prefill_time", "draft_time", "verify_time", "total_time"):  # each row holds the batch's:
+                    setattr(stats, name, getattr(stats, name) / len(same))  # a share, so the chunks sum to it
                 tokens = out.sequences[position, length:length + stats.new_tokens].tolist()
                 window = windows[row]
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

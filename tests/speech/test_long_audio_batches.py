@@ -51,6 +51,8 @@ def test_batched_windows_equal_windows_alone(ending_folder, ar_folder, bursts, k
     assert batched.segments == alone.segments and batched.text == alone.text
     assert [(c.start_s, c.end_s) for c in batched.chunks] == [(c.start_s, c.end_s) for c in alone.chunks]
     assert batched_forwards < alone_forwards  # a forward serves several windows
+    # the rows of a batch share its time: the chunks' times add up to no more than the call's
+    assert sum(c.stats.total_time for c in batched.chunks) + batched.encoder_time_s <= batched.total_time_s
     size = pipe.encoder_batch_size
     states = torch.cat([pipe.encode([w.samples(samples) for w in windows[k:k + size]])[0] for k in range(0, len(windows), size)])
     assert [c.tokens for c in batched.chunks] == [greedy_on_states(pipe, states[i:i + 1]) for i in range(len(windows))]
