@@ -121,6 +121,7 @@ SILENCE_THRESHOLD = 1e-3
 MIN_AUDIO_S = 0.2  # shorter than a syllable: no speech to transcribe
 FALLBACK_MAX_NEW_TOKENS = 448  # Whisper's decoder length, for models that do not state theirs
 ENCODER_BATCH = 8  # windows of one recording encoded together ([B, mel bins, frames]): `encoder_batch_size`'s default
+PREVIOUS_TEXT_TOKENS = 223  # at most this many previous text tokens in a prompt: half Whisper's 448 positions, less one
 DECODER_BATCH = 8  # windows of one recording decoded together (a ragged batch): `decoder_batch_size`'s default
 
 
@@ -382,6 +383,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         callback_on_round: RoundCallback | None = None,
         batch_size: int = 1,
         pack_seconds: float | None = None,
+        condition_on_previous_text: bool = False,
     ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
         `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
@@ -404,6 +406,11 @@ class TranscriptionPipeline(SpeculativePipeline):
                 recording's alone.
             pack_seconds: neighbouring speech regions are read together in one window of up to this much audio
                 (None: the model's window, 30 s for Whisper; 0: one region per window, shorter subtitle cues).
+            condition_on_previous_text: each window's decoder prompt starts with the text decoded so far
+                (`<|startofprev|>`, at most the last `PREVIOUS_TEXT_TOKENS` tokens, then the usual prompt), as
+                openai-whisper's and faster-whisper's long-form transcription do; the windows are then decoded in
+                order, one at a time. A window whose transcript looks like a loop is not passed on. Exact methods
+                stay exact: each window's tokens are greedy decoding of that window given that prompt.
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -415,8 +422,14 @@ class TranscriptionPipeline(SpeculativePipeline):
         if max_new_tokens is not None and max_new_tokens < 1:
             raise MMSpecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_language_and_task(self.model, language, task)
+        if not isinstance(condition_on_previous_text, bool):
+            raise MMSpecError(f"condition_on_previous_text must be True or False, got {condition_on_previous_text!r}")
+        if condition_on_previous_text and self.previous_text_token() is None:
+            raise MMSpecError("condition_on_previous_text needs the model's <|startofprev|> token (generation config "
+                              "prev_sot_token_id), which this model does not name")
         settings = dict(method=method, mode=mode, language=language, task=task, max_new_tokens=max_new_tokens,
-                        silence_threshold=silence_threshold, pack_seconds=self._pack_seconds(pack_seconds))
+                        silence_threshold=silence_threshold, pack_seconds=self._pack_seconds(pack_seconds),
+                        condition=condition_on_previous_text)
         items = listed_audio(audio)
         if items is None:
             if isinstance(sampling_rate, (list, tuple)):
@@ -425,6 +438,9 @@ class TranscriptionPipeline(SpeculativePipeline):
             return self._transcribe_one(audio, sampling_rate, reporter, progress_bar, started, **settings)
         rates = per_item(sampling_rate, len(items), "sampling_rate")
         if batch_size > 1:
+            if condition_on_previous_text:
+                raise MMSpecError(f"batch_size={batch_size}: condition_on_previous_text decodes each recording's windows "
+                                  "in order; use batch_size=1")
             if callback_on_round is not None:
                 raise MMSpecError(f"batch_size={batch_size}: callback_on_round follows one sequence; use batch_size=1")
             self.check_batches(method, batch_size)
@@ -504,12 +520,13 @@ class TranscriptionPipeline(SpeculativePipeline):
     def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
                         started: float, *, method: str, mode: str, language: str | None, task: str | None,
                         max_new_tokens: int | None, silence_threshold: float | None,
-                        pack_seconds: float) -> TranscriptionOutput:
+                        pack_seconds: float, condition: bool = False) -> TranscriptionOutput:
         samples, windows = self._windows(audio, sampling_rate, silence_threshold, pack_seconds)
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         chunks: list[ChunkTranscript] = []
         rate = self.sampling_rate
-        rows = self.window_batch_size(method, reporter)
+        rows = 1 if condition else self.window_batch_size(method, reporter)
+        previous: list[int] | None = [] if condition else None  # the text tokens decoded so far, when conditioning
         with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
             step = check_batch_size(self.encoder_batch_size)
             for first in range(0, len(windows), step):
@@ -527,7 +544,9 @@ class TranscriptionPipeline(SpeculativePipeline):
                     chunks.append(self._transcribe_chunk(
                         BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(group),
                         planned.start / rate, planned.end / rate, method, mode, label, language, task, max_new_tokens,
-                        reporter))
+                        reporter, previous))
+                    if previous is not None:
+                        previous = self._passed_on(previous, chunks[-1])
                     bar.update(1)
         windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task, max_new_tokens,
                                               reporter)
@@ -581,6 +600,26 @@ class TranscriptionPipeline(SpeculativePipeline):
             return 1
         return rows
 
+    def previous_text_token(self) -> int | None:
+        """The model's `<|startofprev|>` id (None: it names none)."""
+        token = getattr(self.model.generation_config, "prev_sot_token_id", None)
+        return int(token) if token is not None else None
+
+    def previous_text_prompt(self, previous: list[int], device: torch.device) -> torch.LongTensor:
+        """`<|startofprev|>` and the last `PREVIOUS_TEXT_TOKENS` text tokens decoded so far [1, n]."""
+        tokens = [self.previous_text_token(), *previous[-PREVIOUS_TEXT_TOKENS:]]
+        return torch.tensor([tokens], dtype=torch.long, device=device)
+
+    def _passed_on(self, previous: list[int], chunk: ChunkTranscript) -> list[int]:
+        """The text tokens the next window is conditioned on: these and the chunk's, or none after a chunk that looks
+        like a loop (a loop passed on tends to be repeated)."""
+        eos = self.model.generation_config.eos_token_id
+        ends = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        if looks_looped(chunk.text, bool(chunk.tokens) and chunk.tokens[-1] in ends):
+            return []
+        special = set(self.tokenizer.all_special_ids)
+        return (previous + [t for t in chunk.tokens if t not in special])[-PREVIOUS_TEXT_TOKENS:]
+
     def _decode_windows(self, states: torch.Tensor, windows: list[Window], encoder_time: float, method: str, mode: str,
                         label: str, language: str | None, task: str | None,
                         max_new_tokens: int | None) -> list[ChunkTranscript]:
@@ -628,7 +667,8 @@ class TranscriptionPipeline(SpeculativePipeline):
 
     def _transcribe_batch(self, items: list[AudioSource], rates: list[int | None], batch_size: int, *, method: str,
                           mode: str, language: str | None, task: str | None, max_new_tokens: int | None,
-                          silence_threshold: float | None, pack_seconds: float) -> list[TranscriptionOutput]:
+                          silence_threshold: float | None, pack_seconds: float,
+                          condition: bool = False) -> list[TranscriptionOutput]:
         """Several recordings at once: every window of every item, decoded `batch_size` windows per batch (windows
         whose decoder prompts have one length batch together). Each item's time is the whole batch's."""
         started = time.perf_counter()
@@ -696,7 +736,7 @@ class TranscriptionPipeline(SpeculativePipeline):
     def _transcribe_chunk(
         self, encoder_outputs: BaseModelOutput, encoder_time: float, start_s: float, end_s: float, method: str, mode: str,
         label: str, language: str | None, task: str | None, max_new_tokens: int | None,
-        reporter: RoundReporter | None = None,
+        reporter: RoundReporter | None = None, previous: list[int] | None = None,
     ) -> ChunkTranscript:
         target = WhisperTarget(self.model, language=language, task=task)
         decoder = SpeculativeDecoder(
@@ -713,6 +753,8 @@ class TranscriptionPipeline(SpeculativePipeline):
         try:
             inputs: dict[str, Any] = {"encoder_outputs": encoder_outputs}  # encoded once (`encode`): the decoding reuses it
             prompt = target.prompt_ids(inputs)  # may detect the language (one decoder pass, counted)
+            if previous:
+                prompt = torch.cat([self.previous_text_prompt(previous, prompt.device), prompt], dim=1)
             wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
             limit = target.max_new_tokens_for(prompt.shape[1], wanted)
             out = decoder.generate(None, max_new_tokens=limit, decoder_input_ids=prompt, on_round=reporter, **inputs)
