@@ -11,6 +11,10 @@ Rows (each a whole transcription of the file, wall and CPU time):
                     method, hybrid strict when a fast decoder ships; speech regions packed into windows of up to
                     30 s, windows encoded in batches: `speech/long_audio.py`), at the bench's compute type
   mmspec-greedy     the same with method "ar" (plain greedy); "identical" tells whether mmspec-hybrid's text equals it
+  mmspec-previous-text
+                    the default method with `condition_on_previous_text=True` (`mmspec transcribe FILE
+                    --condition-on-previous-text`): each window's prompt starts with the text before it, as
+                    faster-whisper's long form does; windows decoded in order, each greedy given its prompt
   faster-whisper-<float32|int8>
                     `WhisperModel(folder, device="cpu", compute_type, cpu_threads=threads, num_workers=1)
                     .transcribe(file, **LONG_FORM_SETTINGS)`: its sequential long-form path as a user runs it, with
@@ -116,12 +120,12 @@ class MmspecRow:
     holds the last call's wall time split by part (seconds): the encoder's forwards, the decoder's prefills, drafting,
     verification passes, and the rest of the call (reading the file, speech regions, features, Python between)."""
 
-    def __init__(self, pipe: Any, method: str | None) -> None:
-        self.pipe, self.method = pipe, method
+    def __init__(self, pipe: Any, method: str | None, condition_on_previous_text: bool = False) -> None:
+        self.pipe, self.method, self.condition = pipe, method, condition_on_previous_text
         self.parts: dict[str, float] = {}
 
     def __call__(self, path: Path) -> tuple[str, int]:
-        out = self.pipe(str(path), method=self.method, progress_bar=False)
+        out = self.pipe(str(path), method=self.method, progress_bar=False, condition_on_previous_text=self.condition)
         self.parts = output_parts(out)
         return out.text, len(out.segments)
 
@@ -280,6 +284,8 @@ def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio
     rows: dict[str, Transcribe] = {"mmspec-hybrid": mmspec_row(pipe, None)} if pipe.default_method == "hybrid" else {}
     rows["mmspec-greedy"] = mmspec_row(pipe, "ar")
     notes = [] if rows.keys() != {"mmspec-greedy"} else [f"{model_name!r} has no fast decoder: mmspec runs greedy only"]
+    if pipe.previous_text_token() is not None:
+        rows["mmspec-previous-text"] = MmspecRow(pipe, None, condition_on_previous_text=True)
     if not peers:
         pass
     elif not faster_whisper_available():

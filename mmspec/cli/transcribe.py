@@ -61,6 +61,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="long audio: neighbouring speech regions are read together in windows of up to S seconds of "
                              "audio, one segment (subtitle cue) per window (default: the model's window, 30 s); 0: one "
                              "region per window, shorter cues")
+    parser.add_argument("--condition-on-previous-text", action="store_true",
+                        help="long audio: each window's decoder prompt starts with the text decoded so far (as "
+                             "faster-whisper's default long-form transcription); windows are then decoded in order, "
+                             "and each is still greedy decoding given its prompt")
     parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
@@ -150,7 +154,8 @@ def output_format(args: argparse.Namespace) -> str:
 
 def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bool) -> Any:
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
-               progress_bar=progress, pack_seconds=args.pack_seconds)
+               progress_bar=progress, pack_seconds=args.pack_seconds,
+               condition_on_previous_text=args.condition_on_previous_text)
     if out.note:
         print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
@@ -192,7 +197,8 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
     if loaded:
         outs = pipe([samples for _, samples in loaded], sampling_rate=pipe.sampling_rate, method=args.method,
                     mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens, progress_bar=False,
-                    batch_size=len(loaded), pack_seconds=args.pack_seconds)
+                    batch_size=len(loaded), pack_seconds=args.pack_seconds,
+                    condition_on_previous_text=args.condition_on_previous_text)
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:

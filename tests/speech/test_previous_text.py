@@ -65,3 +65,19 @@ def test_condition_on_previous_text_is_checked(ending_folder, bursts):  # noqa: 
         pipe(bursts, condition_on_previous_text="yes", progress_bar=False)
     with pytest.raises(MMSpecError, match="decodes each recording's windows in order"):
         pipe([bursts, bursts], batch_size=2, condition_on_previous_text=True, progress_bar=False)
+
+
+def test_the_cli_conditions_on_previous_text(ending_folder, bursts, capsys):  # noqa: F811
+    import json
+
+    from mmspec.cli import main
+
+    texts = {}
+    for flags in ([], ["--condition-on-previous-text"]):
+        assert main(["transcribe", str(bursts), "--model", str(ending_folder), "--method", "ar", "--pack-seconds", "0",
+                     "--max-new-tokens", str(MAX_NEW), "--format", "json", *flags]) == 0
+        texts[tuple(flags)] = json.loads(capsys.readouterr().out)["text"]
+    pipe = TranscriptionPipeline.from_pretrained(ending_folder)
+    expected = pipe(bursts, method="ar", pack_seconds=0, max_new_tokens=MAX_NEW, progress_bar=False,
+                    condition_on_previous_text=True)
+    assert texts[("--condition-on-previous-text",)] == expected.text != texts[()]
