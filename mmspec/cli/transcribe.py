@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
+    if args.batch_size > 1 and args.condition_on_previous_text:
+        raise MMSpecError("--condition-on-previous-text decodes each file's windows in order: use --batch-size 1")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")

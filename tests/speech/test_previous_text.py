@@ -81,6 +81,11 @@ def test_the_cli_conditions_on_previous_text(ending_folder, bursts, capsys):  # 
     expected = pipe(bursts, method="ar", pack_seconds=0, max_new_tokens=MAX_NEW, progress_bar=False,
                     condition_on_previous_text=True)
     assert texts[("--condition-on-previous-text",)] == expected.text != texts[()]
+    folder = bursts.parent
+    assert main(["transcribe", str(folder), "--model", str(ending_folder), "--out", str(folder / "out.jsonl"),
+                 "--batch-size", "2", "--condition-on-previous-text"]) == 2
+    err = capsys.readouterr().err
+    assert "--condition-on-previous-text decodes each file's windows in order" in err and "Traceback" not in err
 
 
 @pytest.mark.slow
