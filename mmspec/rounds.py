@@ -196,8 +196,11 @@ class BatchRounds:
         return bool(self.batch.size)
 
     def budget(self) -> int:
+        """The most drafts this round may hold: the room of the live row with the least left, less the target's own
+        token. Every row gets the same draft columns, and a row's columns past its room would sit past the model's
+        last position (Whisper's learned position table ends there) for tokens that could never be committed."""
         batch, room = self.batch, self.state.max_new_tokens
-        return max(room - len(batch.generated[live]) for live in batch.rows.tolist()) - 1
+        return min(room - len(batch.generated[live]) for live in batch.rows.tolist()) - 1
 
     def view(self, max_tokens: int = 0) -> DraftView:
         """What the drafter sees now: the batch's columns."""

@@ -11,6 +11,10 @@ Rows (each a whole transcription of the file, wall and CPU time):
                     method, hybrid strict when a fast decoder ships; speech regions packed into windows of up to
                     30 s, windows encoded in batches: `speech/long_audio.py`), at the bench's compute type
   mmspec-greedy     the same with method "ar" (plain greedy); "identical" tells whether mmspec-hybrid's text equals it
+  mmspec-previous-text
+                    the default method with `condition_on_previous_text=True` (`mmspec transcribe FILE
+                    --condition-on-previous-text`): each window's prompt starts with the text before it, as
+                    faster-whisper's long form does; windows decoded in order, each greedy given its prompt
   faster-whisper-<float32|int8>
                     `WhisperModel(folder, device="cpu", compute_type, cpu_threads=threads, num_workers=1)
                     .transcribe(file, **LONG_FORM_SETTINGS)`: its sequential long-form path as a user runs it, with
@@ -23,6 +27,8 @@ Rows (each a whole transcription of the file, wall and CPU time):
                     default), greedy as above
 
 The faster-whisper rows run when faster_whisper imports and the model is a CTranslate2 folder (as whisper-tiny.en).
+The mmspec rows also report their wall time by part (`MmspecRow`, `PARTS`): encoder, decoder prefill, drafting,
+verification passes, and the rest (reading the file, speech regions, features, Python between the parts).
 Before timing, every row transcribes one short clip once (its first-call costs). Times are medians over `repeats`
 interleaved repetitions (each repetition runs every row once, in order).
 """
@@ -106,14 +112,34 @@ def user_long_audio(path: str | Path) -> tuple[Path, str | None]:
 Transcribe = Callable[[Path], tuple[str, int]]  # file -> (text, segments)
 
 
-def mmspec_row(pipe: Any, method: str | None) -> Transcribe:
-    """The transcription pipeline as `mmspec transcribe FILE` calls it (method None: the pipeline's default)."""
+PARTS = ("encoder", "prefill", "drafting", "verification", "rest")
 
-    def run(path: Path) -> tuple[str, int]:
-        out = pipe(str(path), method=method, progress_bar=False)
+
+class MmspecRow:
+    """The transcription pipeline as `mmspec transcribe FILE` calls it (method None: the pipeline's default); `parts`
+    holds the last call's wall time split by part (seconds): the encoder's forwards, the decoder's prefills, drafting,
+    verification passes, and the rest of the call (reading the file, speech regions, features, Python between)."""
+
+    def __init__(self, pipe: Any, method: str | None, condition_on_previous_text: bool = False) -> None:
+        self.pipe, self.method, self.condition = pipe, method, condition_on_previous_text
+        self.parts: dict[str, float] = {}
+
+    def __call__(self, path: Path) -> tuple[str, int]:
+        out = self.pipe(str(path), method=self.method, progress_bar=False, condition_on_previous_text=self.condition)
+        self.parts = output_parts(out)
         return out.text, len(out.segments)
 
-    return run
+
+def output_parts(out: Any) -> dict[str, float]:
+    """A transcription's wall time by part (`PARTS`), from its output's timings; the rest is what they leave."""
+    timed = {"encoder": out.encoder_time_s, "prefill": out.stats.prefill_time, "drafting": out.stats.draft_time,
+             "verification": out.stats.verify_time}
+    return {**timed, "rest": max(0.0, out.total_time_s - sum(timed.values()))}
+
+
+def mmspec_row(pipe: Any, method: str | None) -> MmspecRow:
+    """The transcription pipeline as `mmspec transcribe FILE` calls it (method None: the pipeline's default)."""
+    return MmspecRow(pipe, method)
 
 
 def peer_model_kwargs(compute_type: str, threads: int) -> dict[str, Any]:
@@ -157,6 +183,7 @@ class LongAudioRow:
     wall_times_s: list[float]
     identical_to_greedy: bool | None  # mmspec-hybrid's text against mmspec-greedy's; None for the other rows
     text: str = ""
+    parts_s: dict[str, float] = field(default_factory=dict)  # mmspec rows: median wall seconds by part (`PARTS`)
 
 
 @dataclass
@@ -181,8 +208,12 @@ class LongAudioReport(TableReport):
             same = "-" if r.identical_to_greedy is None else ("yes" if r.identical_to_greedy else "NO")
             lines.append(f"{r.system:<30} {wer:>6} {r.wall_time_s:>8.2f} {span(r.wall_times_s):>17} {r.cpu_time_s:>8.2f} "
                          f"{r.segments:>8}  {same}")
+        for r in self.rows:
+            if r.parts_s:
+                lines.append(f"{r.system} by part, wall s: " + ", ".join(f"{k} {v:.2f}" for k, v in r.parts_s.items()))
         lines.append(f"(WER after normalising: {NORMALISATION}; times are medians over interleaved repetitions of one whole "
-                     "transcription of the file; identical = mmspec-hybrid's text equals mmspec-greedy's)")
+                     "transcription of the file; identical = mmspec-hybrid's text equals mmspec-greedy's; rest = reading "
+                     "the file, speech regions, features and Python between the parts)")
         lines.append(", ".join(f"{k}={v}" for k, v in self.settings.items() if k != "normalisation"))
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
@@ -201,12 +232,15 @@ def bench_long_audio(rows: dict[str, Transcribe], path: Path, reference: str | N
     walls: dict[str, list[float]] = {name: [] for name in rows}
     cpus: dict[str, list[float]] = {name: [] for name in rows}
     texts: dict[str, tuple[str, int]] = {}
+    parts: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
     for repeat in range(repeats):
         for name, run in rows.items():
             wall, cpu = time.perf_counter(), time.process_time()
             texts[name] = run(path)
             walls[name].append(time.perf_counter() - wall)
             cpus[name].append(time.process_time() - cpu)
+            if isinstance(run, MmspecRow):
+                parts[name].append(run.parts)
             if progress:
                 print(f"long audio: repetition {repeat + 1}/{repeats}, {name}: {walls[name][-1]:.1f} s", file=sys.stderr,
                       flush=True)
@@ -220,6 +254,7 @@ def bench_long_audio(rows: dict[str, Transcribe], path: Path, reference: str | N
         wall_times_s=walls[name],
         identical_to_greedy=(text == greedy) if name == "mmspec-hybrid" and greedy is not None else None,
         text=text,
+        parts_s={k: statistics.median(p[k] for p in parts[name]) for k in PARTS} if parts[name] else {},
     ) for name, (text, segments) in texts.items()]
     return LongAudioReport(title, report_rows, {**(settings or {}), "repeats": repeats, "normalisation": NORMALISATION},
                            list(notes or []))
@@ -249,6 +284,8 @@ def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio
     rows: dict[str, Transcribe] = {"mmspec-hybrid": mmspec_row(pipe, None)} if pipe.default_method == "hybrid" else {}
     rows["mmspec-greedy"] = mmspec_row(pipe, "ar")
     notes = [] if rows.keys() != {"mmspec-greedy"} else [f"{model_name!r} has no fast decoder: mmspec runs greedy only"]
+    if pipe.previous_text_token() is not None:
+        rows["mmspec-previous-text"] = MmspecRow(pipe, None, condition_on_previous_text=True)
     if not peers:
         pass
     elif not faster_whisper_available():

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from ..errors import MMSpecError
 
@@ -215,6 +216,9 @@ def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)
+# transformers builds no attention mask for an attention name its mask interface does not know: without this, a batch's
+# left padding and a ragged batch's rejected drafts would be attended to
+ALL_MASK_ATTENTION_FUNCTIONS.register(ROW_ATTENTION, sdpa_mask)
 
 
 def quantisable_linears(model: PreTrainedModel) -> list[tuple[nn.Module, str, nn.Linear]]:

@@ -61,6 +61,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="long audio: neighbouring speech regions are read together in windows of up to S seconds of "
                              "audio, one segment (subtitle cue) per window (default: the model's window, 30 s); 0: one "
                              "region per window, shorter cues")
+    parser.add_argument("--condition-on-previous-text", action="store_true",
+                        help="long audio: each window's decoder prompt starts with the text decoded so far (as "
+                             "faster-whisper's default long-form transcription); windows are then decoded in order, "
+                             "and each is still greedy decoding given its prompt")
     parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
@@ -97,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError("--retry-failed applies to --out FILE.jsonl (a results file that records each file's error)")
     if args.batch_size > 1 and jsonl is None:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
+    if args.batch_size > 1 and args.condition_on_previous_text:
+        raise MMSpecError("--condition-on-previous-text decodes each file's windows in order: use --batch-size 1")
     files = audio_files(source) if source.is_dir() else [source]
     if source.is_dir() and args.out is None:
         raise MMSpecError("a folder of audio needs --out DIR: one output file per audio file is written there")
@@ -156,7 +162,8 @@ def output_format(args: argparse.Namespace) -> str:
 
 def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bool) -> Any:
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
-               progress_bar=progress, pack_seconds=args.pack_seconds, compile=args.compile)
+               progress_bar=progress, pack_seconds=args.pack_seconds, compile=args.compile,
+               condition_on_previous_text=args.condition_on_previous_text)
     if out.note:
         print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
@@ -198,7 +205,8 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
     if loaded:
         outs = pipe([samples for _, samples in loaded], sampling_rate=pipe.sampling_rate, method=args.method,
                     mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens, progress_bar=False,
-                    batch_size=len(loaded), pack_seconds=args.pack_seconds)
+                    batch_size=len(loaded), pack_seconds=args.pack_seconds,
+                    condition_on_previous_text=args.condition_on_previous_text)
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:

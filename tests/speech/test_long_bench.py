@@ -3,6 +3,8 @@ long recording is built deterministically, rows are interleaved, and each report
 are asserted)."""
 
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,3 +146,38 @@ def test_feature_padding_reaches_the_long_audio_pipeline(monkeypatch):
     monkeypatch.setattr(long_bench, "run_long_audio_bench", fake_bench)
     assert main(["bench", "speech", "--long-audio-minutes", "1", "--feature-padding", "log-mel"]) == 2
     assert seen["feature_padding"] == "log-mel"
+
+
+def test_mmspec_rows_report_their_time_by_part(tmp_path):
+    from mmspec.speech.long_bench import PARTS, MmspecRow
+
+    timings = iter([(1.0, 0.5, 2.0, 3.0, 7.0), (3.0, 0.5, 2.0, 1.0, 8.0)])
+
+    def pipe(path, method, progress_bar, condition_on_previous_text):
+        encoder, prefill, draft, verify, total = next(timings)
+        stats = SimpleNamespace(prefill_time=prefill, draft_time=draft, verify_time=verify)
+        return SimpleNamespace(text="the cat sat", segments=[1], encoder_time_s=encoder, stats=stats, total_time_s=total)
+
+    report = bench_long_audio({"mmspec-hybrid": MmspecRow(pipe, None)}, tmp_path / "long.wav", "the cat sat", warm_up=None,
+                              repeats=2, progress=False)
+    parts = report.row("mmspec-hybrid").parts_s
+    assert list(parts) == list(PARTS)
+    assert parts == {"encoder": 2.0, "prefill": 0.5, "drafting": 2.0, "verification": 2.0, "rest": 1.0}  # medians
+    assert "mmspec-hybrid by part, wall s: encoder 2.00, prefill 0.50" in report.to_table()
+    assert report.to_dict()["rows"][0]["parts_s"] == parts
+
+
+def test_the_previous_text_row_conditions_on_the_text_before():
+    from mmspec.speech.long_bench import MmspecRow
+
+    calls = []
+
+    def pipe(path, **kwargs):
+        calls.append(kwargs)
+        return SimpleNamespace(text="x", segments=[], encoder_time_s=0.0, total_time_s=0.0,
+                               stats=SimpleNamespace(prefill_time=0.0, draft_time=0.0, verify_time=0.0))
+
+    MmspecRow(pipe, None, condition_on_previous_text=True)(Path("a.wav"))
+    MmspecRow(pipe, "ar")(Path("a.wav"))
+    assert calls == [{"method": None, "progress_bar": False, "condition_on_previous_text": True},
+                     {"method": "ar", "progress_bar": False, "condition_on_previous_text": False}]
