@@ -54,6 +54,16 @@ class SpeculativeOutput:
     drafter: Drafter | None = None
 
 
+def eos_ids(model: PreTrainedModel, eos_token_id: int | Iterable[int] | None) -> set[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(t) for t in eos_token_id}
+
+
 def as_drafter(drafter: PreTrainedModel | Drafter) -> Drafter:
     if isinstance(drafter, Drafter):
         return drafter

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ..decoding import SpeculativeDecoder
+from ..decoding import SpeculativeDecoder, eos_ids
 from ..drafters import PromptLookupDrafter
-from ..generation import stop_ids_of
 from ..policies import FixedDraftLength
 from ..stats import SpecStats
 from .harness import BenchReport, ForwardCounter, MethodFn, TableReport, run_benchmark
@@ -52,7 +51,7 @@ def new_token_count(rows: torch.Tensor, stops: set[int]) -> int:
 
 
 def plain_batched(target: PreTrainedModel, max_new_tokens: int, counter: ForwardCounter) -> MethodFn:
-    stops = stop_ids_of(target.generation_config, None)
+    stops = eos_ids(target, None)
 
     def run(batch: Batch) -> tuple[list[int], SpecStats]:
         ids, mask, inputs = batch_parts(batch)
