@@ -178,15 +178,10 @@ class GuidedImageTarget(Target):
     # A batch of conditions decodes in lockstep (plain AR: no drafts, no holes, no early stops), one forward
     # per token for all rows; image drafters draft one grid at a time.
 
-    def _start_rows(self, batch: Any, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
-        if drafts is not None:
+    def _feed_rows(self, batch: Any, start: int, drafts: torch.Tensor, **model_inputs: Any) -> TargetStep:
+        if drafts.shape[1] or (start and not bool(batch.mask.bool().all())):
             raise MMSpecError("a batch of image conditions decodes plain AR (method ar); draft one condition at a time")
-        return self._start_sequence(batch.tokens, **model_inputs)
-
-    def _score_rows(self, batch: Any, drafts: torch.LongTensor) -> TargetStep:
-        if drafts.shape[1] or not bool(batch.mask.bool().all()):
-            raise MMSpecError("a batch of image conditions decodes plain AR (method ar); draft one condition at a time")
-        return self._score(batch.tokens[:, -1:])
+        return self._score(batch.tokens[:, -1:]) if start else self._start_sequence(batch.tokens, **model_inputs)
 
     def select_rows(self, keep: torch.LongTensor) -> None:
         raise MMSpecError("image grids have no end token: every row of a batch runs to the last token")

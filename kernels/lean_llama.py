@@ -74,14 +74,23 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
     additive [B, 1, L, past + L] mask, or None: one query sees every key; several queries without a cache
     see causally (as SDPA's `is_causal`); cache: a `DynamicCache` updated with this layer's keys and values (None: no cache).
     """
-    attention = layer.self_attn
+    # Submodules and weights straight from the modules' own dicts: `nn.Module.__getattr__` is a Python call per
+    # attribute (about 30 a layer), and `module(x)` two more around `forward`. The checks `lean_layer_supported`
+    # made (plain linear layers, no hooks) are what lets this skip them.
+    parts = layer._modules
+    attention, mlp = parts["self_attn"], parts["mlp"]
+    projections, mlp_parts = attention._modules, mlp._modules
+    q, k, v, o = (projections["q_proj"]._parameters, projections["k_proj"]._parameters,
+                  projections["v_proj"]._parameters, projections["o_proj"]._parameters)
+    gate_w, up_w, down_w = (mlp_parts["gate_proj"]._parameters, mlp_parts["up_proj"]._parameters,
+                            mlp_parts["down_proj"]._parameters)
     batch, length, _ = hidden.shape
     shape = (batch, length, -1, attention.head_dim)
     residual = hidden
-    x = layer.input_layernorm(hidden)
-    query = F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape).transpose(1, 2)
-    key = F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape).transpose(1, 2)
-    value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
+    x = parts["input_layernorm"].forward(hidden)
+    query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
+    key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
+    value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
     cos, sin = position_embeddings
     query, key = apply_rotary_pos_emb(query, key, cos, sin)
     if cache is not None:
@@ -93,12 +102,11 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
                                          is_causal=attention_mask is None and length > 1,
                                          enable_gqa=key.shape[1] != query.shape[1])
     out = out.transpose(1, 2).reshape(batch, length, -1)
-    hidden = residual + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
-    mlp = layer.mlp
-    x = layer.post_attention_layernorm(hidden)
-    gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-    up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-    return hidden + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+    hidden = residual + F.linear(out, o["weight"], o["bias"])
+    x = parts["post_attention_layernorm"].forward(hidden)
+    gate = F.linear(x, gate_w["weight"], gate_w["bias"])
+    up = F.linear(x, up_w["weight"], up_w["bias"])
+    return hidden + F.linear(mlp_parts["act_fn"].forward(gate) * up, down_w["weight"], down_w["bias"])
 
 
 def causal_mask(query_length: int, past_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -122,6 +130,9 @@ class LeanCausalLM:
         self.model = model
         self.decoder = model.model
         self.layers = list(self.decoder.layers[: model.config.num_hidden_layers])
+        # Held once, as the layers are: each step reads them without `nn.Module.__getattr__`.
+        self.embed_tokens, self.rotary_emb, self.norm = self.decoder.embed_tokens, self.decoder.rotary_emb, self.decoder.norm
+        self.lm_head = model.lm_head
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -142,14 +153,14 @@ class LeanCausalLM:
         hidden = self.hidden_states(input_ids, cache, attention_mask, position_ids)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias)
+        head = self.lm_head._parameters
+        return F.linear(hidden, head["weight"], head["bias"])
 
     def hidden_states(self, input_ids: torch.LongTensor, cache: Any, attention_mask: torch.Tensor | None = None,
                       position_ids: torch.LongTensor | None = None) -> torch.Tensor:
         """The base model's last hidden state [B, L, H] (after the final norm), as `model.model(...)` returns it."""
         past = cache.get_seq_length()
-        hidden = F.embedding(input_ids, self.decoder.embed_tokens.weight, self.decoder.embed_tokens.padding_idx)
+        hidden = F.embedding(input_ids, self.embed_tokens._parameters["weight"], self.embed_tokens.padding_idx)
         length = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(past, past + length, device=hidden.device)[None]
@@ -157,7 +168,7 @@ class LeanCausalLM:
             attention_mask = causal_mask(length, past, hidden.dtype, hidden.device)
         else:
             attention_mask = attention_mask.to(hidden.dtype)
-        position_embeddings = self.decoder.rotary_emb(hidden, position_ids)
+        position_embeddings = self.rotary_emb(hidden, position_ids)
         for layer in self.layers:
             hidden = llama_layer_forward(layer, hidden, position_embeddings, attention_mask, cache)
-        return self.decoder.norm(hidden)
+        return self.norm.forward(hidden)

@@ -8,11 +8,8 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Specula
         verdict  = rule(proposal, step.logits, ...) # accepted count + correction / bonus token
         commit; target.rollback(...); drafter.observe(...)
 
-One loop body serves three shapes (`mmspec.rounds`, chosen once per call): one sequence drafting chains
-(rejected drafts are cropped from the caches); one sequence drafting a tree (`tree=TreeConfig(...)`,
-`mmspec.trees`: the target verifies all its nodes in one forward with a tree attention mask, a tree rule
-from `mmspec.tree_rules` picks the accepted path, both caches keep that path only); and a batch of several
-rows (`mmspec.ragged`: rejected drafts become masked holes, as rows accept different numbers of drafts).
+The shape of a call (one sequence drafting chains or trees, or a batch of rows) is the `mmspec.rounds` strategy
+chosen once per call; the loop body is the same for all three.
 
 Each call keeps everything it changes in a `DecodeState` (`mmspec.decode_state`), with working copies of
 the target and drafter (shared weights, own caches): one decoder may serve several threads at once.

@@ -18,6 +18,7 @@ as in `generate`:
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 from dataclasses import dataclass, field
@@ -203,6 +204,12 @@ def stop_ids_of(config: GenerationConfig, eos_token_id: int | Iterable[int] | No
     return {ids} if isinstance(ids, int) else set(ids)
 
 
+@functools.cache
+def generation_fields() -> frozenset[str]:
+    """The names a `GenerationConfig` takes (read once: building and dumping a config each call costs a deep copy)."""
+    return frozenset(GenerationConfig().to_dict())
+
+
 def model_input_names(model: PreTrainedModel) -> set[str]:
     """Argument names the model's forward (and, for encoder-decoders, its encoder) takes, as `generate` checks them."""
     def named(fn: Any) -> set[str]:
@@ -243,7 +250,7 @@ def resolve_generation(
     base = arguments.pop("generation_config", None)
     if base is not None and not isinstance(base, GenerationConfig):
         raise MMSpecError(f"generation_config must be a transformers GenerationConfig, got {type(base).__name__}")
-    fields = GenerationConfig().to_dict()
+    fields = generation_fields()
     settings = {k: v for k, v in arguments.items() if k in fields}
     inputs = {k: v for k, v in arguments.items() if k not in settings}
     # A setting passed as None means "not set", as in generate.
@@ -289,7 +296,7 @@ def build_logits_processors(
     `max_length` is set as generate sets it (prompt + new tokens) before the caller calls this.
     """
     user_processors = list(user_processors)
-    config = copy.deepcopy(config)
+    config = copy.copy(config)  # the call's own merged config: only this copy's do_sample and eos tensor change
     config.do_sample = False  # warpers are the SamplingConfig's job
     device = input_device(model)  # `model.device` reads "meta" when accelerate offloaded the first parameter
     eos = config.eos_token_id

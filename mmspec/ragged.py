@@ -49,10 +49,6 @@ class RaggedBatch:
         """Positions [B, S - start] of the existing columns from `start` on (holes get their neighbour's; masked anyway)."""
         return (self.mask.cumsum(-1) - 1).clamp(min=0)[:, start:]
 
-    def mask_with(self, count: int) -> torch.Tensor:
-        """The attention mask [B, S + count] for a forward that appends `count` valid columns."""
-        return torch.cat([self.mask, self.mask.new_ones((self.size, count))], dim=1)
-
     def commit(self, tokens: torch.Tensor, valid: torch.Tensor, stops: set[int], budget: int) -> tuple[int, list[int]]:
         """Append a round's columns `tokens` [B, m] whose `valid` [B, m] ones are committed, each row cut after
         its first stop token or at its token `budget`. Returns the tokens committed and the rows that finished."""
@@ -81,8 +77,8 @@ class RaggedBatch:
         columns: tokens [B, S - start + m], the attention mask over every column [B, S + m], position ids."""
         count = new_tokens.shape[1]
         positions = torch.cat([self.column_positions(start), self.next_positions(count)], dim=1)
-        return {"tokens": torch.cat([self.tokens[:, start:], new_tokens], dim=1), "attention_mask": self.mask_with(count),
-                "position_ids": positions}
+        mask = torch.cat([self.mask, self.mask.new_ones((self.size, count))], dim=1)
+        return {"tokens": torch.cat([self.tokens[:, start:], new_tokens], dim=1), "attention_mask": mask, "position_ids": positions}
 
     def prefixes(self, row: int, first_column: int, count: int, drafts: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Row `row`'s token prefixes [1, L] through columns first_column .. first_column + count - 1, with

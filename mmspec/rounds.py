@@ -115,8 +115,8 @@ class ChainRounds:
         check_proposal(state.capabilities, state.rule, proposal)
         return proposal
 
-    def verify(self, proposal: Proposal) -> TargetStep:
-        return self.state.target.verify(self.sequence, proposal.tokens)
+    def verify(self, proposal: Proposal | DraftTree) -> TargetStep:
+        return self.state.target.verify(self.sequence, proposal if isinstance(proposal, DraftTree) else proposal.tokens)
 
     def commit(self, proposal: Proposal, step: TargetStep, verdict: Verdict) -> None:
         """Append the accepted drafts plus the target's token, crop the rejected drafts from the target's cache."""
@@ -151,9 +151,6 @@ class TreeRounds(ChainRounds):
         if max_drafts < 1:
             return DraftTree.empty(self.sequence.device)
         return state.drafter.propose(self.view(max_drafts, state.tree.limited(max_drafts)))  # type: ignore[return-value]
-
-    def verify(self, tree: DraftTree) -> TargetStep:  # type: ignore[override]
-        return self.state.target.verify(self.sequence, tree)
 
     def commit(self, tree: DraftTree, step: TargetStep, verdict: Verdict) -> None:  # type: ignore[override]
         state = self.state

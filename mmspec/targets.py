@@ -111,7 +111,7 @@ class Target(CachedModel):
         prompt's last token on (else [B, 1, V]). Drafts that may not join the prefill (`drafts_can_join_prefill`)
         are scored in a second forward."""
         if isinstance(prompt, RaggedBatch):
-            return self._start_rows(prompt, drafts, **model_inputs)
+            return self._feed_rows(prompt, 0, prompt.tokens[:, :0] if drafts is None else drafts, **model_inputs)
         if drafts is None:
             return self._start_sequence(prompt, 1, **model_inputs)
         return self._start_sequence(torch.cat([prompt, drafts], dim=1), drafts.shape[1] + 1, **model_inputs)
@@ -122,7 +122,7 @@ class Target(CachedModel):
         batch (drafts [B, k]: logits [B, k + 1, V])."""
         if isinstance(committed, RaggedBatch):
             assert isinstance(drafts, torch.Tensor)
-            return self._score_rows(committed, drafts)
+            return self._feed_rows(committed, committed.width - 1, drafts)
         if isinstance(drafts, DraftTree):
             return self._score_tree(committed, drafts)
         return self._score(torch.cat([committed[:, -1:], drafts], dim=1))
@@ -162,12 +162,9 @@ class Target(CachedModel):
                 # The drafts riding along with the prefill are text.
                 pad = value.new_zeros((*value.shape[:-1], sequence.shape[-1] - value.shape[-1]))
                 model_inputs[name] = torch.cat([value, pad], dim=-1)
-        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        if self._certifies():
-            out = self.prefill(sequence, logits_to_keep=num_logits, head=False, **model_inputs)
-            return self._certified_step(out, num_logits, sequence.shape[1] - num_logits)
-        step = self._step(self.prefill(sequence, logits_to_keep=num_logits, **extra, **model_inputs), num_logits)
-        return self._processed(step, sequence.shape[1] - num_logits)
+        certify = self._certifies()
+        out = self.prefill(sequence, logits_to_keep=num_logits, head=not certify, **self._hidden_request(), **model_inputs)
+        return self._finish(out, num_logits, sequence.shape[1] - num_logits, certify)
 
     def drafts_can_join_prefill(self, drafts: torch.Tensor, model_inputs: dict[str, Any]) -> bool:
         """Whether drafts may be appended to the prompt in the prefill forward.
@@ -181,34 +178,42 @@ class Target(CachedModel):
     def _score(self, tokens: torch.LongTensor) -> TargetStep:
         """One forward over [last committed token, drafts...]: logits [B, k + 1, V]."""
         first_position = self.length
-        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
         certify = self._certifies()
-        out = self.extend(tokens, logits_to_keep=0, head=not certify, **extra)
+        out = self.extend(tokens, logits_to_keep=0, head=not certify, **self._hidden_request())
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
-        if certify:
-            return self._certified_step(out, tokens.shape[1], first_position)
-        return self._processed(self._step(out, tokens.shape[1]), first_position)
+        return self._finish(out, tokens.shape[1], first_position, certify)
 
-    def _start_rows(self, batch: RaggedBatch, drafts: torch.LongTensor | None = None, **model_inputs: Any) -> TargetStep:
-        drafts = batch.tokens[:, :0] if drafts is None else drafts
+    def _finish(self, out: Any, num_logits: int, first_position: int, certify: bool) -> TargetStep:
+        """The step of one sequence's forward: logits of its last `num_logits` positions, the first of which predicts
+        the token after `first_position`, processed (from a `CertifiedHead` when `certify`: `out` is the base model's)."""
+        process = None
+        if self.processors and self._tokens is not None:
+            def process(logits: torch.Tensor) -> torch.Tensor:
+                return process_rows(self.processors, self._tokens, first_position, logits)
+        if certify:
+            return self._certified_logits(out.last_hidden_state[:, -num_logits:], process)
+        step = self._step(out, num_logits)
+        return step if process is None else TargetStep(logits=process(step.logits), hidden_states=step.hidden_states)
+
+    def _hidden_request(self) -> dict[str, bool]:
+        return {"output_hidden_states": True} if self.output_hidden_states else {}
+
+    def _feed_rows(self, batch: RaggedBatch, start: int, drafts: torch.Tensor, **model_inputs: Any) -> TargetStep:
+        """A ragged batch's forward over its columns from `start` on (0: the prefill) and `drafts` [B, k]: logits
+        [B, k + 1, V], each row's processed with that row's own prefixes."""
         for name in PER_TOKEN_INPUTS:
             value = model_inputs.get(name)
             if value is not None and drafts.shape[1]:
                 model_inputs[name] = torch.cat([value, value.new_zeros((*value.shape[:-1], drafts.shape[1]))], dim=-1)
-        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        if self._certifies():
-            out = self.feed_columns(batch, 0, drafts, logits_to_keep=drafts.shape[1] + 1, head=False, **model_inputs)
-            return self._certified_batch_step(out, batch, drafts)
-        out = self.feed_columns(batch, 0, drafts, logits_to_keep=drafts.shape[1] + 1, **extra, **model_inputs)
-        return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
-
-    def _score_rows(self, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
-        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        if self._certifies():
-            return self._certified_batch_step(self.feed_columns(batch, batch.width - 1, drafts, head=False), batch, drafts)
-        out = self.feed_columns(batch, batch.width - 1, drafts, logits_to_keep=0, **extra)
-        return self._processed_batch(self._step(out, drafts.shape[1] + 1), batch, batch.width - 1, drafts)
+        count, certify = drafts.shape[1] + 1, self._certifies()
+        out = self.feed_columns(batch, start, drafts, logits_to_keep=count, head=not certify, **self._hidden_request(),
+                                **model_inputs)
+        if certify:
+            def process(logits: torch.Tensor) -> torch.Tensor:
+                return self._processed_batch(TargetStep(logits=logits), batch, batch.width - 1, drafts).logits
+            return self._certified_logits(out.last_hidden_state[:, -count:], process)
+        return self._processed_batch(self._step(out, count), batch, batch.width - 1, drafts)
 
     def _processed_batch(self, step: TargetStep, batch: RaggedBatch, first_column: int,
                          drafts: torch.LongTensor | None = None) -> TargetStep:
@@ -242,8 +247,7 @@ class Target(CachedModel):
         depths = torch.cat([tree.depths().new_zeros(1), tree.depths()]).to(sequence.device)
         positions = self.tree_position_ids((past + depths)[None])
         mask = tree_attention_mask(tree, past, self.model.dtype, sequence.device)
-        extra = {"output_hidden_states": True} if self.output_hidden_states else {}
-        out = self.extend(tokens, logits_to_keep=0, attention_mask=mask, position_ids=positions, **extra)
+        out = self.extend(tokens, logits_to_keep=0, attention_mask=mask, position_ids=positions, **self._hidden_request())
         step = self._step(out, tokens.shape[1])
         self._tokens = sequence
         if not self.processors:
@@ -267,13 +271,6 @@ class Target(CachedModel):
         weight = self._lean.decoder.embed_tokens.weight
         return weight.device.type == "cpu" and weight.dtype == torch.float32
 
-    def _processed(self, step: TargetStep, first_position: int) -> TargetStep:
-        """Row j of `step.logits` predicts the token after position first_position + j."""
-        if not self.processors or self._tokens is None:
-            return step
-        logits = process_rows(self.processors, self._tokens, first_position, step.logits)
-        return TargetStep(logits=logits, hidden_states=step.hidden_states)
-
     @property
     def plain_output_head(self) -> bool:
         """Whether the model's logits are its output head over its base model's last hidden state, nothing more."""
@@ -294,20 +291,6 @@ class Target(CachedModel):
         if hooked or getattr(self.model, "hf_device_map", None):
             return False
         return all(type(processor) in MASKING_PROCESSORS for processor in self.processors)
-
-    def _certified_step(self, out: Any, num_logits: int, first_position: int) -> TargetStep:
-        """Greedy-exact processed logits of the last `num_logits` positions from a base-model output (see `_score`)."""
-        process = None
-        if self.processors and self._tokens is not None:
-            def process(logits: torch.Tensor) -> torch.Tensor:
-                return process_rows(self.processors, self._tokens, first_position, logits)
-        return self._certified_logits(out.last_hidden_state[:, -num_logits:], process)
-
-    def _certified_batch_step(self, out: Any, batch: RaggedBatch, drafts: torch.LongTensor) -> TargetStep:
-        """`_certified_step` for batch decoding: each row's logits processed with that row's own prefixes."""
-        def process(logits: torch.Tensor) -> torch.Tensor:
-            return self._processed_batch(TargetStep(logits=logits), batch, batch.width - 1, drafts).logits
-        return self._certified_logits(out.last_hidden_state[:, -(drafts.shape[1] + 1):], process)
 
     def _certified_logits(self, hidden: torch.Tensor, process: Callable[[torch.Tensor], torch.Tensor] | None) -> TargetStep:
         self.certified_head = certified_head_for(self.model.get_output_embeddings().weight)

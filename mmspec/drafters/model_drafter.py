@@ -41,6 +41,7 @@ class ModelDrafter(AutoregressiveDrafter):
         # lean: a plain Llama steps through `mmspec.kernels.lean_llama` (same maths, less per-call cost);
         # False keeps transformers' forward for every step (the ablation, or to debug).
         self.lm = CachedModel(model, role="drafter", lean=lean)
+        self._input_device = input_device(model)  # where its inputs go; read again by `begin`, once a call
         self.vocab_size = self.lm.vocab_size
         # Drafting past an end token is wasted work: the target stops there too.
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -59,6 +60,7 @@ class ModelDrafter(AutoregressiveDrafter):
         return self.lm.forwards
 
     def begin(self, view: DraftView, model_inputs: dict[str, Any]) -> None:
+        self._input_device = input_device(self.lm.model)
         self.lm.cache = None
         self.cached_tokens = torch.empty(0, dtype=torch.long, device=view.sequence.device)
         # A decoder-only drafter is text-only: it never sees the target's images or features.
@@ -76,7 +78,7 @@ class ModelDrafter(AutoregressiveDrafter):
                     f"the encoder-decoder drafter runs its own encoder (width {width}); pass the encoder inputs "
                     f"(input_features / input_ids), not the target's encoder_outputs (width {states.shape[-1]})"
                 )
-        device = input_device(self.lm.model)
+        device = self._input_device
         self._encoder_inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
     def catch_up(self, sequence: torch.Tensor) -> torch.Tensor:
@@ -86,7 +88,7 @@ class ModelDrafter(AutoregressiveDrafter):
         logits come back on the sequence's device (where the loop compares and samples)."""
         keep = common_prefix_length(self.cached_tokens, sequence)
         keep = min(keep, sequence.shape[0] - 1)  # feed at least one token to get next-token logits
-        tokens = sequence.to(input_device(self.lm.model))
+        tokens = sequence.to(self._input_device)
         if self.lm.cache is None or keep == 0:
             out = self.lm.prefill(tokens[None], logits_to_keep=1, **self._encoder_inputs)
         else:
@@ -95,7 +97,7 @@ class ModelDrafter(AutoregressiveDrafter):
         return out.logits[:, -1, :].to(sequence.device)
 
     def feed(self, token: torch.Tensor) -> torch.Tensor:
-        out = self.lm.extend(token[:, None].to(input_device(self.lm.model)), logits_to_keep=1)
+        out = self.lm.extend(token[:, None].to(self._input_device), logits_to_keep=1)
         return out.logits[:, -1, :].to(token.device)
 
     def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
