@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ..errors import MMSpecError
-from . import checks
-from .common import LazyChoices, SharedFlags, add_size_flag, emit, set_threads
+from . import checks, choices
+from .common import SharedFlags, add_size_flag, emit, set_threads
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -28,10 +28,10 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="decode the clips in batches of each size (e.g. 1,4,8): plain batched generate vs mmspec's "
                              "methods that decode batches, tokens/s per batch size")
-    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+    parser.add_argument("--compute-type", choices=choices.COMPUTE_TYPES, default=None,
                         metavar="TYPE", help="precision of mmspec's rows and of the greedy reference: float32 (default), "
                                              "int8 or bfloat16")
-    parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
+    parser.add_argument("--feature-padding", choices=choices.FEATURE_PADDINGS, default=None,
                         metavar="PADDING", help="how mmspec's rows pad a clip's log-mel features to 30 s: audio (default) "
                                                 "or log-mel (as faster-whisper does)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",

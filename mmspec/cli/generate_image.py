@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, common
+from . import checks, choices, common
 from .atomic import atomic_write
+from .model_checks import check_model
 
 
 def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) -> None:
@@ -22,7 +23,7 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
                         "free text for a text-to-image model (Janus)")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style, Janus or a saved "
                         "VAR pipeline such as shapes-var, or a saved MAR pipeline such as shapes-mar (default: the toy shapes-image-ar)")
-    parser.add_argument("--method", choices=common.LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
+    parser.add_argument("--method", choices=choices.IMAGE_METHODS, default=None,
                         metavar="METHOD", help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), "
                         "gsd / lantern = relaxed; VAR models: ar = the large VAR alone, code = CoDe (large drafts the "
                         "first scales, the small refiner the rest); MAR models: ar = the target MAR alone, cspd = continuous "
@@ -92,6 +93,7 @@ def check_output(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.out:  # before torch is imported and the model loads: a path that cannot be written fails now
         check_output(args.out)
+    check_model(args.model, "image model", "image")
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family

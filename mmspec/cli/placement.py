@@ -40,11 +40,11 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
                "drafter_device": args.drafter_device}
     if all(value is None for value in options.values()):
         return {}  # nothing to check: torch is not imported yet, so a bad input file is still refused at once
+    if args.drafter_device is not None and args.device_map is None and args.max_memory is None:
+        raise MMSpecError("--drafter-device places the drafter of a model spread by --device-map / --max-memory")
     from ..devices import load_options
 
     load_options(None, args.device_map, args.max_memory, args.offload_folder)  # combinations: one clear error
-    if args.drafter_device is not None and args.device_map is None and args.max_memory is None:
-        raise MMSpecError("--drafter-device places the drafter of a model spread by --device-map / --max-memory")
     if args.drafter_device is not None:  # present on this machine, before any weights load
         from ..devices import usable_device
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, folder_runs, input_probes, outputs
-from .common import LazyChoices, SharedFlags, set_threads, stats_json
+from . import checks, choices, folder_runs, input_probes, outputs
+from .common import SharedFlags, set_threads, stats_json
+from .model_checks import check_model
 from .placement import add_placement_flags, placement_options
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
@@ -42,15 +43,15 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "(default: whisper-tiny.en)")
     parser.add_argument("--fast-decoder", default=None,
                         help="ctc, ar, or a fast decoder folder (default: the model folder's fast_decoder/, else ar_fast_decoder/)")
-    parser.add_argument("--method", choices=LazyChoices("mmspec.speech.pipeline", "METHODS"), default=None, metavar="METHOD",
+    parser.add_argument("--method", choices=choices.TRANSCRIBE_METHODS, default=None, metavar="METHOD",
                         help="ar = plain greedy decoding, hybrid = fast draft + verification (default: hybrid if a fast "
                              "decoder exists, else ar)")
-    parser.add_argument("--mode", choices=LazyChoices("mmspec.speech.hybrid", "MODES"), default="strict", metavar="MODE",
+    parser.add_argument("--mode", choices=choices.HYBRID_MODES, default="strict", metavar="MODE",
                         help="strict = identical to greedy decoding; relaxed = accept highly ranked drafts (hybrid only)")
-    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+    parser.add_argument("--compute-type", choices=choices.COMPUTE_TYPES, default=None,
                         metavar="TYPE", help="float32 (default), int8 (int8 products in the encoder and decoder layers; "
                                              "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
-    parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
+    parser.add_argument("--feature-padding", choices=choices.FEATURE_PADDINGS, default=None,
                         metavar="PADDING", help="how a window's log-mel features are padded to 30 s: audio (default; "
                                                 "transformers' feature extractor) or log-mel (openai-whisper's and "
                                                 "faster-whisper's zero frames)")
@@ -61,7 +62,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="long audio: neighbouring speech regions are read together in windows of up to S seconds of "
                              "audio, one segment (subtitle cue) per window (default: the model's window, 30 s); 0: one "
                              "region per window, shorter cues")
-    parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
+    parser.add_argument("--format", choices=choices.TRANSCRIPT_FORMATS, default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
     if not source.is_dir() and jsonl is None:  # an empty or corrupt file fails now, before torch is imported
         input_probes.probe_audio(source)
+    check_model(args.model, "ASR model", "speech")
+    if args.fast_decoder not in (None, "ctc", "ar"):
+        check_model(args.fast_decoder, "fast decoder", "fast-decoder")
     started = time.perf_counter()
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
