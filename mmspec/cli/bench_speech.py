@@ -8,6 +8,7 @@ import argparse
 from ..errors import MMSpecError
 from . import checks, choices
 from .common import SharedFlags, add_size_flag, emit, set_threads
+from .model_checks import check_model
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
                                           ("--feature-padding", args.startup and args.feature_padding)) if value]
         if given:
             raise MMSpecError(f"{', '.join(given)} applies to the clip rows, not to {mode}")
+    check_inputs(args)
     set_threads(args)
     if args.startup:
         from ..speech.startup_bench import run_startup_bench
@@ -84,3 +86,20 @@ def run(args: argparse.Namespace) -> int:
                               feature_padding=args.feature_padding)
     emit(report, args)
     return 0
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Row names, the data folder and the model folders, checked before torch is imported."""
+    from ..speech.clip_folder import read_clip_folder
+
+    unknown = [name for name in args.rows or () if not choices.speech_bench_row(name)]
+    if unknown:
+        raise MMSpecError(f"no row {', '.join(map(repr, unknown))} in any speech bench; its rows: "
+                          f"{', '.join(choices.SPEECH_BENCH_ROWS)}, {', '.join(p + 'K' for p in choices.SPEECH_BENCH_NUMBERED_ROWS)} "
+                          "(K: a --chain length)")
+    if args.data is not None and args.long_audio is None:
+        read_clip_folder(args.data)
+    check_model(args.model, "ASR model", "speech")
+    for flag, value in (("fast decoder", args.fast_decoder), ("AR fast decoder", args.ar_fast_decoder)):
+        check_model(value, flag, "fast-decoder")
+    check_model(args.feature_drafter, "feature drafter", "feature-drafter")

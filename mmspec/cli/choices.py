@@ -33,3 +33,6 @@ def speech_bench_row(name: str) -> bool:
     if name in SPEECH_BENCH_ROWS:
         return True
     return any(re.fullmatch(re.escape(prefix) + r"[1-9][0-9]*", name) for prefix in SPEECH_BENCH_NUMBERED_ROWS)
+
+# mmspec.vision.distill_data.DISTILL_FORMAT: the "format" of a distillation data folder's metadata.json
+DISTILL_FORMAT = "mmspec-distill-v1"
