@@ -64,8 +64,9 @@ def media_kind(path: str) -> str:
     return "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES and not input_probes.is_animated_image(path) else "video"
 
 
-def probe(path: str) -> None:
-    """Refuse an empty or unreadable single input before torch is imported and the model loads."""
+def probe(path: str | Path) -> None:
+    """Refuse an empty or unreadable input before torch is imported and the model loads."""
+    path = str(path)
     if media_kind(path) == "image":
         input_probes.probe_image(path)
     elif input_probes.is_animated_image(path):
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if folder is None:
         probe(args.path)
     check_flags(args, folder is not None)
+    if folder is not None and not input_probes.any_readable(folder.files, probe):  # no file to load a model for
+        return folder.run(input_probes.refusal(probe), verb="captioned", as_json=args.json)
     check_model(args.model, "model", "vlm")
     if args.method in ("msd", "flash") and args.drafter:
         check_model(args.drafter, f"{args.method.upper()} drafter", "feature-drafter")

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
         (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
     if not source.is_dir() and jsonl is None:  # an empty or corrupt file fails now, before torch is imported
         input_probes.probe_audio(source)
+    if (source.is_dir() or jsonl is not None) and not input_probes.any_readable(
+            jsonl.files if jsonl is not None else files, input_probes.probe_audio):  # every file fails: no model needed
+        if jsonl is not None:
+            return jsonl.run(input_probes.refusal(input_probes.probe_audio), verb="transcribed", as_json=args.json)
+        return transcribe_folder(input_probes.refusal(input_probes.probe_audio), files, Path(args.out), fmt, args)
     check_model(args.model, "ASR model", "speech")
     if args.fast_decoder not in (None, "ctc", "ar"):
         check_model(args.fast_decoder, "fast decoder", "fast-decoder")
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{out.stats.summary()}; encoder {out.encoder_time_s * 1e3:.0f} ms; {out.decoder_passes} decoder passes over "
               f"{len(out.chunks)} chunk(s)", file=sys.stderr)
         return 0
-    return transcribe_folder(pipe, files, Path(args.out), fmt, args)
+    return transcribe_folder(lambda path: transcribe_one(pipe, path, args, progress=True), files, Path(args.out), fmt, args)
 
 
 def audio_files(folder: Path) -> list[Path]:
@@ -218,8 +224,9 @@ def emit(out: Any, fmt: str, destination: str | None, source: Path, **extra: Any
         print(f"mmspec: wrote {destination}", file=sys.stderr)
 
 
-def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, args: argparse.Namespace) -> int:
-    """Each file on its own: a failure is reported for that file and the rest still run."""
+def transcribe_folder(transcribe: Callable[[Path], Any], files: list[Path], out_dir: Path, fmt: str,
+                      args: argparse.Namespace) -> int:
+    """Each file on its own (`transcribe(path)`): a failure is reported for that file and the rest still run."""
     from ..speech.subtitles import write_atomically
 
     if out_dir.exists() and not out_dir.is_dir():
@@ -231,7 +238,7 @@ def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, arg
         print(f"mmspec: [{index}/{len(files)}] {outputs.printable(path.name)}", file=sys.stderr)
         target = out_dir / names[path]
         try:
-            out = transcribe_one(pipe, path, args, progress=True)
+            out = transcribe(path)
             write_atomically(target, rendered(out, fmt, path))
             results.append({"file": str(path), "output": str(target), "error": None})
         except MMSpecError as error:
