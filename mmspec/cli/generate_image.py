@@ -50,7 +50,7 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
     parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
     # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
     suppress = argparse.SUPPRESS
-    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.finite_float, default=suppress, metavar="DELTA",
+    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.probability, default=suppress, metavar="DELTA",
                         help="LANTERN: budget in [0, 1] on the total variation between p and each candidate's boosted p "
                         "(not a bound on the output law; default: the model card's)")
     parser.add_argument("--lantern-k", dest="lantern_k", type=checks.positive_int, default=suppress, metavar="K",
