@@ -97,9 +97,12 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise MMSpecError(f"no row {', '.join(map(repr, unknown))} in any speech bench; its rows: "
                           f"{', '.join(choices.SPEECH_BENCH_ROWS)}, {', '.join(p + 'K' for p in choices.SPEECH_BENCH_NUMBERED_ROWS)} "
                           "(K: a --chain length)")
+    if args.batch_size and (args.chain or args.feature_drafter is not None):  # as run_speech_bench says it
+        raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
+                          "with --batch-size")
     if args.data is not None and args.long_audio is None:
         read_clip_folder(args.data)
     check_model(args.model, "ASR model", "speech")
     for flag, value in (("fast decoder", args.fast_decoder), ("AR fast decoder", args.ar_fast_decoder)):
         check_model(value, flag, "fast-decoder")
-    check_model(args.feature_drafter, "feature drafter", "feature-drafter")
+    check_model(args.feature_drafter, "Whisper feature drafter", "feature-drafter")
