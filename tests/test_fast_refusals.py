@@ -186,3 +186,18 @@ def test_the_speech_bench_row_names_cover_the_bench():
     source = (Path(__file__).parents[1] / "speech" / "bench.py").read_text()
     for name in choices.SPEECH_BENCH_ROWS:  # every listed row is one the bench names
         assert name == REFERENCE or name.startswith(PEER_PREFIX) or f'"{name}"' in source, name
+
+
+@pytest.mark.parametrize("kind", ["lm", "vlm", "speech", "image"])
+def test_a_saved_pipeline_folder_passes_the_checks(tmp_path, kind):
+    """`save_pretrained` of a pipeline writes model_index.json and one sub-folder per component, no config.json."""
+    from mmspec.cli.model_checks import check_model
+    from mmspec.errors import MMSpecError
+
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "TranscriptionPipeline"}))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "whisper"}')
+    check_model(str(tmp_path), "model", kind)
+    (tmp_path / "model_index.json").write_text("[]")
+    with pytest.raises(MMSpecError, match="must hold a JSON object"):
+        check_model(str(tmp_path), "model", kind)

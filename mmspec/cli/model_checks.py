@@ -37,7 +37,7 @@ def check_model(value: str | None, role: str, kind: Kind) -> None:
     folder = zoo.check(value, role)
     if folder is None or "derived_from" in zoo.folder_card(folder):
         return
-    if kind == "image":
+    if kind == "image" or (folder / "model_index.json").is_file():  # a saved pipeline: diffusers' loader reads it
         _image_folder(folder, value, role)
     elif kind == "speech" and _is_ct2_folder(folder):
         _ct2_folder(folder)
@@ -122,7 +122,8 @@ def _feature_drafter_folder(value: str, role: str) -> None:
 
 
 def _image_folder(folder: Path, value: str, role: str) -> None:
-    """An image model folder (config.json) or a saved pipeline (model_index.json): what it has is a JSON object."""
+    """An image model folder (config.json) or a saved pipeline of any modality (model_index.json, its components in
+    sub-folders): what it has is a JSON object."""
     start = f"cannot load the {role} {value!r}"
     found = [folder / name for name in ("config.json", "model_index.json") if (folder / name).is_file()]
     if not found:
