@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mmspec.cli import choices, input_probes
+from mmspec.cli.checks import GPU_DRIVER_FILES
 from mmspec.cli.tree_flag import DEFAULT_TREE
 
 pytest.importorskip("av")
@@ -121,6 +122,11 @@ CASES = [  # argv (with {fixture} names), what the one error line says
      "not mmspec distillation data"),
     (["caption", "{noise-media}", "--out", "{out}/c.jsonl", "--tree", "--batch-size", "2"], "--tree drafts one sequence"),
     (["demo", "--host", "not a host", "--port", "1"], "cannot serve on"),
+    (["generate-image", "red circle", "--device", "cudaX"], "is not a device"),
+    (["caption", "{shapes.mp4}", "--drafter-device", "cpu"], "--drafter-device places the drafter"),
+    (["caption", "{shapes.mp4}", "--tree", "1,2"], "expected NODES,TOP_K,DEPTH"),
+    *([(["generate-image", "red circle", "--device", "cuda"], "no CUDA GPU that torch can use")]
+      if not any(map(os.path.exists, GPU_DRIVER_FILES)) else []),
 ]
 
 

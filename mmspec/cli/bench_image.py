@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
     gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
     check_model(args.model, "image model", "image")
+    checks.refuse_cuda_without_driver(args.device, "--device")
 
     from ..image_ar.bench import bench_image, default_methods
     from ..image_ar.pipeline import (

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                     "feature-drafter")
     check_model(args.model, "model", "vlm")
     check_model(args.drafter, "drafter", "lm")
+    checks.refuse_cuda_without_driver(args.device, "--device")
     from ..vision.bench import CaptionInput, bench_vision, bench_vision_batches
     from ..vision.feature_methods import load_checked, parse_drafter_spec
     from ..vision.pipeline import CaptionPipeline

@@ -99,6 +99,7 @@ def set_threads(args: argparse.Namespace) -> None:
 def check_device(args: argparse.Namespace) -> None:
     """`--device` present on this machine: checked before any weights load."""
     if getattr(args, "device", None) is not None:
+        checks.refuse_cuda_without_driver(args.device, "--device")
         from ..devices import usable_device
 
         usable_device(args.device)

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:  # before torch is imported and the model loads: a path that cannot be written fails now
         check_output(args.out)
     check_model(args.model, "image model", "image")
+    checks.refuse_cuda_without_driver(args.device, "--device")
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family

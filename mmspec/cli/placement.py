@@ -42,6 +42,7 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
         return {}  # nothing to check: torch is not imported yet, so a bad input file is still refused at once
     if args.drafter_device is not None and args.device_map is None and args.max_memory is None:
         raise MMSpecError("--drafter-device places the drafter of a model spread by --device-map / --max-memory")
+    checks.refuse_cuda_without_driver(args.drafter_device, "--drafter-device")
     from ..devices import load_options
 
     load_options(None, args.device_map, args.max_memory, args.offload_folder)  # combinations: one clear error
