@@ -67,6 +67,7 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "noise-audio": {"x.wav": os.urandom(2048), "y.flac": b""},
         "noise-media": {"a.mp4": os.urandom(2048), "b.png": b""},
         "distill-bad": {"metadata.json": '{"shards": []}'},
+        "map-list": {"map.json": "[1, 2]"},
     }
     found = {name: str(root / name) for name in ("tone.wav", "short.wav", "loud.wav", "rate1.wav")}
     for name, files in models.items():
@@ -123,6 +124,9 @@ CASES = [  # argv (with {fixture} names), what the one error line says
     (["caption", "{noise-media}", "--out", "{out}/c.jsonl", "--tree", "--batch-size", "2"], "--tree drafts one sequence"),
     (["demo", "--host", "not a host", "--port", "1"], "cannot serve on"),
     (["generate-image", "red circle", "--device", "cudaX"], "is not a device"),
+    (["caption", "{shapes.mp4}", "--max-memory", "cpu=1e999GB"], "is not a size"),
+    (["caption", "{shapes.mp4}", "--max-memory", "cpu=-1GB"], "is not a size"),
+    (["caption", "{shapes.mp4}", "--device-map", "{map-list}/map.json"], "non-empty {module name: device} dict"),
     (["caption", "{shapes.mp4}", "--drafter-device", "cpu"], "--drafter-device places the drafter"),
     (["caption", "{shapes.mp4}", "--tree", "1,2"], "expected NODES,TOP_K,DEPTH"),
     *([(["generate-image", "red circle", "--device", "cuda"], "no CUDA GPU that torch can use")]
