@@ -124,6 +124,9 @@ CASES = [  # argv (with {fixture} names), what the one error line says
     (["caption", "{noise-media}", "--out", "{out}/c.jsonl", "--tree", "--batch-size", "2"], "--tree drafts one sequence"),
     (["demo", "--host", "not a host", "--port", "1"], "cannot serve on"),
     (["generate-image", "red circle", "--device", "cudaX"], "is not a device"),
+    (["generate-image", "red circle", "--draft-scales", "3"], "applies to VAR models"),
+    (["generate-image", "red circle", "--model", "shapes-var", "--num-iter", "4"], "options of MAR models"),
+    (["generate-image", "red circle", "--model", "shapes-mar", "--lantern-k", "4"], "not options of MAR"),
     (["caption", "{shapes.mp4}", "--max-memory", "cpu=1e999GB"], "is not a size"),
     (["caption", "{shapes.mp4}", "--max-memory", "cpu=-1GB"], "is not a size"),
     (["caption", "{shapes.mp4}", "--device-map", "{map-list}/map.json"], "non-empty {module name: device} dict"),
@@ -211,3 +214,18 @@ def test_a_saved_pipeline_folder_passes_the_checks(tmp_path, kind):
     (tmp_path / "model_index.json").write_text("[]")
     with pytest.raises(MMSpecError, match="must hold a JSON object"):
         check_model(str(tmp_path), "model", kind)
+
+
+def test_the_image_families_read_without_torch_equal_the_loaders():
+    from mmspec.cli import image_families
+    from mmspec.image_ar import pipeline as image_pipeline
+    from mmspec.image_ar.mar_pipeline import MAR_METHODS
+    from mmspec.image_ar.var_pipeline import VAR_METHODS
+    from mmspec.zoo import entries
+
+    assert image_families.DEFAULT_IMAGE_MODEL == image_pipeline.DEFAULT_IMAGE_MODEL
+    assert (image_families.VAR_METHODS, image_families.MAR_METHODS) == (VAR_METHODS, MAR_METHODS)
+    names = [entry.name for entry in entries()] + ["nobody/nothing-here"]
+    assert {image_families.image_family(name) for name in names} >= {"llamagen", "var", "mar"}
+    for name in names:
+        assert image_families.image_family(name) == image_pipeline.image_family(name), name

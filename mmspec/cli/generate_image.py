@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, choices, common
+from . import checks, choices, common, image_families
 from .atomic import atomic_write
 from .model_checks import check_model
 
@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.out)
     check_model(args.model, "image model", "image")
     checks.refuse_cuda_without_driver(args.device, "--device")
+    early = image_families.image_family(args.model or image_families.DEFAULT_IMAGE_MODEL)
+    if early is not None:  # flags of another family fail before torch is imported
+        family_options(args, early, args.model or image_families.DEFAULT_IMAGE_MODEL)
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
@@ -171,23 +174,20 @@ def method_records(stats: Any) -> dict[str, Any]:
 def family_options(args: argparse.Namespace, family: str, name: str) -> dict:
     """The method options given on the command line (the rest come from the model card, else the authors'),
     for a model of `family`; flags of another family are refused in one line."""
-    from ..image_ar.mar_pipeline import MAR_METHODS
-    from ..image_ar.var_pipeline import VAR_METHODS
-
     checks.refuse_per_scale_temperature(args.temperature, family, name)
     options = {option: getattr(args, option) for option in IMAGE_METHOD_OPTIONS if hasattr(args, option)}
     if family == "var":
         if options:
             flags = ", ".join("--" + option.replace("_", "-") for option in options)
             raise MMSpecError(f"{flags}: options of LlamaGen-style methods; {name!r} is a VAR model "
-                              f"(methods {', '.join(VAR_METHODS)})")
+                              f"(methods {', '.join(image_families.VAR_METHODS)})")
         options = {"draft_scales": args.draft_scales}
     elif family == "mar":
         flags = list(options) + [flag for flag in ("draft_scales", "top_p") if getattr(args, flag) is not None]
         if flags:
             flags = ", ".join("--" + option.replace("_", "-") for option in flags)
             raise MMSpecError(f"{flags}: not options of MAR; {name!r} is a MAR model "
-                              f"(methods {', '.join(MAR_METHODS)}; --num-iter, --draft-steps)")
+                              f"(methods {', '.join(image_families.MAR_METHODS)}; --num-iter, --draft-steps)")
         options = {"num_iter": args.num_iter, "num_draft": args.draft_steps}
     elif args.draft_scales is not None:
         raise MMSpecError(f"--draft-scales applies to VAR models (method code); {name!r} is not one")
