@@ -37,22 +37,14 @@ from ..errors import MMSpecError
 from ..training import fit
 from .ar_fast_decoder import ARFastDecoder
 from .audio import load_audio
+from .clip_folder import METADATA_FILE, Clip, read_clip_folder  # noqa: F401 - also read from here
 from .fast_decoder import CTCFastDecoder, ctc_loss
 from .features import DEFAULT_FEATURE_PADDING, log_mel_features
 from .target import whisper_prompt_ids
 
-METADATA_FILE = "metadata.jsonl"
 KINDS = ("ctc", "ar")
 LABELS = ("target", "truth")
 DEFAULT_LEARNING_RATE = {"ctc": 1e-3, "ar": 5e-4}
-
-
-@dataclass
-class Clip:
-    """One line of metadata.jsonl: an audio file and its reference transcript."""
-
-    path: Path
-    text: str
 
 
 @dataclass
@@ -93,37 +85,6 @@ class TrainReport:
 
 
 # --- data -----------------------------------------------------------------------------------------
-
-def read_clip_folder(folder: str | Path) -> list[Clip]:
-    """The clips listed in `folder/metadata.jsonl`, checked: one clear `MMSpecError` for any problem."""
-    root = Path(folder)
-    if not root.exists():
-        raise MMSpecError(f"data folder {str(root)!r} does not exist")
-    if not root.is_dir():
-        raise MMSpecError(f"{str(root)!r} is not a folder; --data needs a folder holding {METADATA_FILE}")
-    metadata = root / METADATA_FILE
-    if not metadata.is_file():
-        raise MMSpecError(f"{str(root)!r} has no {METADATA_FILE} (one JSON object per line: "
-                          '{"file": "clip_00001.wav", "text": "the transcript"})')
-    clips: list[Clip] = []
-    for number, line in enumerate(metadata.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{METADATA_FILE} line {number}"
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            raise MMSpecError(f"{where} is not valid JSON: {line[:80]!r}") from None
-        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("text"), str):
-            raise MMSpecError(f'{where} needs string fields "file" and "text", got {line[:80]!r}')
-        path = root / entry["file"]
-        if not path.is_file():
-            raise MMSpecError(f"{where}: audio file {entry['file']!r} not found in {str(root)!r}")
-        clips.append(Clip(path=path, text=entry["text"]))
-    if not clips:
-        raise MMSpecError(f"{str(metadata)!r} lists no clips")
-    return clips
-
 
 def clip_features(processor: Any, clip_path: Path, padding: str = DEFAULT_FEATURE_PADDING) -> torch.Tensor:
     """Log-mel features [1, mel bins, frames] of one clip that must fit the model's window, padded to it as

@@ -77,7 +77,7 @@ CAPTION_WITH_ZOO = [  # these load a toy model (a few seconds each) and fail bef
 ]
 GENERATE = [
     (["generate", "hi", "--temperature", NAN, "--sample"], "argument --temperature: expected a finite number"),
-    (["generate", "hi", "--top-p", "2"], "argument --top-p: expected a number in [0, 1]"),
+    (["generate", "hi", "--top-p", "2"], "argument --top-p: expected a number in (0, 1]"),
     (["generate", "hi", "--top-k", "0"], "argument --top-k"),
     (["generate", "hi", "-k", "-3"], "argument --num-draft-tokens/-k"),
     (["generate", "hi", "--threads", "-1"], "argument --threads"),

@@ -8,7 +8,6 @@ One module per verb (`generate`, `caption`, `transcribe`, `generate_image`, `ben
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import signal
 import sys
@@ -40,22 +39,11 @@ VERBS = (generate, caption, transcribe, generate_image, train_fast_decoder, trai
 BENCHES = (bench_text, bench_vision, bench_speech, bench_overhead, bench_image)
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's help, without listing lazily read choices (that would import torch and a pipeline for --help)."""
-
-    def _expand_help(self, action: argparse.Action) -> str:
-        if isinstance(action.choices, common.LazyChoices):
-            action = copy.copy(action)
-            action.choices = None
-        return super()._expand_help(action)
-
-
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors, `mmspec: error: ...` like every other error, and exit status 2."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--device` must not be read as `--device-map`
-        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -131,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        # Parsing may import a pipeline module (choices of --method): Ctrl-C there is still a clean exit.
         try:
             args = build_parser().parse_args(argv)
         except SystemExit as exit_:  # argparse's one-line errors (2), --help and --version (0): a status, like a verb's

@@ -19,6 +19,7 @@ from .common import (
     set_threads,
 )
 from .image_batches import check_batch_fits
+from .model_checks import check_model
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -89,6 +90,17 @@ def parse_gsd_setting(setting: str, given: list[str]) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Settings and the model folder are checked before torch is imported: a typo fails at once.
+    lantern = None
+    if args.lantern is not None:
+        try:
+            lantern = [(checks.probability(d), checks.positive_int(k)) for d, k in (s.split(",") for s in args.lantern)]
+        except (ValueError, argparse.ArgumentTypeError):
+            raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
+    gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
+    check_model(args.model, "image model", "image")
+    checks.refuse_cuda_without_driver(args.device, "--device")
+
     from ..image_ar.bench import bench_image, default_methods
     from ..image_ar.pipeline import (
         DEFAULT_IMAGE_MODEL,
@@ -100,13 +112,6 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(args)
     check_device(args)
-    lantern = None
-    if args.lantern is not None:
-        try:
-            lantern = [(checks.probability(d), checks.positive_int(k)) for d, k in (s.split(",") for s in args.lantern)]
-        except (ValueError, argparse.ArgumentTypeError):
-            raise MMSpecError(f"--lantern settings are DELTA,K pairs such as 0.1,16; got {args.lantern}") from None
-    gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
     announce_toy(args.model, "image model")
     if args.model is None:
         announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")

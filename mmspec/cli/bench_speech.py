@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 
 from ..errors import MMSpecError
-from . import checks
-from .common import LazyChoices, SharedFlags, add_size_flag, emit, set_threads
+from . import checks, choices
+from .common import SharedFlags, add_size_flag, emit, set_threads
+from .model_checks import check_model
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -28,10 +29,10 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--batch-size", type=checks.batch_sizes, default=None, metavar="B[,B...]",
                         help="decode the clips in batches of each size (e.g. 1,4,8): plain batched generate vs mmspec's "
                              "methods that decode batches, tokens/s per batch size")
-    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+    parser.add_argument("--compute-type", choices=choices.COMPUTE_TYPES, default=None,
                         metavar="TYPE", help="precision of mmspec's rows and of the greedy reference: float32 (default), "
                                              "int8 or bfloat16")
-    parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
+    parser.add_argument("--feature-padding", choices=choices.FEATURE_PADDINGS, default=None,
                         metavar="PADDING", help="how mmspec's rows pad a clip's log-mel features to 30 s: log-mel "
                                                 "(default, as faster-whisper does) or audio (transformers' extractor)")
     parser.add_argument("--no-peers", dest="peers", action="store_false",
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
                                           ("--feature-padding", args.startup and args.feature_padding)) if value]
         if given:
             raise MMSpecError(f"{', '.join(given)} applies to the clip rows, not to {mode}")
+    check_inputs(args)
     set_threads(args)
     if args.startup:
         from ..speech.startup_bench import run_startup_bench
@@ -89,3 +91,23 @@ def run(args: argparse.Namespace) -> int:
                               feature_padding=args.feature_padding, compile=args.compile)
     emit(report, args)
     return 0
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Row names, the data folder and the model folders, checked before torch is imported."""
+    from ..speech.clip_folder import read_clip_folder
+
+    unknown = [name for name in args.rows or () if not choices.speech_bench_row(name)]
+    if unknown:
+        raise MMSpecError(f"no row {', '.join(map(repr, unknown))} in any speech bench; its rows: "
+                          f"{', '.join(choices.SPEECH_BENCH_ROWS)}, {', '.join(p + 'K' for p in choices.SPEECH_BENCH_NUMBERED_ROWS)} "
+                          "(K: a --chain length)")
+    if args.batch_size and (args.chain or args.feature_drafter is not None):  # as run_speech_bench says it
+        raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
+                          "with --batch-size")
+    if args.data is not None and args.long_audio is None:
+        read_clip_folder(args.data)
+    check_model(args.model, "ASR model", "speech")
+    for flag, value in (("fast decoder", args.fast_decoder), ("AR fast decoder", args.ar_fast_decoder)):
+        check_model(value, flag, "fast-decoder")
+    check_model(args.feature_drafter, "Whisper feature drafter", "feature-drafter")

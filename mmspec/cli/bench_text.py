@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, add_size_flag, emit, set_threads
-from .generate import DEFAULT_DRAFT_TOKENS, add_pair_args
+from .generate import DEFAULT_DRAFT_TOKENS, add_pair_args, check_pair
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -45,6 +45,9 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_pair(args)
+    if args.prompts:  # a file without a prompt fails before torch is imported
+        read_prompts(args)
     from ..bench.text import bench_text
     from ..zoo import load_causal_lm
 

@@ -8,8 +8,9 @@ import json
 from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, add_size_flag, check_device, emit, on_device, set_threads
+from .model_checks import check_model
 from .placement import add_drafter_dtype_flag
-from .tree_flag import add_tree_flag
+from .tree_flag import add_tree_flag, tree_config
 
 
 def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -49,6 +50,15 @@ def register(benches: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.set_defaults(func=run)
 
 
+def extra_drafter_parts(spec: str) -> tuple[str, str, str]:
+    """LABEL, KIND, PATH[@DTYPE] of an --extra-drafter spec, or one error (the full parse: `parse_drafter_spec`)."""
+    label, sep, rest = spec.partition("=")
+    kind, sep2, path = rest.partition(":")
+    if not (sep and sep2 and label.strip() and path.strip()) or kind.strip() not in ("msd", "flash"):
+        raise MMSpecError(f"--extra-drafter takes LABEL=KIND:PATH[@DTYPE] (KIND msd or flash), got {spec!r}")
+    return label.strip(), kind.strip(), path.strip()
+
+
 def confidence_stop(text: str) -> tuple[int, float]:
     """`K,THRESHOLD` -> (K, THRESHOLD): K >= 1 drafts at most, THRESHOLD a probability in [0, 1]."""
     parts = text.split(",")
@@ -62,6 +72,14 @@ def confidence_stop(text: str) -> tuple[int, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    for spec in args.extra_drafter:  # the shape of each spec, and the folders, before torch is imported
+        _, kind, path = extra_drafter_parts(spec)
+        stem, at, dtype = path.rpartition("@")
+        check_model(stem if at and dtype.strip() in checks.DTYPE_NAMES else path, f"{kind.upper()} drafter",
+                    "feature-drafter")
+    check_model(args.model, "model", "vlm")
+    check_model(args.drafter, "drafter", "lm")
+    checks.refuse_cuda_without_driver(args.device, "--device")
     from ..vision.bench import CaptionInput, bench_vision, bench_vision_batches
     from ..vision.feature_methods import load_checked, parse_drafter_spec
     from ..vision.pipeline import CaptionPipeline
@@ -99,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     std = tuple(args.std)
     report, extras = bench_vision(pipe.model, items, drafter=pipe.drafter_model, feature_drafters=feature,
                                   max_new_tokens=args.max_new_tokens,
-                                  num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats, tree=args.tree,
+                                  num_draft_tokens=args.num_draft_tokens, std_settings=std, repeats=args.repeats,
+                                  tree=tree_config(args.tree),
                                   confidence_stop=args.confidence_stop, lean_ablation=args.lean_ablation,
                                   compiled=args.compile, progress=not args.json,
                                   title=f"bench vision: {args.model} on {len(items)} held-out videos")

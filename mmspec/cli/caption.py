@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, folder_runs, input_probes
+from . import checks, choices, folder_runs, input_probes
 from .common import (
     IMAGE_SUFFIXES,
-    LazyChoices,
     SharedFlags,
     announce_toy,
     announce_zoo_default,
     set_threads,
     stats_json,
 )
+from .model_checks import check_model
 from .placement import add_drafter_dtype_flag, add_placement_flags, placement_options
-from .tree_flag import add_tree_flag
+from .tree_flag import add_tree_flag, tree_config
 
 TREE_METHODS = ("flash", "msd", "text")  # fastest trees first (BENCHMARKS.md)
 
@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--drafter", default=None,
                         help="drafter of the chosen method: a text LM for text (default: the model's zoo pair), a trained "
                              "drafter folder for msd / flash (default: the model folder's msd/ or flash/)")
-    parser.add_argument("--method", choices=LazyChoices("mmspec.vision.pipeline", "METHODS"), default=None, metavar="METHOD",
+    parser.add_argument("--method", choices=choices.CAPTION_METHODS, default=None, metavar="METHOD",
                         help="ar = plain decoding, text = text-only drafter, std = Sparse-to-Dense, msd / flash = trained "
                              "feature drafters (default: fastest measured)")
     parser.add_argument("--num-draft-tokens", type=checks.positive_int, default=None,
@@ -64,8 +64,9 @@ def media_kind(path: str) -> str:
     return "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES and not input_probes.is_animated_image(path) else "video"
 
 
-def probe(path: str) -> None:
-    """Refuse an empty or unreadable single input before torch is imported and the model loads."""
+def probe(path: str | Path) -> None:
+    """Refuse an empty or unreadable input before torch is imported and the model loads."""
+    path = str(path)
     if media_kind(path) == "image":
         input_probes.probe_image(path)
     elif input_probes.is_animated_image(path):
@@ -81,6 +82,14 @@ def run(args: argparse.Namespace) -> int:
         raise MMSpecError("--batch-size applies to a folder run into --out FILE.jsonl")
     if folder is None:
         probe(args.path)
+    check_flags(args, folder is not None)
+    if folder is not None and not input_probes.any_readable(folder.files, probe):  # no file to load a model for
+        return folder.run(input_probes.refusal(probe), verb="captioned", as_json=args.json)
+    check_model(args.model, "model", "vlm")
+    if args.method in ("msd", "flash") and args.drafter:
+        check_model(args.drafter, f"{args.method.upper()} drafter", "feature-drafter")
+    else:
+        check_model(args.drafter, "drafter", "lm")
 
     from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
@@ -101,15 +110,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"mmspec: method {args.method!r} (--tree: the fastest method available that drafts trees)", file=sys.stderr)
     if args.method is None:
         print(f"mmspec: method {pipe.default_method!r} (fastest lossless method available for this model)", file=sys.stderr)
-    if args.compile and args.tree is not None:
-        raise MMSpecError("--compile verifies chains; leave out --tree")
     if folder is not None:
         if args.batch_size > 1:
-            if args.compile:
-                raise MMSpecError("--compile captions one file at a time; use --batch-size 1 with --compile")
-            if args.tree is not None:
-                raise MMSpecError("--tree drafts one sequence at a time; use --batch-size 1 (or chains) "
-                                  f"with --batch-size {args.batch_size}")
             pipe.check_batches(args.method, args.batch_size)  # a method that cannot batch fails once, before any file
         return folder.run(lambda path: caption_record(pipe, str(path), args), verb="captioned", as_json=args.json,
                           batch_size=args.batch_size, records_for=lambda paths: caption_records(pipe, paths, args))
@@ -124,6 +126,18 @@ def run(args: argparse.Namespace) -> int:
         print(out.text)
         print(out.stats.summary(), file=sys.stderr)
     return 0
+
+
+def check_flags(args: argparse.Namespace, folder_run: bool) -> None:
+    """Flags that cannot go together, refused before torch is imported."""
+    if args.compile and args.tree is not None:
+        raise MMSpecError("--compile verifies chains; leave out --tree")
+    if folder_run and args.batch_size > 1:
+        if args.compile:
+            raise MMSpecError("--compile captions one file at a time; use --batch-size 1 with --compile")
+        if args.tree is not None:
+            raise MMSpecError("--tree drafts one sequence at a time; use --batch-size 1 (or chains) "
+                              f"with --batch-size {args.batch_size}")
 
 
 def tree_method(available: list[str]) -> str:
@@ -141,7 +155,7 @@ def caption_one(pipe: Any, path: str, args: argparse.Namespace, progress_bar: bo
     media = {media_kind(path): path}
     return pipe(**media, prompt=args.prompt, max_new_tokens=args.max_new_tokens, method=args.method, num_frames=args.frames,
                 fps=args.fps, do_sample=bool(args.temperature), temperature=args.temperature or 1.0,  # 0 = greedy
-                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar, tree=args.tree,
+                generator=torch.Generator().manual_seed(args.seed), progress_bar=progress_bar, tree=tree_config(args.tree),
                 compile=args.compile)
 
 

@@ -11,6 +11,7 @@ import argparse
 import errno
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -214,9 +215,19 @@ def pair_of_ints(name: str, first: str, second: str) -> Callable[[str], tuple[in
     return parse
 
 
+COMMON_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta)(:[0-9]+)?|[0-9]+")  # names torch.device takes, known here
+DEVICE_SHAPE = re.compile(r"[a-z][a-z0-9_]*(:[0-9]+)?")  # anything else torch could take has this shape
+# Files a GPU driver torch can use leaves on this machine (NVIDIA, ROCm, WSL's): with none, no CUDA GPU is usable.
+GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
 def device_name(text: str) -> str:
     """A torch device name or accelerator index (cpu, cuda, cuda:1, mps, 0); whether this machine has it is
-    checked when the verb runs (`mmspec.devices.usable_device`)."""
+    checked when the verb runs (`mmspec.devices.usable_device`). The common names are read without torch."""
+    if COMMON_DEVICE.fullmatch(text):
+        return text
+    if not DEVICE_SHAPE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (e.g. cpu, cuda, cuda:1, mps, 0)")
     import torch
 
     try:
@@ -257,3 +268,9 @@ def dtype_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(DTYPE_NAMES)} (or fp32, bf16, fp16), got {text!r}")
     return name
 
+
+def refuse_cuda_without_driver(value: str | None, what: str) -> None:
+    """`cuda` on a machine with no GPU driver at all, refused as `usable_device` says it, without importing torch
+    (which would take seconds to find the same); with a driver, `usable_device` decides."""
+    if value is not None and value.split(":")[0] == "cuda" and not any(map(os.path.exists, GPU_DRIVER_FILES)):
+        raise MMSpecError(f"{what} {value}: this machine has no CUDA GPU that torch can use")

@@ -4,7 +4,6 @@ notice, and the one JSON shape of the stats."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import warnings
@@ -48,22 +47,6 @@ class SharedFlags:
         parser = argparse.ArgumentParser(add_help=False)
         add(parser)
         return parser
-
-
-class LazyChoices:
-    """argparse `choices` read from a pipeline module, imported only when a verb's arguments are checked."""
-
-    def __init__(self, module: str, attribute: str) -> None:
-        self.module, self.attribute = module, attribute
-
-    def _values(self) -> tuple[str, ...]:
-        return tuple(getattr(importlib.import_module(self.module), self.attribute))
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._values()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values())
 
 
 def add_size_flag(parser: argparse.ArgumentParser, default: int, what: str, *old_names: str) -> None:
@@ -116,6 +99,7 @@ def set_threads(args: argparse.Namespace) -> None:
 def check_device(args: argparse.Namespace) -> None:
     """`--device` present on this machine: checked before any weights load."""
     if getattr(args, "device", None) is not None:
+        checks.refuse_cuda_without_driver(args.device, "--device")
         from ..devices import usable_device
 
         usable_device(args.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 
 from ..errors import MMSpecError
 from ..optional import ensure
@@ -21,6 +22,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise MMSpecError(f"--port must be in 1..65535, got {args.port}")
+    check_address(args.host, args.port)  # before gradio is imported (seconds): a bad address fails at once
     ensure("gradio", "demo", "the demo")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # a local demo does not report usage
     from ..demo import launch
@@ -32,3 +34,20 @@ def run(args: argparse.Namespace) -> int:
         reason = str(error).strip().splitlines()[0].split(". ")[0]
         raise MMSpecError(f"cannot serve on {args.host}:{args.port}: {reason} (pick another --port)") from None
     return 0
+
+
+def check_address(host: str, port: int) -> None:
+    """`host` resolves, and a server socket can bind `host:port` here (the address is this machine's, the port free)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError, OSError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise MMSpecError(f"cannot serve on {host}:{port}: {host!r} is not an address or host name this machine "
+                          f"resolves ({reason})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: a closed earlier run's port is free
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise MMSpecError(f"cannot serve on {host}:{port}: {error.strerror or error} (pick another --host or "
+                              "--port)") from None

@@ -9,6 +9,7 @@ import sys
 from ..errors import MMSpecError
 from . import checks
 from .common import SharedFlags, announce_toy, set_threads, stats_json
+from .model_checks import check_model
 
 DEFAULT_DRAFT_TOKENS = 5
 
@@ -34,7 +35,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (lossless)")
     parser.add_argument("--temperature", type=checks.non_negative_float, default=1.0, help="with --sample; 0 = greedy")
     parser.add_argument("--top-k", type=checks.positive_int, default=None)
-    parser.add_argument("--top-p", type=checks.probability, default=None)
+    parser.add_argument("--top-p", type=checks.open_probability, default=None, help="nucleus mass in (0, 1]")
     parser.add_argument("--compile", action="store_true",
                         help="the static-shape compiled path (static caches, fixed-width steps, torch.compile): the "
                              "same output; compiling takes a while on every run, so it pays for long outputs only")
@@ -71,7 +72,17 @@ def draft_policy(args: argparse.Namespace):
     return make_policy(args.policy or "fixed", args.num_draft_tokens or DEFAULT_DRAFT_TOKENS)
 
 
+def check_pair(args: argparse.Namespace) -> None:
+    """The target and drafter names, checked before torch is imported (shared with `bench text`)."""
+    check_model(args.model, "target", "lm")
+    if args.drafter != "prompt-lookup":
+        check_model(args.drafter, "drafter", "lm")
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        raise MMSpecError("the prompt is empty")
+    check_pair(args)
     import torch
 
     from ..decoding import speculative_generate
@@ -80,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(args)
     announce_toy(args.model, "language model")
-    if not args.prompt.strip():
-        raise MMSpecError("the prompt is empty")
     target, tokenizer = load_causal_lm(args.model, "target")
     if tokenizer is None:
         raise MMSpecError(f"{args.model!r} has no tokenizer; `mmspec generate` needs one to read the prompt")

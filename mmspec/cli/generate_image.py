@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, common
+from . import checks, choices, common, image_families
 from .atomic import atomic_write
+from .model_checks import check_model
 
 
 def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) -> None:
@@ -22,7 +23,7 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
                         "free text for a text-to-image model (Janus)")
     parser.add_argument("--model", default=None, help="zoo name, local folder or Hub id: LlamaGen-style, Janus or a saved "
                         "VAR pipeline such as shapes-var, or a saved MAR pipeline such as shapes-mar (default: the toy shapes-image-ar)")
-    parser.add_argument("--method", choices=common.LazyChoices("mmspec.image_ar.pipeline", "IMAGE_METHODS"), default=None,
+    parser.add_argument("--method", choices=choices.IMAGE_METHODS, default=None,
                         metavar="METHOD", help="ar = plain sampling, sd = drafter (lossless), sjd = Jacobi (lossless), "
                         "gsd / lantern = relaxed; VAR models: ar = the large VAR alone, code = CoDe (large drafts the "
                         "first scales, the small refiner the rest); MAR models: ar = the target MAR alone, cspd = continuous "
@@ -49,7 +50,7 @@ def register(commands: argparse._SubParsersAction, flags: common.SharedFlags) ->
     parser.add_argument("--out", default=None, help="image file to write (default: <class>.png)")
     # Method options: when not given, the model card's values (gsd_defaults / lantern_defaults), else the authors'.
     suppress = argparse.SUPPRESS
-    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.finite_float, default=suppress, metavar="DELTA",
+    parser.add_argument("--lantern-delta", dest="lantern_delta", type=checks.probability, default=suppress, metavar="DELTA",
                         help="LANTERN: budget in [0, 1] on the total variation between p and each candidate's boosted p "
                         "(not a bound on the output law; default: the model card's)")
     parser.add_argument("--lantern-k", dest="lantern_k", type=checks.positive_int, default=suppress, metavar="K",
@@ -92,6 +93,11 @@ def check_output(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.out:  # before torch is imported and the model loads: a path that cannot be written fails now
         check_output(args.out)
+    check_model(args.model, "image model", "image")
+    checks.refuse_cuda_without_driver(args.device, "--device")
+    early = image_families.image_family(args.model or image_families.DEFAULT_IMAGE_MODEL)
+    if early is not None:  # flags of another family fail before torch is imported
+        family_options(args, early, args.model or image_families.DEFAULT_IMAGE_MODEL)
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
@@ -168,23 +174,20 @@ def method_records(stats: Any) -> dict[str, Any]:
 def family_options(args: argparse.Namespace, family: str, name: str) -> dict:
     """The method options given on the command line (the rest come from the model card, else the authors'),
     for a model of `family`; flags of another family are refused in one line."""
-    from ..image_ar.mar_pipeline import MAR_METHODS
-    from ..image_ar.var_pipeline import VAR_METHODS
-
     checks.refuse_per_scale_temperature(args.temperature, family, name)
     options = {option: getattr(args, option) for option in IMAGE_METHOD_OPTIONS if hasattr(args, option)}
     if family == "var":
         if options:
             flags = ", ".join("--" + option.replace("_", "-") for option in options)
             raise MMSpecError(f"{flags}: options of LlamaGen-style methods; {name!r} is a VAR model "
-                              f"(methods {', '.join(VAR_METHODS)})")
+                              f"(methods {', '.join(image_families.VAR_METHODS)})")
         options = {"draft_scales": args.draft_scales}
     elif family == "mar":
         flags = list(options) + [flag for flag in ("draft_scales", "top_p") if getattr(args, flag) is not None]
         if flags:
             flags = ", ".join("--" + option.replace("_", "-") for option in flags)
             raise MMSpecError(f"{flags}: not options of MAR; {name!r} is a MAR model "
-                              f"(methods {', '.join(MAR_METHODS)}; --num-iter, --draft-steps)")
+                              f"(methods {', '.join(image_families.MAR_METHODS)}; --num-iter, --draft-steps)")
         options = {"num_iter": args.num_iter, "num_draft": args.draft_steps}
     elif args.draft_scales is not None:
         raise MMSpecError(f"--draft-scales applies to VAR models (method code); {name!r} is not one")

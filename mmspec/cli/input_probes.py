@@ -9,6 +9,7 @@ images; neither imports torch) and fail with the messages the full readers (`mms
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,41 @@ def probe_audio(path: str | Path) -> None:
         with container:
             if not container.streams.audio:
                 raise MMSpecError(f"{str(path)!r} has no audio track")
-            if _first_frame(container, container.streams.audio[0]) is None:
+            stream = container.streams.audio[0]
+            if _first_frame(container, stream) is None:
                 raise MMSpecError(f"audio {str(path)!r} holds no samples")
+            rate, seconds = stream.sample_rate, _claimed_seconds(container, stream, av.time_base)
     except MMSpecError:
         raise
     except Exception as err:  # codec errors, truncated files
         raise MMSpecError(f"cannot read audio {str(path)!r}: {_reason(err)}") from err
+    _probe_audio_content(path, rate, seconds)
+
+
+MIN_AUDIO_S = 0.2  # mmspec.speech.pipeline.MIN_AUDIO_S (a test keeps them equal)
+WHOLE_READ_S = 120.0  # a file that says it is this short (or does not say, and is small) is decoded whole here
+WHOLE_READ_BYTES = 16 << 20
+
+
+def _claimed_seconds(container: Any, stream: Any, time_base: int) -> float | None:
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    return container.duration / time_base if container.duration is not None else None
+
+
+def _probe_audio_content(path: Path, rate: int | None, seconds: float | None) -> None:
+    """What only the samples tell (a header claiming an absurd rate, float samples far outside [-1, 1], NaN, a
+    clip too short for speech), with the full reader's messages: a short file is decoded whole (milliseconds),
+    a long one only has its rate checked (the transcription reads it once, later)."""
+    from ..speech.audio import DEFAULT_SAMPLING_RATE, MIN_FILE_RATE, load_audio
+
+    short = seconds <= WHOLE_READ_S if seconds is not None else path.stat().st_size <= WHOLE_READ_BYTES
+    if not short and not (rate and rate < MIN_FILE_RATE):
+        return
+    samples = load_audio(path, DEFAULT_SAMPLING_RATE)  # refuses a broken rate before decoding anything
+    duration = samples.shape[0] / DEFAULT_SAMPLING_RATE
+    if duration < MIN_AUDIO_S:  # as mmspec.speech.pipeline.check_duration says it
+        raise MMSpecError(f"audio {str(path)!r} lasts {duration:.2f} s: too short to hold speech (at least {MIN_AUDIO_S} s)")
 
 
 def _first_frame(container: Any, stream: Any) -> Any:
@@ -96,3 +126,24 @@ def _first_frame(container: Any, stream: Any) -> Any:
         return frame
     return None
 
+
+
+def any_readable(files: list[Path], probe: Callable[[Path], None]) -> bool:
+    """Whether some file passes `probe` (stops at the first that does): when none does, a folder run needs no model."""
+    for path in files:
+        try:
+            probe(path)
+        except MMSpecError:
+            continue
+        return True
+    return False
+
+
+def refusal(probe: Callable[[Path], None]) -> Callable[[Path], Any]:
+    """A folder run's per-file step when no file was readable: the file's probe error (read again, as it is now)."""
+
+    def step(path: Path) -> Any:
+        probe(path)
+        raise MMSpecError(f"{str(path)!r} changed while mmspec read it: run again")
+
+    return step

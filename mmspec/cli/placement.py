@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
                "drafter_device": args.drafter_device}
     if all(value is None for value in options.values()):
         return {}  # nothing to check: torch is not imported yet, so a bad input file is still refused at once
+    if args.drafter_device is not None and args.device_map is None and args.max_memory is None:
+        raise MMSpecError("--drafter-device places the drafter of a model spread by --device-map / --max-memory")
+    checks.refuse_cuda_without_driver(args.drafter_device, "--drafter-device")
     from ..devices import load_options
 
     load_options(None, args.device_map, args.max_memory, args.offload_folder)  # combinations: one clear error
-    if args.drafter_device is not None and args.device_map is None and args.max_memory is None:
-        raise MMSpecError("--drafter-device places the drafter of a model spread by --device-map / --max-memory")
     if args.drafter_device is not None:  # present on this machine, before any weights load
         from ..devices import usable_device
 
@@ -63,6 +65,9 @@ def device_map(text: str) -> str | dict[str, Any]:
         mapping = json.loads(Path(text).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {error}") from None
+    if not isinstance(mapping, dict) or not mapping:  # as mmspec.devices says it, before torch is imported
+        raise argparse.ArgumentTypeError(f"device_map must be a strategy ({', '.join(STRATEGIES)}) or a non-empty "
+                                         f"{{module name: device}} dict, got {mapping!r}")
     from ..devices import check_device_map
 
     return _checked(check_device_map, mapping)
@@ -78,10 +83,23 @@ def max_memory(text: str) -> dict[Any, str]:
         key = int(name) if name.isdigit() else name
         if key in sizes:
             raise argparse.ArgumentTypeError(f"{name} is given twice in {text!r}")
+        if not _positive_size(size):  # as mmspec.devices says it, before torch is imported
+            raise argparse.ArgumentTypeError(f"max_memory[{key!r}]: {size!r} is not a size (bytes, or e.g. 200MB, 2GiB)")
         sizes[key] = size
     from ..devices import check_max_memory
 
     return _checked(check_max_memory, sizes)
+
+
+def _positive_size(size: str) -> bool:
+    """False for a size whose number is not a finite number > 0 (-1GB, 1e999GB, 0); True otherwise (accelerate's
+    own parser then reads the unit)."""
+    digits = size.upper().rstrip("IBKMGT") or size
+    try:
+        number = float(digits)
+    except ValueError:
+        return True  # not a number this reads: accelerate decides
+    return math.isfinite(number) and number > 0
 
 
 def _checked(check: Callable[[Any], Any], value: Any) -> Any:

@@ -3,9 +3,8 @@
     python -m mmspec.cli.reference > docs/cli.md
 
 Walks `build_parser()`: every verb and sub-verb, every flag with its help, default and choices.
-Building the parsers loads no model; `--method`-style choices that live in a pipeline module are read
-from that module (it imports torch, never weights). `tests/test_cli_reference.py` fails when docs/cli.md
-is not what this prints.
+Building the parsers loads no model and imports no torch. `tests/test_cli_reference.py` fails when
+docs/cli.md is not what this prints.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import sys
 from collections.abc import Iterator
 
 from . import build_parser
-from .common import LazyChoices
 
 HEADER = """# CLI reference
 
@@ -100,18 +98,8 @@ def _section(path: str, summary: str, parser: argparse.ArgumentParser, level: in
     return lines
 
 
-def _resolve_lazy_choices(parser: argparse.ArgumentParser) -> None:
-    """Choices read from a pipeline module, listed as values (the module imports torch, loads no model)."""
-    for action in parser._actions:
-        if isinstance(action.choices, LazyChoices):
-            action.choices = list(action.choices)
-    for _, _, child in _subcommands(parser):
-        _resolve_lazy_choices(child)
-
-
 def reference() -> str:
     parser = build_parser()
-    _resolve_lazy_choices(parser)
     return HEADER + "\n" + "\n".join(_section("mmspec", "", parser, 2)).rstrip() + "\n"
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from ..errors import MMSpecError
 from . import checks
+from .choices import DISTILL_FORMAT
 from .common import SharedFlags, set_threads
+from .model_checks import check_model
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -45,14 +47,17 @@ def check_data_folder(folder: str) -> None:
         raise MMSpecError(f"{meta} is not valid JSON ({error})") from None
     if not isinstance(metadata, dict):
         raise MMSpecError(f"{meta} must hold a JSON object, got a {type(metadata).__name__}")
+    if metadata.get("format") != DISTILL_FORMAT:
+        raise MMSpecError(f"{folder} is not mmspec distillation data (format {metadata.get('format')!r})")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vision.drafter_training import train_drafter
-
     if args.resume and not any((Path(args.out) / "checkpoints").glob("step-*.pt")):
         raise MMSpecError(f"--resume: nothing to resume in {args.out} (no checkpoints/step-*.pt); leave out --resume to start")
     check_data_folder(args.data)
+    check_model(args.target, "target", "vlm")
+    from ..vision.drafter_training import train_drafter
+
     set_threads(args)
     train_drafter(args.target, args.kind, args.data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                   warmup=args.warmup, noise_std=args.noise_std, curriculum=args.curriculum, text_fraction=args.text_fraction,

@@ -6,6 +6,7 @@ import argparse
 
 from . import checks
 from .common import SharedFlags, set_threads
+from .model_checks import check_model
 
 
 def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
@@ -29,6 +30,11 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..speech.clip_folder import read_clip_folder
+
+    read_clip_folder(args.data)  # the data and the models, checked before torch is imported
+    check_model(args.target, "target", "speech")
+    check_model(args.init_from, "fast decoder", "fast-decoder")
     from ..speech.train_fast import train_from_folder
 
     set_threads(args)

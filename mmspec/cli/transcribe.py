@@ -21,12 +21,14 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
-from . import checks, folder_runs, input_probes, outputs
-from .common import LazyChoices, SharedFlags, set_threads, stats_json
+from . import checks, choices, folder_runs, input_probes, outputs
+from .common import SharedFlags, set_threads, stats_json
+from .model_checks import check_model
 from .placement import add_placement_flags, placement_options
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
@@ -42,15 +44,15 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                              "(default: whisper-tiny.en)")
     parser.add_argument("--fast-decoder", default=None,
                         help="ctc, ar, or a fast decoder folder (default: the model folder's fast_decoder/, else ar_fast_decoder/)")
-    parser.add_argument("--method", choices=LazyChoices("mmspec.speech.pipeline", "METHODS"), default=None, metavar="METHOD",
+    parser.add_argument("--method", choices=choices.TRANSCRIBE_METHODS, default=None, metavar="METHOD",
                         help="ar = plain greedy decoding, hybrid = fast draft + verification (default: hybrid if a fast "
                              "decoder exists, else ar)")
-    parser.add_argument("--mode", choices=LazyChoices("mmspec.speech.hybrid", "MODES"), default="strict", metavar="MODE",
+    parser.add_argument("--mode", choices=choices.HYBRID_MODES, default="strict", metavar="MODE",
                         help="strict = identical to greedy decoding; relaxed = accept highly ranked drafts (hybrid only)")
-    parser.add_argument("--compute-type", choices=LazyChoices("mmspec.speech.precision", "COMPUTE_TYPES"), default=None,
+    parser.add_argument("--compute-type", choices=choices.COMPUTE_TYPES, default=None,
                         metavar="TYPE", help="float32 (default), int8 (int8 products in the encoder and decoder layers; "
                                              "CPU) or bfloat16; hybrid strict equals greedy decoding at that precision")
-    parser.add_argument("--feature-padding", choices=LazyChoices("mmspec.speech.features", "FEATURE_PADDINGS"), default=None,
+    parser.add_argument("--feature-padding", choices=choices.FEATURE_PADDINGS, default=None,
                         metavar="PADDING", help="how a window's log-mel features are padded to 30 s: log-mel (default; "
                                                 "openai-whisper's and faster-whisper's zero frames) or audio "
                                                 "(transformers' feature extractor: zero samples)")
@@ -65,7 +67,7 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="long audio: each window's decoder prompt starts with the text decoded so far (as "
                              "faster-whisper's default long-form transcription); windows are then decoded in order, "
                              "and each is still greedy decoding given its prompt")
-    parser.add_argument("--format", choices=LazyChoices("mmspec.speech.subtitles", "FORMATS"), default=None, metavar="FORMAT",
+    parser.add_argument("--format", choices=choices.TRANSCRIPT_FORMATS, default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
                         help="output file, written atomically (default: stdout); for a folder of audio: the output folder "
@@ -112,6 +114,14 @@ def run(args: argparse.Namespace) -> int:
         (outputs.check_folder if source.is_dir() else outputs.check_file)(args.out)
     if not source.is_dir() and jsonl is None:  # an empty or corrupt file fails now, before torch is imported
         input_probes.probe_audio(source)
+    if (source.is_dir() or jsonl is not None) and not input_probes.any_readable(
+            jsonl.files if jsonl is not None else files, input_probes.probe_audio):  # every file fails: no model needed
+        if jsonl is not None:
+            return jsonl.run(input_probes.refusal(input_probes.probe_audio), verb="transcribed", as_json=args.json)
+        return transcribe_folder(input_probes.refusal(input_probes.probe_audio), files, Path(args.out), fmt, args)
+    check_model(args.model, "ASR model", "speech")
+    if args.fast_decoder not in (None, "ctc", "ar"):
+        check_model(args.fast_decoder, "fast decoder", "fast-decoder")
     started = time.perf_counter()
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
@@ -142,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{out.stats.summary()}; encoder {out.encoder_time_s * 1e3:.0f} ms; {out.decoder_passes} decoder passes over "
               f"{len(out.chunks)} chunk(s)", file=sys.stderr)
         return 0
-    return transcribe_folder(pipe, files, Path(args.out), fmt, args)
+    return transcribe_folder(lambda path: transcribe_one(pipe, path, args, progress=True), files, Path(args.out), fmt, args)
 
 
 def audio_files(folder: Path) -> list[Path]:
@@ -228,8 +238,9 @@ def emit(out: Any, fmt: str, destination: str | None, source: Path, **extra: Any
         print(f"mmspec: wrote {destination}", file=sys.stderr)
 
 
-def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, args: argparse.Namespace) -> int:
-    """Each file on its own: a failure is reported for that file and the rest still run."""
+def transcribe_folder(transcribe: Callable[[Path], Any], files: list[Path], out_dir: Path, fmt: str,
+                      args: argparse.Namespace) -> int:
+    """Each file on its own (`transcribe(path)`): a failure is reported for that file and the rest still run."""
     from ..speech.subtitles import write_atomically
 
     if out_dir.exists() and not out_dir.is_dir():
@@ -241,7 +252,7 @@ def transcribe_folder(pipe: Any, files: list[Path], out_dir: Path, fmt: str, arg
         print(f"mmspec: [{index}/{len(files)}] {outputs.printable(path.name)}", file=sys.stderr)
         target = out_dir / names[path]
         try:
-            out = transcribe_one(pipe, path, args, progress=True)
+            out = transcribe(path)
             write_atomically(target, rendered(out, fmt, path))
             results.append({"file": str(path), "output": str(target), "error": None})
         except MMSpecError as error:

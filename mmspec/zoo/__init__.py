@@ -114,15 +114,57 @@ def resolve(name_or_path: str | os.PathLike, role: str = "model") -> str:
     return text
 
 
-def derived_path(entry: ZooEntry, found: list[ZooEntry]) -> Path:
-    """The folder of a zoo model that is a part of another one (its card's `derived_from`; see `derived`)."""
-    from .derived import derived_folder
+def check(name_or_path: str | os.PathLike, role: str = "model") -> Path | None:
+    """What `resolve` refuses, found without torch, without building a derived model and without asking the
+    network: a card that is not JSON or names paths outside its folder, a derived model whose parent or part is
+    missing, a pickle-only folder, a path that is not there, an id that is no zoo model and not in the Hub cache
+    offline. Returns the local folder the name stands for (a zoo model's own, for a derived one the folder
+    holding its card), else None (a Hub id)."""
+    from . import hub
 
+    text = str(name_or_path)
+    found = entries()
+    for entry in found:
+        if entry.name == text:
+            if "derived_from" in entry.card:
+                check_derived(entry, found)
+            return entry.path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        card = folder_card(path)
+        if "derived_from" in card:
+            check_derived(ZooEntry(name=path.name, path=path, card=card), found)
+        else:
+            hub.refuse_pickle_only(path, role)
+        return path
+    missing = not_installed(text, role)
+    if missing is not None:
+        raise missing
+    hub.check_hub_id(text, role, f"not a zoo model (known: {known_names()})", ask=False)
+    return None
+
+
+def check_derived(entry: ZooEntry, found: list[ZooEntry]) -> None:
+    """`derived_path`'s refusals, without building the model."""
+    from .derived import check_spec
+
+    check_spec(entry.name, entry.path, entry.card["derived_from"], parent_of(entry, found))
+
+
+def parent_of(entry: ZooEntry, found: list[ZooEntry]) -> Path:
+    """The folder of the zoo model a derived entry comes from (its card's `derived_from.model`)."""
     spec = entry.card["derived_from"]
     parent = next((e for e in found if isinstance(spec, dict) and e.name == spec.get("model")), None)
     if parent is None:
         raise MMSpecError(f"zoo model {entry.name!r} is derived from {spec!r}, which is not in the zoo")
-    return derived_folder(entry.name, entry.path, spec, parent.path)
+    return parent.path
+
+
+def derived_path(entry: ZooEntry, found: list[ZooEntry]) -> Path:
+    """The folder of a zoo model that is a part of another one (its card's `derived_from`; see `derived`)."""
+    from .derived import derived_folder
+
+    return derived_folder(entry.name, entry.path, entry.card["derived_from"], parent_of(entry, found))
 
 
 def known_names() -> str:

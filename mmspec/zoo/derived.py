@@ -52,21 +52,41 @@ def cache_root() -> Path:
 
 def derived_folder(name: str, folder: Path, spec: dict[str, Any], parent: Path) -> Path:
     """The folder a derived zoo entry `name` loads from; `folder` holds its card, `parent` the model it comes from."""
+    check_spec(name, folder, spec, parent)
+    if "folder" in spec:
+        return parent / str(spec["folder"])
+    if spec.get("language_model"):
+        return language_model_folder(name, folder, parent, spec["vocab_size"])
+    return overlay_folder(name, folder, parent, spec)
+
+
+def check_spec(name: str, folder: Path, spec: dict[str, Any], parent: Path) -> None:
+    """Every refusal of a card's `derived_from` that needs no build (nor torch): paths outside their folder, a
+    missing part, a bad vocab_size, a missing overlay; run by `derived_folder`, and by the CLI before it imports
+    torch."""
     check_paths(name, folder, spec, parent)
     if "folder" in spec:
         part = parent / str(spec["folder"])
         if not any(part.glob("*.safetensors")):
             raise MMSpecError(f"zoo model {name!r} is the folder {spec['folder']!r} of {spec['model']!r}, which has no "
                               f"weights in {part}")
-        return part
+        return
     if spec.get("language_model"):
         vocab_size = spec.get("vocab_size")
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
             raise MMSpecError(f"the model card of {name!r}: derived_from.vocab_size must be an integer >= 1 (the rows "
                               f"of the language model kept), got {vocab_size!r}")
-        return language_model_folder(name, folder, parent, vocab_size)
+        parent_weights(name, parent)
+        return
     if "overlay" in spec:
-        return overlay_folder(name, folder, parent, spec)
+        parent_weights(name, parent)
+        if not (folder / str(spec["overlay"])).is_file() or not (folder / "config.json").is_file():
+            raise MMSpecError(f"zoo model {name!r} is an overlay on {parent.name!r}, but {folder} lacks "
+                              f"{spec['overlay']} or config.json")
+        missing = [f for f in map(str, spec.get("folders", [])) if not (parent / f / "config.json").is_file()]
+        if missing:
+            raise MMSpecError(f"zoo model {name!r} brings the folders {missing} of {parent.name!r}, which has none")
+        return
     raise MMSpecError(f"the model card of {name!r} has a derived_from without 'folder', 'language_model' or "
                       f"'overlay': {spec}")
 
@@ -113,19 +133,13 @@ def language_model_folder(name: str, folder: Path, parent: Path, vocab_size: int
 def overlay_folder(name: str, folder: Path, parent: Path, spec: dict[str, Any]) -> Path:
     """The cached folder of `parent` with `folder`'s config and overlay merged in, written first if missing."""
     weights = parent_weights(name, parent)
-    overlay = folder / str(spec["overlay"])
-    if not overlay.is_file() or not (folder / "config.json").is_file():
-        raise MMSpecError(f"zoo model {name!r} is an overlay on {parent.name!r}, but {folder} lacks "
-                          f"{spec['overlay']} or config.json")
+    overlay = folder / str(spec["overlay"])  # there, with config.json (`check_spec`)
     parent_digest = file_digest(weights).hexdigest()
     if spec.get("parent_sha256") and spec["parent_sha256"] != parent_digest:
         raise MMSpecError(f"zoo model {name!r} is an overlay trained on other weights of {parent.name!r} than the "
                           f"installed ones (sha256 {parent_digest[:12]}..., the overlay's {spec['parent_sha256'][:12]}...): "
                           "rebuild it with its card's rebuild_command")
-    folders = [str(f) for f in spec.get("folders", [])]
-    missing = [f for f in folders if not (parent / f / "config.json").is_file()]
-    if missing:
-        raise MMSpecError(f"zoo model {name!r} brings the folders {missing} of {parent.name!r}, which has none")
+    folders = [str(f) for f in spec.get("folders", [])]  # each with a config.json (`check_spec`)
     digest = file_digest(folder / "config.json", file_digest(overlay))
     digest.update(f"{parent_digest} {folders}".encode())
     return cached_build(name, digest.hexdigest(),

@@ -61,8 +61,10 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def check_hub_id(text: str, role: str, not_zoo: str) -> None:
-    """Pass a Hub id that can load without a long wait; else raise one line that says why and what to do."""
+def check_hub_id(text: str, role: str, not_zoo: str, ask: bool = True) -> None:
+    """Pass a Hub id that can load without a long wait; else raise one line that says why and what to do.
+
+    `ask=False`: no network question (an id neither cached nor refused offline passes; asked later)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     start = f"cannot load the {role} {text!r}: {not_zoo}"
@@ -78,7 +80,7 @@ def check_hub_id(text: str, role: str, not_zoo: str) -> None:
     if offline():
         raise MMSpecError(f"{start}, not a folder, and not in the local Hub cache (HF_HUB_OFFLINE is set: download it "
                           "first, or pass a local folder)")
-    reason = _ask_hub(text)
+    reason = _ask_hub(text) if ask else None
     if reason is not None:
         raise MMSpecError(f"{start}, not a folder, not in the local Hub cache, and the Hub {reason} (offline? set "
                           "HF_HUB_OFFLINE=1 and pass a local folder)")
