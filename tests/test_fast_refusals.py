@@ -196,6 +196,10 @@ def test_the_speech_bench_row_names_cover_the_bench():
     assert all(choices.speech_bench_row(PEER_PREFIX + compute_type) for compute_type in PEER_COMPUTE_TYPES)
     assert choices.speech_bench_row("hybrid-strict-ar-chain4") and choices.speech_bench_row("feature-chain12")
     assert not choices.speech_bench_row("feature-chain0") and not choices.speech_bench_row("nope")
+    from mmspec.speech.bench_compiled import SUFFIX, TWINNED_ROWS
+
+    assert (choices.SPEECH_BENCH_COMPILED_ROWS, choices.SPEECH_BENCH_COMPILED_SUFFIX) == (TWINNED_ROWS, SUFFIX)
+    assert choices.speech_bench_row("greedy-loop compiled") and not choices.speech_bench_row("plain-greedy compiled")
     source = (Path(__file__).parents[1] / "speech" / "bench.py").read_text()
     for name in choices.SPEECH_BENCH_ROWS:  # every listed row is one the bench names
         assert name == REFERENCE or name.startswith(PEER_PREFIX) or f'"{name}"' in source, name

@@ -101,7 +101,8 @@ def check_inputs(args: argparse.Namespace) -> None:
     if unknown:
         raise MMSpecError(f"no row {', '.join(map(repr, unknown))} in any speech bench; its rows: "
                           f"{', '.join(choices.SPEECH_BENCH_ROWS)}, {', '.join(p + 'K' for p in choices.SPEECH_BENCH_NUMBERED_ROWS)} "
-                          "(K: a --chain length)")
+                          "(K: a --chain length); with --compile also "
+                          f"{', '.join(r + choices.SPEECH_BENCH_COMPILED_SUFFIX for r in choices.SPEECH_BENCH_COMPILED_ROWS)}")
     if args.batch_size and (args.chain or args.feature_drafter is not None):  # as run_speech_bench says it
         raise MMSpecError("the --chain and --feature-drafter rows decode one recording at a time: they do not combine "
                           "with --batch-size")

@@ -26,11 +26,16 @@ SPEECH_BENCH_ROWS = ("plain-greedy", "greedy-loop", "hybrid-strict", "hybrid-rel
                      "hybrid-strict-ar-f32head", "hybrid-strict-ar-whole", "hybrid-strict-ar-redraft", "hf-assisted-ar",
                      "faster-whisper-float32", "faster-whisper-int8")
 SPEECH_BENCH_NUMBERED_ROWS = ("hybrid-strict-ar-chain", "feature-chain")  # followed by the --chain length
+# mmspec.speech.bench_compiled.TWINNED_ROWS / SUFFIX: the rows `--compile` adds a compiled twin of, and its suffix
+SPEECH_BENCH_COMPILED_ROWS = ("greedy-loop", "hybrid-strict", "hybrid-strict-ar")
+SPEECH_BENCH_COMPILED_SUFFIX = " compiled"
 
 
 def speech_bench_row(name: str) -> bool:
     """Whether `name` is a row some model could have in `mmspec bench speech`."""
     if name in SPEECH_BENCH_ROWS:
+        return True
+    if name.endswith(SPEECH_BENCH_COMPILED_SUFFIX) and name[:-len(SPEECH_BENCH_COMPILED_SUFFIX)] in SPEECH_BENCH_COMPILED_ROWS:
         return True
     return any(re.fullmatch(re.escape(prefix) + r"[1-9][0-9]*", name) for prefix in SPEECH_BENCH_NUMBERED_ROWS)
 
