@@ -31,7 +31,9 @@ row by row (`row_attention`, registered with transformers' `AttentionInterface`,
 query row is one SDPA call over exactly the keys it may see, the very call greedy decoding makes when it
 reaches that position. Every decoder row then comes out bit for bit as in one-token-at-a-time decoding,
 whatever the verification batches together; only the head's near-ties (float32 rounding of the last
-product, as at float32) remain. A bfloat16 model's products were found row-independent on this CPU too,
+product, as at float32) remain. A prefill is the exception: the prompt's rows attend in one call, which
+greedy decoding's own prefill makes too (drafts never join a prefill at these compute types).
+A bfloat16 model's products were found row-independent on this CPU too,
 The bfloat16 products, unlike int8's, round differently with the number of rows (a 10-row product of
 the decoder's layers differed from ten 1-row ones in the last bit; an output head over bfloat16 logits,
 8 bits, then turned ties the other way on 2 of 22 tiny.en clips). So a bfloat16 decoder attends row by
@@ -195,16 +197,30 @@ def reference_row_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch
 ROW_ATTENTION = "mmspec_row_sdpa"
 
 
+_prefill = threading.local()  # whether the decoder forward now running is a prefill (`row_attention`)
+
+
 def row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, **kwargs: object) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention, one query row at a time in a decoder (see the module docstring); the
-    encoder's attention, and any single-row call, is plain SDPA."""
+    encoder's attention, any single-row call and a decoder prefill are plain SDPA.
+
+    A prefill (a forward whose self-attention has no past: as many keys as query rows) attends in one call:
+    its rows are the prompt, which greedy decoding feeds in one forward too, so both make this same call
+    (drafts never join a prefill at these compute types: `WhisperTarget.drafts_can_join_prefill`). Row by
+    row, a prompt of a few hundred tokens (the previous text of long audio) cost more than all its decoding.
+    The cross-attention of a layer follows its self-attention in the same forward: it reads the flag the
+    self-attention left."""
     rows = query.shape[2]
-    if rows == 1 or not getattr(module, "is_decoder", False):
+    if not getattr(module, "is_decoder", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # type: ignore[arg-type]
     causal = kwargs.pop("is_causal", None)
     causal = getattr(module, "is_causal", True) if causal is None else causal
     keys = key.shape[2]
+    if causal:
+        _prefill.active = keys == rows
+    if rows == 1 or getattr(_prefill, "active", False):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, is_causal=causal, **kwargs)  # type: ignore[arg-type]
     outputs = []
     for row in range(rows):
         seen = keys - rows + row + 1 if causal else keys  # the keys this row's position may attend to

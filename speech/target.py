@@ -260,6 +260,16 @@ class WhisperTarget(Target):
             raise MMSpecError(f"cross-attention keys/values for {len(keys_values)} layers, the decoder has {layers}")
         self._cross_attention = (encoder_states, keys_values)
 
+    def drafts_can_join_prefill(self, drafts: torch.Tensor, model_inputs: dict[str, Any]) -> bool:
+        """Not when the decoder attends row by row (int8, bfloat16: `precision.row_attention`): its prefill attends in
+        one call, as greedy decoding's does, so draft rows beside the prompt would round differently from greedy's
+        one-token steps; they are scored in the next forward, row by row."""
+        from .precision import ROW_ATTENTION  # (the attention is registered with transformers on import)
+
+        if getattr(self.model.config, "_attn_implementation", None) == ROW_ATTENTION:
+            return False
+        return super().drafts_can_join_prefill(drafts, model_inputs)
+
     def _start_sequence(self, sequence: torch.LongTensor, num_logits: int = 1, **model_inputs: Any) -> Any:
         given, self._cross_attention = self._cross_attention, None
         outputs = model_inputs.get("encoder_outputs")
