@@ -33,7 +33,6 @@ reaches that position. Every decoder row then comes out bit for bit as in one-to
 whatever the verification batches together; only the head's near-ties (float32 rounding of the last
 product, as at float32) remain. A prefill is the exception: the prompt's rows attend in one call, which
 greedy decoding's own prefill makes too (drafts never join a prefill at these compute types).
-A bfloat16 model's products were found row-independent on this CPU too,
 The bfloat16 products, unlike int8's, round differently with the number of rows (a 10-row product of
 the decoder's layers differed from ten 1-row ones in the last bit; an output head over bfloat16 logits,
 8 bits, then turned ties the other way on 2 of 22 tiny.en clips). So a bfloat16 decoder attends row by
