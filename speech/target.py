@@ -43,7 +43,6 @@ from transformers.modeling_outputs import BaseModelOutput
 from ..cached_model import cache_argument
 from ..devices import input_device
 from ..errors import MMSpecError
-from ..static_target import register_static_target
 from ..targets import Target, register_target
 
 TASKS = ("transcribe", "translate")
@@ -324,12 +323,4 @@ class WhisperTarget(Target):
         return super().build_logits_processors(config, prompt_length, [*own, *self.extra_processors, *user_processors])
 
 
-def static_whisper_target(target: Target, widths: tuple[int, ...], backend: str) -> Target:
-    """`compile=True`'s target for a Whisper model (`speech/static_target.py`, imported when first used)."""
-    from .static_target import static_whisper_target as make
-
-    return make(target, widths, backend)
-
-
 register_target("whisper", WhisperTarget)
-register_static_target("whisper", static_whisper_target)

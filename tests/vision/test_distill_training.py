@@ -158,7 +158,7 @@ def test_cli_trains_a_drafter(target_dir, data_dir, tmp_path, capsys):
     ("missing-data", "argument --data: folder not found"),
     ("empty-data", "no metadata.json"),
     ("unknown-kind", "argument --kind: invalid choice: 'medusa'"),
-    ("missing-target", "model folder not found"),
+    ("missing-target", "cannot load the target"),
 ])
 def test_cli_bad_input(problem, message, target_dir, data_dir, tmp_path, capsys):
     args = {"--target": str(target_dir), "--data": str(data_dir), "--out": str(tmp_path / "out"), "--kind": "msd"}

@@ -25,18 +25,24 @@ def ragged_rows(count=3):
 
 
 class RecordingStD(SparseToDenseDrafter):
-    """Keeps each drafting step's logits, per row."""
+    """Keeps each drafting step's logits, per row, until the first round drafting fewer than `K` tokens: a batch's
+    rounds draft for the live row with the least room, so from there on its rows' rounds differ from their own."""
+
+    K = 3
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps = []
+        self.recording = True
 
     def _sparse_step(self, token, position, keys=None):
         logits = super()._sparse_step(token, position, keys)
-        self.steps.append(logits.clone())
+        if self.recording:
+            self.steps.append(logits.clone())
         return logits
 
     def draft_rows(self, batch, max_tokens, sampling, generator):
+        self.recording = self.recording and max_tokens >= self.K
         self.rows_now = batch.rows.tolist()
         start = len(self.steps)
         proposal = super().draft_rows(batch, max_tokens, sampling, generator)
@@ -59,7 +65,7 @@ def test_std_drafts_each_row_as_alone(tiny_llava):
     rows, ids, mask, pixels = ragged_rows()
     # Each call's own working copy of the drafter holds what it recorded.
     batched = speculative_generate(tiny_llava, RecordingStD(tiny_llava, visual_keep=4), ids, attention_mask=mask,
-                                   pixel_values=pixels, max_new_tokens=16, policy=FixedDraftLength(3)).drafter
+                                   pixel_values=pixels, max_new_tokens=16, policy=FixedDraftLength(RecordingStD.K)).drafter
     for i, row in enumerate(rows):
         alone = speculative_generate(tiny_llava, RecordingStD(tiny_llava, visual_keep=4), row[None],
                                      pixel_values=pixels[i:i + 1], max_new_tokens=16, policy=FixedDraftLength(3)).drafter
