@@ -44,6 +44,7 @@ from ..cached_model import cache_argument
 from ..devices import input_device
 from ..errors import MMSpecError
 from ..targets import Target, register_target
+from .english_only import english_only as _english_only
 
 TASKS = ("transcribe", "translate")
 
@@ -101,20 +102,6 @@ def language_id(model: PreTrainedModel, language: str) -> int:
         if token in lang_to_id:
             return int(lang_to_id[token])
     raise MMSpecError(f"unsupported language {language!r}; this model knows {', '.join(sorted(lang_to_id))}")
-
-
-ENGLISH = ("en", "english", "<|en|>")
-
-
-def _english_only(language: str | None, task: str | None) -> tuple[None, None]:
-    """An English-only model (tiny.en, ...) transcribes English: language "en" and task "transcribe" are what it
-    does anyway (its prompt names neither), anything else is refused."""
-    if language is not None and language.lower() not in ENGLISH:
-        raise MMSpecError(f"this model is English-only: it cannot transcribe language {language!r} (use a multilingual "
-                          "Whisper, or leave the language out)")
-    if task is not None and task != "transcribe":
-        raise MMSpecError(f"this model is English-only: it cannot {task} (only task 'transcribe')")
-    return None, None
 
 
 def check_language_and_task(model: PreTrainedModel, language: str | None, task: str | None) -> None:

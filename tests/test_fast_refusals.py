@@ -68,6 +68,8 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "noise-media": {"a.mp4": os.urandom(2048), "b.png": b""},
         "distill-bad": {"metadata.json": '{"shards": []}'},
         "map-list": {"map.json": "[1, 2]"},
+        "whisper-en": {"config.json": '{"model_type": "whisper"}', "generation_config.json": '{"is_multilingual": false}',
+                       "model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "},
     }
     found = {name: str(root / name) for name in ("tone.wav", "short.wav", "loud.wav", "rate1.wav")}
     for name, files in models.items():
@@ -100,6 +102,9 @@ CASES = [  # argv (with {fixture} names), what the one error line says
     (["transcribe", "{tone.wav}", "--model", "{missing}"], "not a zoo model"),
     (["transcribe", "{tone.wav}", "--fast-decoder", "{empty-dir}"], "has no config.json"),
     (["transcribe", "{short.wav}"], "too short to hold speech"),
+    (["transcribe", "{tone.wav}", "--language", "fr"], "this model is English-only: it cannot transcribe language 'fr'"),
+    (["transcribe", "{tone.wav}", "--model", "whisper-tiny.en", "--language", "de"], "English-only"),
+    (["transcribe", "{tone.wav}", "--model", "{whisper-en}", "--language", "german"], "English-only"),
     (["transcribe", "{loud.wav}"], "float audio samples must lie in [-1, 1]"),
     (["transcribe", "{rate1.wav}"], "sampled at 1 Hz"),
     (["caption", "{shapes.mp4}", "--model", "{m-card-bad}"], "not valid JSON"),
@@ -233,3 +238,17 @@ def test_the_image_families_read_without_torch_equal_the_loaders():
     assert {image_families.image_family(name) for name in names} >= {"llamagen", "var", "mar"}
     for name in names:
         assert image_families.image_family(name) == image_pipeline.image_family(name), name
+
+
+def test_only_english_only_models_refuse_a_language_before_loading(tmp_path):
+    from mmspec.cli.speech_languages import check_language
+    from mmspec.errors import MMSpecError
+
+    for language in (None, "en", "English", "<|en|>"):
+        check_language(None, language)
+    (tmp_path / "generation_config.json").write_text('{"is_multilingual": true, "lang_to_id": {"<|fr|>": 50265}}')
+    check_language(str(tmp_path), "fr")  # multilingual: the loaded model checks the language
+    check_language("nobody/nothing-here", "fr")  # a Hub id: only loading can tell
+    (tmp_path / "generation_config.json").write_text('{"is_multilingual": false}')
+    with pytest.raises(MMSpecError, match="English-only: it cannot transcribe language 'fr'"):
+        check_language(str(tmp_path), "fr")

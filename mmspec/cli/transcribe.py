@@ -30,6 +30,7 @@ from . import checks, choices, folder_runs, input_probes, outputs
 from .common import SharedFlags, set_threads, stats_json
 from .model_checks import check_model
 from .placement import add_placement_flags, placement_options
+from .speech_languages import check_language
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aif", ".aiff", ".webm",
                   ".mp4", ".mkv", ".mov"}
@@ -122,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     check_model(args.model, "ASR model", "speech")
     if args.fast_decoder not in (None, "ctc", "ar"):
         check_model(args.fast_decoder, "fast decoder", "fast-decoder")
+    check_language(args.model, args.language)
     started = time.perf_counter()
     from ..speech.models import DEFAULT_ASR_MODEL
     from ..speech.pipeline import TranscriptionPipeline
