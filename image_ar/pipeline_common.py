@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
+from mmspec.class_prompts import class_id_from_prompt
 from mmspec.drafters import Drafter
 from mmspec.errors import MMSpecError, first_line
 from mmspec.pipelines import (
@@ -239,20 +239,7 @@ class ClassConditionalMixin:
         if self.class_names is None:
             raise MMSpecError(f"{self.model_name!r} has no {self.class_names_source}, so prompts cannot be read; "
                               "pass class_labels")
-        wanted = " ".join(name.lower().split())
-        for i, known in enumerate(self.class_names):
-            if " ".join(known.lower().split()) == wanted:
-                return i
-        synonyms = self.card.get("class_synonyms", {})
-        words = {synonyms.get(w, w) for w in re.findall(r"[a-z0-9]+", wanted)}
-        matches = [i for i, known in enumerate(self.class_names) if set(re.findall(r"[a-z0-9]+", known.lower())) <= words]
-        if len(matches) == 1:
-            return matches[0]
-        shown = ", ".join(repr(n) for n in self.class_names[:12]) + (", ..." if len(self.class_names) > 12 else "")
-        if matches:
-            raise MMSpecError(f"{name!r} names {len(matches)} classes ({', '.join(repr(self.class_names[i]) for i in matches[:4])}"
-                              f"{', ...' if len(matches) > 4 else ''}): name one")
-        raise MMSpecError(f"unknown class {name!r}; known classes: {shown}")
+        return class_id_from_prompt(name, self.class_names, self.card.get("class_synonyms", {}))
 
     def check_num_images(self, num_images: int) -> None:
         if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:

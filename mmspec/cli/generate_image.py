@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import MMSpecError
 from . import checks, choices, common, image_families
 from .atomic import atomic_write
+from .image_classes import check_class_prompt
 from .model_checks import check_model
 
 
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     early = image_families.image_family(args.model or image_families.DEFAULT_IMAGE_MODEL)
     if early is not None:  # flags of another family fail before torch is imported
         family_options(args, early, args.model or image_families.DEFAULT_IMAGE_MODEL)
+    check_class_prompt(args.model or image_families.DEFAULT_IMAGE_MODEL, args.prompt)
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
