@@ -140,6 +140,8 @@ CASES = [  # argv (with {fixture} names), what the one error line says
     (["caption", "{shapes.mp4}", "--device-map", "{map-list}/map.json"], "non-empty {module name: device} dict"),
     (["caption", "{shapes.mp4}", "--drafter-device", "cpu"], "--drafter-device places the drafter"),
     (["caption", "{shapes.mp4}", "--tree", "1,2"], "expected NODES,TOP_K,DEPTH"),
+    (["caption", "{shapes.mp4}", "--frames", "512"], "512 frames cannot fit: shapes-video-captioner holds 512 positions"),
+    (["caption", "{shapes.mp4}", "--model", "shapes-video-captioner-long", "--frames", "9999"], "9999 frames cannot fit"),
     *([(["generate-image", "red circle", "--device", "cuda"], "no CUDA GPU that torch can use")]
       if not any(map(os.path.exists, GPU_DRIVER_FILES)) else []),
 ]
@@ -255,3 +257,24 @@ def test_only_english_only_models_refuse_a_language_before_loading(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"is_multilingual": false}')
     with pytest.raises(MMSpecError, match="English-only: it cannot transcribe language 'fr'"):
         check_language(str(tmp_path), "fr")
+
+
+def test_the_position_budgets_read_without_torch_equal_the_loaded_configs():
+    from transformers import AutoConfig
+
+    from mmspec.cli import caption_frames
+    from mmspec.vision.models import VIDEO_TOKEN_ATTRIBUTES, video_token_ids
+    from mmspec.vision.pipeline import DEFAULT_CAPTIONER
+    from mmspec.zoo import entries
+
+    assert (caption_frames.DEFAULT_CAPTIONER, caption_frames.VIDEO_TOKEN_ATTRIBUTES) == (DEFAULT_CAPTIONER,
+                                                                                        VIDEO_TOKEN_ATTRIBUTES)
+    read = 0
+    for entry in entries():
+        budget = caption_frames.position_budget(entry.name)
+        if budget is None:
+            continue
+        config = AutoConfig.from_pretrained(entry.path)
+        assert video_token_ids(config) and budget == config.text_config.max_position_embeddings, entry.name
+        read += 1
+    assert read >= 2  # the zoo's two video captioners

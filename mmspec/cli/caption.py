@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import MMSpecError
 from . import checks, choices, folder_runs, input_probes
+from .caption_frames import check_frames
 from .common import (
     IMAGE_SUFFIXES,
     SharedFlags,
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         check_model(args.drafter, f"{args.method.upper()} drafter", "feature-drafter")
     else:
         check_model(args.drafter, "drafter", "lm")
+    if folder is None and media_kind(args.path) == "video":  # a folder run records this per file, as it does now
+        check_frames(args.model, args.frames)
 
     from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
