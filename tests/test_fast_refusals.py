@@ -133,6 +133,8 @@ CASES = [  # argv (with {fixture} names), what the one error line says
     (["generate-image", "pink hexagon"], "unknown class 'pink hexagon'; known classes: 'red circle'"),
     (["generate-image", "red or blue circle", "--model", "shapes-var"], "names 2 classes"),
     (["generate-image", "a pink ball", "--model", "shapes-mar"], "unknown class 'a pink ball'"),
+    (["generate-image", "red circle", "--model", "shapes-mar", "--num-iter", "32"],
+     "num_iter must be an integer in 1..16 (the token count), got 32"),
     (["generate-image", "red circle", "--model", "shapes-var", "--num-iter", "4"], "options of MAR models"),
     (["generate-image", "red circle", "--model", "shapes-mar", "--lantern-k", "4"], "not options of MAR"),
     (["caption", "{shapes.mp4}", "--max-memory", "cpu=1e999GB"], "is not a size"),
@@ -278,3 +280,17 @@ def test_the_position_budgets_read_without_torch_equal_the_loaded_configs():
         assert video_token_ids(config) and budget == config.text_config.max_position_embeddings, entry.name
         read += 1
     assert read >= 2  # the zoo's two video captioners
+
+
+def test_the_mar_token_counts_read_without_torch_equal_the_models():
+    from mmspec.cli.mar_steps import mar_token_count
+    from mmspec.image_ar.mar import MAR
+    from mmspec.zoo import entries
+
+    read = 0
+    for entry in entries():
+        count = mar_token_count(entry.name)
+        if count is not None:
+            assert count == MAR.from_pretrained(entry.path / "model").seq_len, entry.name
+            read += 1
+    assert read >= 1  # the zoo's shapes-mar

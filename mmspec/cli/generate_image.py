@@ -13,6 +13,7 @@ from ..errors import MMSpecError
 from . import checks, choices, common, image_families
 from .atomic import atomic_write
 from .image_classes import check_class_prompt
+from .mar_steps import check_num_iter
 from .model_checks import check_model
 
 
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if early is not None:  # flags of another family fail before torch is imported
         family_options(args, early, args.model or image_families.DEFAULT_IMAGE_MODEL)
     check_class_prompt(args.model or image_families.DEFAULT_IMAGE_MODEL, args.prompt)
+    if early == "mar" and args.draft_steps is None:  # (--draft-steps with another method is refused first, later)
+        check_num_iter(args.model or image_families.DEFAULT_IMAGE_MODEL, args.num_iter)
     import torch
 
     from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
