@@ -123,6 +123,8 @@ CASES = [  # argv (with {fixture} names), what the one error line says
     (["bench", "text", "--model", "{m-random}"], "not valid JSON"),
     (["bench", "vision", "--extra-drafter", "junk"], "--extra-drafter takes"),
     (["bench", "image", "--lantern", "0.1"], "--lantern settings"),
+    (["bench", "image", "--model", "shapes-var", "--batch-size", "10000000"], "each image takes about 26 MiB"),
+    (["bench", "image", "--model", "shapes-mar", "--batch-size", "10000000"], "each image takes about 19 MiB"),
     (["train-fast-decoder", "--target", "whisper-tiny.en", "--data", "{data-bad}", "--out", "{out}/fd"], "not valid JSON"),
     (["train-drafter", "--target", "shapes-video-captioner", "--data", "{distill-bad}", "--out", "{out}/d"],
      "not mmspec distillation data"),
@@ -294,3 +296,14 @@ def test_the_mar_token_counts_read_without_torch_equal_the_models():
             assert count == MAR.from_pretrained(entry.path / "model").seq_len, entry.name
             read += 1
     assert read >= 1  # the zoo's shapes-mar
+
+
+def test_the_image_batch_settings_read_without_torch_give_the_loaded_pipelines_estimate():
+    from mmspec.cli import image_families
+    from mmspec.cli.image_batches import bytes_per_image, settings_from_files
+    from mmspec.image_ar.pipeline import SpeculativeImagePipeline
+
+    for name in ("shapes-var", "shapes-mar"):
+        settings = settings_from_files(name, image_families.image_family(name))
+        assert settings is not None, name
+        assert bytes_per_image(settings) == bytes_per_image(SpeculativeImagePipeline.from_pretrained(name)), name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import MMSpecError
-from . import checks
+from . import checks, image_families
 from .atomic import atomic_write
 from .common import (
     IMAGE_SUFFIXES,
@@ -18,7 +18,7 @@ from .common import (
     on_device,
     set_threads,
 )
-from .image_batches import check_batch_fits
+from .image_batches import check_batch_fits, check_batch_fits_early
 from .model_checks import check_model
 
 
@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     gsd = [parse_gsd_setting(setting, args.gsd) for setting in args.gsd]
     check_model(args.model, "image model", "image")
     checks.refuse_cuda_without_driver(args.device, "--device")
+    early = args.model or image_families.DEFAULT_IMAGE_MODEL  # before torch is imported: a batch that cannot fit
+    check_batch_fits_early(early, image_families.image_family(early), args.batch_size, getattr(args, "device", None))
 
     from ..image_ar.bench import bench_image, default_methods
     from ..image_ar.pipeline import (

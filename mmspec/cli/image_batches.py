@@ -8,7 +8,9 @@ memory is refused with the largest batch size that stays under it.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from ..errors import MMSpecError
@@ -70,3 +72,47 @@ def check_batch_fits(pipe: Any, batch_size: int, available: int | None = None, d
     fits = max(1, available // 2 // per_image)
     raise MMSpecError(f"--batch-size {batch_size}: each image takes about {per_image / 2**20:.0f} MiB at its peak, and "
                       f"{available / 2**30:.1f} GiB is free: use --batch-size {fits} or less")
+
+
+def check_batch_fits_early(name: str, family: str | None, batch_size: int | None, device: Any = None) -> None:
+    """`check_batch_fits` before torch is imported, with the model's settings read from its files
+    (`settings_from_files`); nothing when they cannot be read so, or the device is a GPU (its free memory needs
+    torch)."""
+    if batch_size is None or (device is not None and str(device).startswith("cuda")):
+        return
+    settings = settings_from_files(name, family)
+    if settings is not None:
+        check_batch_fits(settings, batch_size, device=device)
+
+
+def settings_from_files(name: str, family: str | None) -> Any:
+    """What `bytes_per_image` reads of a pipeline (family, model.config, model.seq_len, vq.config), from a saved VAR
+    or MAR pipeline's model/config.json and vq/config.json; None for another family, or when a setting is left to a
+    class default or is not a number."""
+    if family not in ("var", "mar"):
+        return None
+    from types import SimpleNamespace
+
+    from ..zoo import entries
+    from .mar_steps import mar_token_count
+
+    folder = next((entry.path for entry in entries() if entry.name == name), None) or Path(name).expanduser()
+    configs = {part: _json_object(folder / part / "config.json") for part in ("model", "vq")}
+    if configs["model"] is None or (family == "var" and configs["vq"] is None):
+        return None
+    settings = SimpleNamespace(family=family, vq=SimpleNamespace(config=SimpleNamespace(**(configs["vq"] or {}))),
+                               model=SimpleNamespace(config=SimpleNamespace(**configs["model"]),
+                                                     seq_len=mar_token_count(name)))
+    try:
+        per_image = bytes_per_image(settings)
+    except (AttributeError, TypeError, ValueError):  # a setting left to the class's default, or not a number
+        return None
+    return settings if per_image is not None and per_image > 0 else None
+
+
+def _json_object(file: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) and all(isinstance(key, str) and key.isidentifier() for key in value) else None
