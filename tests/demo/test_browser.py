@@ -28,7 +28,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 ASSETS = Path(__file__).resolve().parents[2] / "demos" / "assets"
 VIDEO = ASSETS / "shapes.mp4"
 # A held-out clip of the default ASR model on which its drafter is corrected (so the table has rejected drafts).
-AUDIO = Path(__file__).resolve().parents[2] / "mmspec" / "zoo" / "models" / "whisper-tiny.en" / "heldout" / "clip_00003.flac"
+# A clip where the fast decoder has drafts rejected (the transcribe table's control).
+AUDIO = Path(__file__).resolve().parents[2] / "mmspec" / "zoo" / "models" / "whisper-tiny.en" / "heldout" / "clip_00000.flac"
 MAX_NEW_TOKENS = 16
 CAPTION_TAB_TOKENS = 48  # long enough that MSD has drafts rejected on the sample video (the table's control)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -134,7 +134,7 @@ def test_generate_image_lantern_options_from_the_card_and_the_command_line(folde
     settings = json.loads(capsys.readouterr().out)["settings"]
     assert settings["lantern_k"] == 4 and settings["lantern_delta"] == 0.2 and settings["drafts"] == "drafter"
     for flags, message in [(["--lantern-k", "12"], "lantern_k=12 does not fit this 12-code codebook"),
-                           (["--lantern-k", "4", "--lantern-delta", "1.5"], r"budget in \[0, 1\], got 1.5"),
+                           (["--lantern-k", "4", "--lantern-delta", "1.5"], r"--lantern-delta: expected a number in \[0, 1\], got '1.5'"),
                            (["--lantern-k", "4", "--lantern-lam", "0.5"], "lantern_lam")]:
         assert main([*base, "--model", str(folder), *flags]) == 2
         err = capsys.readouterr().err
