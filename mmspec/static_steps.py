@@ -148,11 +148,8 @@ class StaticSteps:
         cache.crop(-int(cache.get_seq_length()))  # back to empty: the prompt overwrites the old states
         self.cache = None
         self.forwards += 1
-        kwargs = {"input_ids": tokens, self._cache_argument: cache, **model_inputs}
-        if not head:
-            out = self.model.base_model(use_cache=True, return_dict=True, **kwargs)
-        else:
-            out = self.model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
+        out = eager_forward(self.model, head, logits_to_keep,
+                            **{"input_ids": tokens, self._cache_argument: cache, **model_inputs})
         self.cache = cache
         self._length = tokens.shape[1]
         return out
@@ -175,10 +172,8 @@ class StaticSteps:
             if hidden:
                 extra["output_hidden_states"] = True
             self.forwards += 1
-            kwargs = {"input_ids": tokens, self._cache_argument: self.cache, **extra}
-            if not head:
-                return self.model.base_model(use_cache=True, return_dict=True, **kwargs)
-            return self.model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
+            return eager_forward(self.model, head, logits_to_keep,
+                                 **{"input_ids": tokens, self._cache_argument: self.cache, **extra})
         # A fresh [1, width] tensor (strides are guarded too); padded with copies of the last token, whose states
         # land past the real ones.
         padded = tokens.new_empty((1, width))
@@ -209,6 +204,14 @@ class StaticSteps:
         self._length = length
         if excess:
             self.cache.crop(-excess)  # moves the length pointer back; the stale slots are overwritten later
+
+
+def eager_forward(model: Any, head: bool, logits_to_keep: int, **kwargs: Any) -> Any:
+    """One eager forward over a static cache: the whole model, or its base model alone when the caller applies
+    the head itself."""
+    if not head:
+        return model.base_model(use_cache=True, return_dict=True, **kwargs)
+    return model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
 
 
 class StaticOutput:

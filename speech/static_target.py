@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from ..cached_model import cache_argument
 from ..devices import input_device
 from ..errors import MMSpecError
-from ..static_steps import RECOMPILE_LIMIT, compile_mode, rounded_capacity
+from ..static_steps import RECOMPILE_LIMIT, compile_mode, eager_forward, rounded_capacity
 from ..targets import Target
 from .precision import ROW_ATTENTION, compute_type_of, has_compute_type_layers
 from .target import WhisperTarget
@@ -254,11 +254,7 @@ class StaticWhisperTarget(WhisperTarget):
         if model_inputs.get("attention_mask") is not None:
             self._encoder_kwargs["attention_mask"] = model_inputs["attention_mask"]
         self.forwards += 1
-        kwargs = {"decoder_input_ids": tokens, **model_inputs}
-        if not head:
-            out = self.model.base_model(use_cache=True, return_dict=True, **kwargs)
-        else:
-            out = self.model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
+        out = eager_forward(self.model, head, logits_to_keep, **{"decoder_input_ids": tokens, **model_inputs})
         self.cache = cache
         self._length = tokens.shape[1]
         return out
@@ -309,10 +305,8 @@ class StaticWhisperTarget(WhisperTarget):
     def _eager(self, tokens: torch.LongTensor, logits_to_keep: int, head: bool, **extra: Any) -> Any:
         self.forwards += 1
         self._length += tokens.shape[1]
-        kwargs = {"decoder_input_ids": tokens, self._cache_argument: self.cache, **self._encoder_kwargs, **extra}
-        if not head:
-            return self.model.base_model(use_cache=True, return_dict=True, **kwargs)
-        return self.model(use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kwargs)
+        return eager_forward(self.model, head, logits_to_keep, **{"decoder_input_ids": tokens, self._cache_argument: self.cache,
+                                                                  **self._encoder_kwargs, **extra})
 
     def truncate(self, length: int) -> None:
         self._check_owner()
