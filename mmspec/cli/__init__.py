@@ -24,6 +24,7 @@ from . import (
     bench_text,
     bench_vision,
     caption,
+    collector,
     common,
     demo,
     generate,
@@ -107,6 +108,7 @@ def _importing(frame: object) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    collector.skip_walks_at_exit()  # a one-off command's exit need not walk the libraries' objects
     with noted_interrupts() as interrupts:
         try:
             return _main(argv)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import MMSpecError
 from . import checks, choices, folder_runs, input_probes, outputs
+from .collector import collector_paused
 from .common import SharedFlags, set_threads, stats_json
 from .model_checks import check_model
 from .placement import add_placement_flags, placement_options
@@ -125,18 +126,19 @@ def run(args: argparse.Namespace) -> int:
         check_model(args.fast_decoder, "fast decoder", "fast-decoder")
     check_language(args.model, args.language)
     started = time.perf_counter()
-    from ..speech.models import DEFAULT_ASR_MODEL
-    from ..speech.pipeline import TranscriptionPipeline
+    with collector_paused():  # the libraries' and the model's objects live until exit: nothing to collect yet
+        from ..speech.models import DEFAULT_ASR_MODEL
+        from ..speech.pipeline import TranscriptionPipeline
 
-    imported = time.perf_counter() - started
-    set_threads(args)
-    if args.model is None:
-        print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
-              file=sys.stderr)
-    loading = time.perf_counter()
-    pipe = TranscriptionPipeline.from_pretrained(args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder,
-                                                 compute_type=args.compute_type, **placement,
-                                                 **({} if args.feature_padding is None else {"feature_padding": args.feature_padding}))
+        imported = time.perf_counter() - started
+        set_threads(args)
+        if args.model is None:
+            print(f"mmspec: using {DEFAULT_ASR_MODEL} (OpenAI Whisper tiny.en, English only; pass --model for another)",
+                  file=sys.stderr)
+        loading = time.perf_counter()
+        pipe = TranscriptionPipeline.from_pretrained(
+            args.model or DEFAULT_ASR_MODEL, fast_decoder=args.fast_decoder, compute_type=args.compute_type, **placement,
+            **({} if args.feature_padding is None else {"feature_padding": args.feature_padding}))
     startup = time.perf_counter() - started
     print(f"mmspec: start-up {startup:.2f} s (import {imported:.2f} s, load {time.perf_counter() - loading:.2f} s; "
           f"compute type {pipe.compute_type})", file=sys.stderr)
