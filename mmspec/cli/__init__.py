@@ -108,7 +108,9 @@ def _importing(frame: object) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    collector.skip_walks_at_exit()  # a one-off command's exit need not walk the libraries' objects
+    if argv is None:  # the program itself (the console script, `python -m mmspec`): one command, then exit
+        collector.mark_one_off()
+    collector.skip_walks_at_exit()  # the exit need not walk the libraries' objects
     with noted_interrupts() as interrupts:
         try:
             return _main(argv)
