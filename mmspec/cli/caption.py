@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import MMSpecError
 from . import checks, choices, folder_runs, input_probes
 from .caption_frames import check_frames
+from .collector import collector_paused
 from .common import (
     IMAGE_SUFFIXES,
     SharedFlags,
@@ -94,18 +95,19 @@ def run(args: argparse.Namespace) -> int:
     if folder is None and media_kind(args.path) == "video":  # a folder run records this per file, as it does now
         check_frames(args.model, args.frames)
 
-    from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
+    with collector_paused():  # the libraries' and the model's objects live until exit
+        from ..vision.pipeline import DEFAULT_CAPTIONER, CaptionPipeline
 
-    set_threads(args)
+        set_threads(args)
 
-    announce_toy(args.model, "captioner")
-    if args.model is None:
-        announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of 1-4 moving shapes, detailed captions")
-    # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
-    feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
-    pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
-                                           feature_drafters=feature, num_draft_tokens=args.num_draft_tokens,
-                                           drafter_dtype=args.drafter_dtype, **placement)
+        announce_toy(args.model, "captioner")
+        if args.model is None:
+            announce_zoo_default(DEFAULT_CAPTIONER, "captioner", "synthetic videos of 1-4 moving shapes, detailed captions")
+        # --drafter names the drafter of the chosen method: a feature drafter folder for msd / flash, else the text LM.
+        feature = {args.method: args.drafter} if args.method in ("msd", "flash") and args.drafter else None
+        pipe = CaptionPipeline.from_pretrained(args.model or DEFAULT_CAPTIONER, drafter=None if feature else args.drafter,
+                                               feature_drafters=feature, num_draft_tokens=args.num_draft_tokens,
+                                               drafter_dtype=args.drafter_dtype, **placement)
     if args.frames is None:
         args.frames = pipe.default_num_frames
     if args.method is None and args.tree is not None:

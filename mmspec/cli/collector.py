@@ -6,11 +6,11 @@ imports and the model's loading, and on the first transcription after them) and 
 while the interpreter shuts down: a fifth of `import mmspec.speech.pipeline`'s CPU time, and most of a
 one-off command's exit. None of those objects is garbage, so nothing is lost by not walking them:
 
-- `collector_paused()`: no collections while a verb imports its libraries and loads its model; in a one-off
-  process (`mmspec ...` itself, `mark_one_off()`) what was made is then frozen (`gc.freeze`): it lives until exit,
-  so later collections (a transcription's) need not walk it either. A process that goes on (a test or a
-  script calling `main([...])`) only pauses: a frozen object is never collected, and what the verb loaded
-  becomes garbage there when the verb returns;
+- `collector_paused()`: no collections while a verb (transcribe, caption, generate-image) imports its
+  libraries and loads its model; in a one-off process (`mmspec ...` itself, `mark_one_off()`) what was made
+  is then frozen (`gc.freeze`): it lives until exit, so later collections (a transcription's) need not walk
+  it either. A process that goes on (a test or a script calling `main([...])`) only pauses: a frozen object
+  is never collected, and what the verb loaded becomes garbage there when the verb returns;
 - `skip_walks_at_exit()`: at exit, what is left is frozen, so the shutdown's collections skip it.
 
 Frozen objects are still freed as usual when nothing refers to them.

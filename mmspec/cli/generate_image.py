@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import MMSpecError
 from . import checks, choices, common, image_families
 from .atomic import atomic_write
+from .collector import collector_paused
 from .image_classes import check_class_prompt
 from .mar_steps import check_num_iter
 from .model_checks import check_model
@@ -103,21 +104,22 @@ def run(args: argparse.Namespace) -> int:
     check_class_prompt(args.model or image_families.DEFAULT_IMAGE_MODEL, args.prompt)
     if early == "mar" and args.draft_steps is None:  # (--draft-steps with another method is refused first, later)
         check_num_iter(args.model or image_families.DEFAULT_IMAGE_MODEL, args.num_iter)
-    import torch
+    with collector_paused():  # the libraries' and the model's objects live until exit
+        import torch
 
-    from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
+        from ..image_ar.pipeline import DEFAULT_IMAGE_MODEL, SpeculativeImagePipeline, image_family
 
-    common.set_threads(args)
-    common.check_device(args)
+        common.set_threads(args)
+        common.check_device(args)
 
-    common.announce_toy(args.model, "image model")
-    if args.model is None:
-        common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
-    model_name = args.model or DEFAULT_IMAGE_MODEL
-    family = image_family(model_name)
-    if family is not None:  # flags of another family fail before any weights load
-        options = family_options(args, family, model_name)
-    pipe = common.on_device(SpeculativeImagePipeline.from_pretrained(model_name, drafter=args.drafter), args)
+        common.announce_toy(args.model, "image model")
+        if args.model is None:
+            common.announce_zoo_default(DEFAULT_IMAGE_MODEL, "image model", "class-conditional shapes images")
+        model_name = args.model or DEFAULT_IMAGE_MODEL
+        family = image_family(model_name)
+        if family is not None:  # flags of another family fail before any weights load
+            options = family_options(args, family, model_name)
+        pipe = common.on_device(SpeculativeImagePipeline.from_pretrained(model_name, drafter=args.drafter), args)
     if pipe.conditioning == "text":  # text-to-image (Janus): the prompt is free text
         condition, described = {"prompt": args.prompt}, {"prompt": args.prompt}
         stem = "_".join("".join(c if c.isalnum() else " " for c in args.prompt).split())[:48] or "image"
