@@ -72,6 +72,15 @@ def test_rows_it_cannot_bound_take_the_float32_head():
     assert head.fallbacks == 2
 
 
+def test_the_largest_row_norm_is_the_whole_heads_in_float64():
+    # More rows than one float64 slice, the largest in the last, partial slice: the bound is the same number.
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(9000, 48, generator=g)
+    weight[8999] *= 3
+    expected = float(weight.double().norm(dim=1).max()) * (1 + 1e-6)
+    assert CertifiedHead(weight).max_row_norm == expected
+
+
 def test_one_head_per_weight_remade_when_the_weight_changes():
     weight, hidden = near_tie_case(seed=5, rows=20)
     first = certified_head_for(weight)
