@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaRMSNorm
 
 from ..compat import accelerate_hook, attention_implementation
 
@@ -66,13 +66,54 @@ def lean_layer_supported(layer: nn.Module) -> bool:
     return plain
 
 
-def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+def rms_norm(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """`norm(hidden)` for a `LlamaRMSNorm`: its float32 round trip is two no-op casts on float32 input, skipped here
+    (the same operations on the same values otherwise). Any other norm runs its own forward."""
+    if type(norm) is not LlamaRMSNorm or hidden.dtype is not torch.float32:
+        return norm.forward(hidden)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return norm._parameters["weight"] * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
+
+
+class Rotation:
+    """The rotary embedding of one forward, shaped once for every layer: cos [B, 1, L, D] and the sine with the sign
+    of transformers' `rotate_half` folded in, so that `rotate(x)` = x * cos + roll(x, D/2) * signed sine (4 tensor ops
+    where `apply_rotary_pos_emb` takes 8, with the same products and sums: negating a factor is exact)."""
+
+    __slots__ = ("cos", "half", "signed_sin")
+
+    def __init__(self, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> None:
+        cos, sin = position_embeddings
+        self.half = sin.shape[-1] // 2
+        self.cos = cos.unsqueeze(1)
+        self.signed_sin = (sin * _half_signs(sin.shape[-1], sin.dtype, sin.device)).unsqueeze(1)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cos + x.roll(self.half, -1) * self.signed_sin
+
+
+_SIGNS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _half_signs(width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[-1] * (width / 2) + [1] * (width / 2): the signs `rotate_half` gives the two halves."""
+    key = (width, dtype, device)
+    signs = _SIGNS.get(key)
+    if signs is None:
+        signs = _SIGNS[key] = torch.ones(width, dtype=dtype, device=device).index_fill_(
+            0, torch.arange(width // 2, device=device), -1)
+    return signs
+
+
+def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor,
+                        position_embeddings: tuple[torch.Tensor, torch.Tensor] | Rotation,
                         attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
     """`layer(hidden, ...)` as transformers computes it: hidden [B, L, H] -> [B, L, H].
 
-    position_embeddings: (cos, sin) [B, L, D] from the model's rotary embedding; attention_mask: an
-    additive [B, 1, L, past + L] mask, or None: one query sees every key; several queries without a cache
-    see causally (as SDPA's `is_causal`); cache: a `DynamicCache` updated with this layer's keys and values (None: no cache).
+    position_embeddings: (cos, sin) [B, L, D] from the model's rotary embedding, or their `Rotation` (made once for
+    all layers); attention_mask: an additive [B, 1, L, past + L] mask, or None: one query sees every key; several
+    queries without a cache see causally (as SDPA's `is_causal`); cache: a `DynamicCache` updated with this layer's
+    keys and values (None: no cache).
     """
     # Submodules and weights straight from the modules' own dicts: `nn.Module.__getattr__` is a Python call per
     # attribute (about 30 a layer), and `module(x)` two more around `forward`. The checks `lean_layer_supported`
@@ -87,12 +128,12 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
     batch, length, _ = hidden.shape
     shape = (batch, length, -1, attention.head_dim)
     residual = hidden
-    x = parts["input_layernorm"].forward(hidden)
+    x = rms_norm(parts["input_layernorm"], hidden)
     query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
     key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
     value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    rotation = position_embeddings if isinstance(position_embeddings, Rotation) else Rotation(position_embeddings)
+    query, key = rotation.rotate(query), rotation.rotate(key)
     if cache is not None:
         key, value = cache.update(key, value, attention.layer_idx)
     if attention_mask is not None:
@@ -103,7 +144,7 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
                                          enable_gqa=key.shape[1] != query.shape[1])
     out = out.transpose(1, 2).reshape(batch, length, -1)
     hidden = residual + F.linear(out, o["weight"], o["bias"])
-    x = parts["post_attention_layernorm"].forward(hidden)
+    x = rms_norm(parts["post_attention_layernorm"], hidden)
     gate = F.linear(x, gate_w["weight"], gate_w["bias"])
     up = F.linear(x, up_w["weight"], up_w["bias"])
     return hidden + F.linear(mlp_parts["act_fn"].forward(gate) * up, down_w["weight"], down_w["bias"])
@@ -168,7 +209,7 @@ class LeanCausalLM:
             attention_mask = causal_mask(length, past, hidden.dtype, hidden.device)
         else:
             attention_mask = attention_mask.to(hidden.dtype)
-        position_embeddings = self.rotary_emb(hidden, position_ids)
+        rotation = Rotation(self.rotary_emb(hidden, position_ids))
         for layer in self.layers:
-            hidden = llama_layer_forward(layer, hidden, position_embeddings, attention_mask, cache)
-        return self.norm.forward(hidden)
+            hidden = llama_layer_forward(layer, hidden, rotation, attention_mask, cache)
+        return rms_norm(self.norm, hidden)

@@ -10,7 +10,14 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Mistra
 from mmspec import speculative_generate
 from mmspec.cached_model import CachedModel
 from mmspec.drafters import ModelDrafter
-from mmspec.kernels.lean_llama import LeanCausalLM, causal_mask, lean_layer_supported, llama_layer_forward
+from mmspec.kernels.lean_llama import (
+    LeanCausalLM,
+    Rotation,
+    causal_mask,
+    lean_layer_supported,
+    llama_layer_forward,
+    rms_norm,
+)
 from mmspec.testing import reload_from_disk, tiny_llama
 
 
@@ -147,3 +154,23 @@ def test_a_lean_drafter_changes_nothing_but_its_cost(tree):
         assert torch.equal(out.sequences, expected)
         runs[lean] = (proposals, out.stats.drafter_forwards)
     assert runs[True] == runs[False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_rotation_and_norm_are_bitwise_transformers_own(dtype):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = llama().to(dtype)
+    torch.manual_seed(3)
+    positions = torch.tensor([[0, 5, 6, 7, 100]])
+    hidden = torch.randn(1, 5, 32, dtype=dtype)
+    embeddings = model.model.rotary_emb(hidden, positions)
+    # a query laid out as the layer lays it out: [B, L, heads, D] viewed as [B, heads, L, D]
+    query, key = (torch.randn(1, 5, heads, 8, dtype=dtype).transpose(1, 2) * 30 for heads in (4, 2))
+    rotation = Rotation(embeddings)
+    expected = apply_rotary_pos_emb(query, key, *embeddings)
+    assert torch.equal(rotation.rotate(query), expected[0]) and torch.equal(rotation.rotate(key), expected[1])
+    norm = model.model.layers[0].input_layernorm
+    norm.weight.normal_()
+    assert torch.equal(rms_norm(norm, hidden * 7), norm(hidden * 7))
