@@ -27,7 +27,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
 
 from ..compat import accelerate_hook, attention_implementation
 
@@ -82,14 +87,45 @@ class Rotation:
 
     __slots__ = ("cos", "half", "signed_sin")
 
-    def __init__(self, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> None:
-        cos, sin = position_embeddings
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """From cos and sin [B, 1, L, D]."""
         self.half = sin.shape[-1] // 2
-        self.cos = cos.unsqueeze(1)
-        self.signed_sin = (sin * _half_signs(sin.shape[-1], sin.dtype, sin.device)).unsqueeze(1)
+        self.cos = cos
+        self.signed_sin = sin * _half_signs(sin.shape[-1], sin.dtype, sin.device)
+
+    @classmethod
+    def of(cls, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> "Rotation":
+        """From a rotary embedding module's output: (cos, sin) [B, L, D]."""
+        cos, sin = position_embeddings
+        return cls(cos.unsqueeze(1), sin.unsqueeze(1))
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.cos + x.roll(self.half, -1) * self.signed_sin
+
+
+def plain_rotary(rotary: nn.Module) -> bool:
+    """Whether `rotary` is a transformers `LlamaRotaryEmbedding` of the default kind (fixed frequencies, no scaling):
+    then `default_rotation` computes what its forward does."""
+    return (type(rotary) is LlamaRotaryEmbedding and getattr(rotary, "rope_type", None) == "default"
+            and getattr(rotary, "attention_scaling", None) == 1.0)
+
+
+def default_rotation(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+    """The `Rotation` at `positions` (float32 [L] for one row of consecutive positions, else long [B, L]) of a
+    `plain_rotary` module: its forward's products of positions and frequencies, cos and sin over the same
+    [B, L, D] elements in the same order (so the same vectorised kernels), without its per-call wrappers."""
+    inv_freq = rotary._buffers["inv_freq"]
+    if inv_freq.dtype is not torch.float32:
+        inv_freq = inv_freq.float()
+    if positions.dim() == 1:  # whole numbers, exact in float32 as the forward's long-to-float cast gives them
+        freqs = torch.outer(positions, inv_freq)[None, None]
+    else:
+        freqs = positions[:, None, :, None].float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    if dtype is not torch.float32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    return Rotation(cos, sin)
 
 
 _SIGNS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
@@ -132,7 +168,7 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor,
     query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
     key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
     value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
-    rotation = position_embeddings if isinstance(position_embeddings, Rotation) else Rotation(position_embeddings)
+    rotation = position_embeddings if isinstance(position_embeddings, Rotation) else Rotation.of(position_embeddings)
     query, key = rotation.rotate(query), rotation.rotate(key)
     if cache is not None:
         key, value = cache.update(key, value, attention.layer_idx)
@@ -173,6 +209,7 @@ class LeanCausalLM:
         self.layers = list(self.decoder.layers[: model.config.num_hidden_layers])
         # Held once, as the layers are: each step reads them without `nn.Module.__getattr__`.
         self.embed_tokens, self.rotary_emb, self.norm = self.decoder.embed_tokens, self.decoder.rotary_emb, self.decoder.norm
+        self.plain_rotary = plain_rotary(self.rotary_emb)
         self.lm_head = model.lm_head
 
     @staticmethod
@@ -203,13 +240,18 @@ class LeanCausalLM:
         past = cache.get_seq_length()
         hidden = F.embedding(input_ids, self.embed_tokens._parameters["weight"], self.embed_tokens.padding_idx)
         length = input_ids.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=hidden.device)[None]
         if attention_mask is None:
             attention_mask = causal_mask(length, past, hidden.dtype, hidden.device)
-        else:
+        elif attention_mask.dtype is not hidden.dtype:
             attention_mask = attention_mask.to(hidden.dtype)
-        rotation = Rotation(self.rotary_emb(hidden, position_ids))
+        if self.plain_rotary:
+            positions = position_ids if position_ids is not None else torch.arange(
+                past, past + length, dtype=torch.float32, device=hidden.device)
+            rotation = default_rotation(self.rotary_emb, positions, hidden.dtype)
+        else:
+            if position_ids is None:
+                position_ids = torch.arange(past, past + length, device=hidden.device)[None]
+            rotation = Rotation.of(self.rotary_emb(hidden, position_ids))
         for layer in self.layers:
             hidden = llama_layer_forward(layer, hidden, rotation, attention_mask, cache)
         return rms_norm(self.norm, hidden)

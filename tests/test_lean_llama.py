@@ -14,8 +14,10 @@ from mmspec.kernels.lean_llama import (
     LeanCausalLM,
     Rotation,
     causal_mask,
+    default_rotation,
     lean_layer_supported,
     llama_layer_forward,
+    plain_rotary,
     rms_norm,
 )
 from mmspec.testing import reload_from_disk, tiny_llama
@@ -168,9 +170,29 @@ def test_rotation_and_norm_are_bitwise_transformers_own(dtype):
     embeddings = model.model.rotary_emb(hidden, positions)
     # a query laid out as the layer lays it out: [B, L, heads, D] viewed as [B, heads, L, D]
     query, key = (torch.randn(1, 5, heads, 8, dtype=dtype).transpose(1, 2) * 30 for heads in (4, 2))
-    rotation = Rotation(embeddings)
+    rotation = Rotation.of(embeddings)
     expected = apply_rotary_pos_emb(query, key, *embeddings)
     assert torch.equal(rotation.rotate(query), expected[0]) and torch.equal(rotation.rotate(key), expected[1])
     norm = model.model.layers[0].input_layernorm
     norm.weight.normal_()
     assert torch.equal(rms_norm(norm, hidden * 7), norm(hidden * 7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_default_rotation_is_bitwise_the_rotary_modules(dtype):
+    model = llama().to(dtype)
+    rotary = model.model.rotary_emb
+    assert plain_rotary(rotary)
+    probe = torch.zeros(1, dtype=dtype)
+    for start, length in ((0, 1), (9, 6), (120, 3), (37, 64)):
+        positions = torch.arange(start, start + length)
+        expected = Rotation.of(rotary(probe, positions[None]))
+        ours = default_rotation(rotary, positions.float(), dtype)
+        assert torch.equal(ours.cos, expected.cos) and torch.equal(ours.signed_sin, expected.signed_sin)
+    rows = torch.tensor([[3, 4, 4, 5], [10, 11, 12, 12]])  # a batch's or a tree's own positions
+    expected = Rotation.of(rotary(probe, rows))
+    ours = default_rotation(rotary, rows, dtype)
+    assert torch.equal(ours.cos, expected.cos) and torch.equal(ours.signed_sin, expected.signed_sin)
+    scaled = llama(rope_scaling={"rope_type": "linear", "factor": 2.0}).model.rotary_emb
+    assert not plain_rotary(scaled), "other kinds run the module's own forward"
