@@ -165,20 +165,26 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor,
     shape = (batch, length, -1, attention.head_dim)
     residual = hidden
     x = rms_norm(parts["input_layernorm"], hidden)
-    query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
-    key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
-    value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
+    if length == 1:  # [B, 1, heads * D] read as [B, heads, 1, D] directly: the same elements in the same order
+        shape = (batch, -1, 1, attention.head_dim)
+        query = F.linear(x, q["weight"], q["bias"]).view(shape)
+        key = F.linear(x, k["weight"], k["bias"]).view(shape)
+        value = F.linear(x, v["weight"], v["bias"]).view(shape)
+    else:
+        query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
+        key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
+        value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
     rotation = position_embeddings if isinstance(position_embeddings, Rotation) else Rotation.of(position_embeddings)
     query, key = rotation.rotate(query), rotation.rotate(key)
     if cache is not None:
         key, value = cache.update(key, value, attention.layer_idx)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.shape[-1] != key.shape[-2]:
         attention_mask = attention_mask[..., : key.shape[-2]]
     # As transformers' SDPA path: no mask over several queries means causal (callers with a cache pass a mask).
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=attention.scaling,
                                          is_causal=attention_mask is None and length > 1,
                                          enable_gqa=key.shape[1] != query.shape[1])
-    out = out.transpose(1, 2).reshape(batch, length, -1)
+    out = out.reshape(batch, 1, -1) if length == 1 else out.transpose(1, 2).reshape(batch, length, -1)
     hidden = residual + F.linear(out, o["weight"], o["bias"])
     x = rms_norm(parts["post_attention_layernorm"], hidden)
     gate = F.linear(x, gate_w["weight"], gate_w["bias"])
