@@ -196,9 +196,9 @@ def causal_mask(query_length: int, past_length: int, dtype: torch.dtype, device:
     """Additive mask [1, 1, q, past + q]: query i sees keys <= past + i. None for one query (it sees everything)."""
     if query_length == 1:
         return None
-    keys = past_length + query_length
-    allowed = torch.ones(query_length, keys, dtype=torch.bool, device=device).tril(diagonal=past_length)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    # The lowest value above the diagonal past + i (the keys query i must not see), zero on and below it.
+    blocked = torch.full((1, 1, query_length, past_length + query_length), torch.finfo(dtype).min, dtype=dtype, device=device)
+    return blocked.triu_(past_length + 1)
 
 
 class LeanCausalLM:

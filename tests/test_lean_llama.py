@@ -196,3 +196,13 @@ def test_default_rotation_is_bitwise_the_rotary_modules(dtype):
     assert torch.equal(ours.cos, expected.cos) and torch.equal(ours.signed_sin, expected.signed_sin)
     scaled = llama(rope_scaling={"rope_type": "linear", "factor": 2.0}).model.rotary_emb
     assert not plain_rotary(scaled), "other kinds run the module's own forward"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_mask_blocks_exactly_the_later_keys(dtype):
+    assert causal_mask(1, 5, dtype, torch.device("cpu")) is None
+    for queries, past in ((2, 0), (6, 9), (3, 40)):
+        mask = causal_mask(queries, past, dtype, torch.device("cpu"))
+        seen = torch.arange(past + queries)[None] <= torch.arange(queries)[:, None] + past
+        expected = torch.zeros(queries, past + queries, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)
+        assert mask.shape == (1, 1, queries, past + queries) and torch.equal(mask[0, 0], expected)
