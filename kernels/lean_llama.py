@@ -4,8 +4,10 @@ Why: a drafter runs a small model once per draft token, and on a small model tra
 machinery (kwarg plumbing and deprecation wrappers, output capture, mask building, the attention-interface
 dispatch) is a large share of a forward: on a 2-core CPU one step of the 2-layer, 256-wide text drafter
 took 1.5-1.8 ms through it and 1.1-1.3 ms here; the one-layer, 512-wide MSD / FLASH layer about 1.5 ms
-against 0.7 ms for its linear layers and attention. This module runs the same operations, in the same
-order, on the modules' own weights:
+against 0.7 ms for its linear layers and attention. This module computes the same products and sums, in the
+same order, on the modules' own weights, with fewer tensor ops (each costs a dispatch that rivals a small model's
+arithmetic): the rotary embedding as one roll and a sine with `rotate_half`'s signs folded in (negating a factor is
+exact), no float32 casts of float32 values, no transposes of a single position's heads:
 
 - `llama_layer_forward(layer, ...)`: one transformers `LlamaDecoderLayer` (RMSNorm, q/k/v, RoPE,
   SDPA, o_proj, RMSNorm, gated MLP), updating a transformers `DynamicCache` as the layer would;
@@ -27,7 +29,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaForCausalLM, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
 
 from ..compat import accelerate_hook, attention_implementation
 
@@ -66,13 +73,85 @@ def lean_layer_supported(layer: nn.Module) -> bool:
     return plain
 
 
-def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+def rms_norm(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """`norm(hidden)` for a `LlamaRMSNorm`: its float32 round trip is two no-op casts on float32 input, skipped here
+    (the same operations on the same values otherwise). Any other norm runs its own forward."""
+    if type(norm) is not LlamaRMSNorm or hidden.dtype is not torch.float32:
+        return norm.forward(hidden)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return norm._parameters["weight"] * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
+
+
+class Rotation:
+    """The rotary embedding of one forward, shaped once for every layer: cos [B, 1, L, D] and the sine with the sign
+    of transformers' `rotate_half` folded in, so that `rotate(x)` = x * cos + roll(x, D/2) * signed sine (4 tensor ops
+    where `apply_rotary_pos_emb` takes 8, with the same products and sums: negating a factor is exact)."""
+
+    __slots__ = ("cos", "half", "signed_sin")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """From cos and sin [B, 1, L, D]."""
+        self.half = sin.shape[-1] // 2
+        self.cos = cos
+        self.signed_sin = sin * _half_signs(sin.shape[-1], sin.dtype, sin.device)
+
+    @classmethod
+    def of(cls, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> "Rotation":
+        """From a rotary embedding module's output: (cos, sin) [B, L, D]."""
+        cos, sin = position_embeddings
+        return cls(cos.unsqueeze(1), sin.unsqueeze(1))
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cos + x.roll(self.half, -1) * self.signed_sin
+
+
+def plain_rotary(rotary: nn.Module) -> bool:
+    """Whether `rotary` is a transformers `LlamaRotaryEmbedding` of the default kind (fixed frequencies, no scaling):
+    then `default_rotation` computes what its forward does."""
+    return (type(rotary) is LlamaRotaryEmbedding and getattr(rotary, "rope_type", None) == "default"
+            and getattr(rotary, "attention_scaling", None) == 1.0)
+
+
+def default_rotation(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+    """The `Rotation` at `positions` (float32 [L] for one row of consecutive positions, else long [B, L]) of a
+    `plain_rotary` module: its forward's products of positions and frequencies, cos and sin over the same
+    [B, L, D] elements in the same order (so the same vectorised kernels), without its per-call wrappers."""
+    inv_freq = rotary._buffers["inv_freq"]
+    if inv_freq.dtype is not torch.float32:
+        inv_freq = inv_freq.float()
+    if positions.dim() == 1:  # whole numbers, exact in float32 as the forward's long-to-float cast gives them
+        freqs = torch.outer(positions, inv_freq)[None, None]
+    else:
+        freqs = positions[:, None, :, None].float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    if dtype is not torch.float32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    return Rotation(cos, sin)
+
+
+_SIGNS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _half_signs(width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[-1] * (width / 2) + [1] * (width / 2): the signs `rotate_half` gives the two halves."""
+    key = (width, dtype, device)
+    signs = _SIGNS.get(key)
+    if signs is None:
+        signs = _SIGNS[key] = torch.ones(width, dtype=dtype, device=device).index_fill_(
+            0, torch.arange(width // 2, device=device), -1)
+    return signs
+
+
+def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor,
+                        position_embeddings: tuple[torch.Tensor, torch.Tensor] | Rotation,
                         attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
     """`layer(hidden, ...)` as transformers computes it: hidden [B, L, H] -> [B, L, H].
 
-    position_embeddings: (cos, sin) [B, L, D] from the model's rotary embedding; attention_mask: an
-    additive [B, 1, L, past + L] mask, or None: one query sees every key; several queries without a cache
-    see causally (as SDPA's `is_causal`); cache: a `DynamicCache` updated with this layer's keys and values (None: no cache).
+    position_embeddings: (cos, sin) [B, L, D] from the model's rotary embedding, or their `Rotation` (made once for
+    all layers); attention_mask: an additive [B, 1, L, past + L] mask, or None: one query sees every key; several
+    queries without a cache see causally (as SDPA's `is_causal`); cache: a `DynamicCache` updated with this layer's
+    keys and values (None: no cache).
     """
     # Submodules and weights straight from the modules' own dicts: `nn.Module.__getattr__` is a Python call per
     # attribute (about 30 a layer), and `module(x)` two more around `forward`. The checks `lean_layer_supported`
@@ -87,23 +166,29 @@ def llama_layer_forward(layer: LlamaDecoderLayer, hidden: torch.Tensor, position
     batch, length, _ = hidden.shape
     shape = (batch, length, -1, attention.head_dim)
     residual = hidden
-    x = parts["input_layernorm"].forward(hidden)
-    query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
-    key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
-    value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    x = rms_norm(parts["input_layernorm"], hidden)
+    if length == 1:  # [B, 1, heads * D] read as [B, heads, 1, D] directly: the same elements in the same order
+        shape = (batch, -1, 1, attention.head_dim)
+        query = F.linear(x, q["weight"], q["bias"]).view(shape)
+        key = F.linear(x, k["weight"], k["bias"]).view(shape)
+        value = F.linear(x, v["weight"], v["bias"]).view(shape)
+    else:
+        query = F.linear(x, q["weight"], q["bias"]).view(shape).transpose(1, 2)
+        key = F.linear(x, k["weight"], k["bias"]).view(shape).transpose(1, 2)
+        value = F.linear(x, v["weight"], v["bias"]).view(shape).transpose(1, 2)
+    rotation = position_embeddings if isinstance(position_embeddings, Rotation) else Rotation.of(position_embeddings)
+    query, key = rotation.rotate(query), rotation.rotate(key)
     if cache is not None:
         key, value = cache.update(key, value, attention.layer_idx)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.shape[-1] != key.shape[-2]:
         attention_mask = attention_mask[..., : key.shape[-2]]
     # As transformers' SDPA path: no mask over several queries means causal (callers with a cache pass a mask).
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=attention.scaling,
                                          is_causal=attention_mask is None and length > 1,
                                          enable_gqa=key.shape[1] != query.shape[1])
-    out = out.transpose(1, 2).reshape(batch, length, -1)
+    out = out.reshape(batch, 1, -1) if length == 1 else out.transpose(1, 2).reshape(batch, length, -1)
     hidden = residual + F.linear(out, o["weight"], o["bias"])
-    x = parts["post_attention_layernorm"].forward(hidden)
+    x = rms_norm(parts["post_attention_layernorm"], hidden)
     gate = F.linear(x, gate_w["weight"], gate_w["bias"])
     up = F.linear(x, up_w["weight"], up_w["bias"])
     return hidden + F.linear(mlp_parts["act_fn"].forward(gate) * up, down_w["weight"], down_w["bias"])
@@ -113,9 +198,9 @@ def causal_mask(query_length: int, past_length: int, dtype: torch.dtype, device:
     """Additive mask [1, 1, q, past + q]: query i sees keys <= past + i. None for one query (it sees everything)."""
     if query_length == 1:
         return None
-    keys = past_length + query_length
-    allowed = torch.ones(query_length, keys, dtype=torch.bool, device=device).tril(diagonal=past_length)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    # The lowest value above the diagonal past + i (the keys query i must not see), zero on and below it.
+    blocked = torch.full((1, 1, query_length, past_length + query_length), torch.finfo(dtype).min, dtype=dtype, device=device)
+    return blocked.triu_(past_length + 1)
 
 
 class LeanCausalLM:
@@ -132,6 +217,7 @@ class LeanCausalLM:
         self.layers = list(self.decoder.layers[: model.config.num_hidden_layers])
         # Held once, as the layers are: each step reads them without `nn.Module.__getattr__`.
         self.embed_tokens, self.rotary_emb, self.norm = self.decoder.embed_tokens, self.decoder.rotary_emb, self.decoder.norm
+        self.plain_rotary = plain_rotary(self.rotary_emb)
         self.lm_head = model.lm_head
 
     @staticmethod
@@ -162,13 +248,18 @@ class LeanCausalLM:
         past = cache.get_seq_length()
         hidden = F.embedding(input_ids, self.embed_tokens._parameters["weight"], self.embed_tokens.padding_idx)
         length = input_ids.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=hidden.device)[None]
         if attention_mask is None:
             attention_mask = causal_mask(length, past, hidden.dtype, hidden.device)
-        else:
+        elif attention_mask.dtype is not hidden.dtype:
             attention_mask = attention_mask.to(hidden.dtype)
-        position_embeddings = self.rotary_emb(hidden, position_ids)
+        if self.plain_rotary:
+            positions = position_ids if position_ids is not None else torch.arange(
+                past, past + length, dtype=torch.float32, device=hidden.device)
+            rotation = default_rotation(self.rotary_emb, positions, hidden.dtype)
+        else:
+            if position_ids is None:
+                position_ids = torch.arange(past, past + length, device=hidden.device)[None]
+            rotation = Rotation.of(self.rotary_emb(hidden, position_ids))
         for layer in self.layers:
-            hidden = llama_layer_forward(layer, hidden, position_embeddings, attention_mask, cache)
-        return self.norm.forward(hidden)
+            hidden = llama_layer_forward(layer, hidden, rotation, attention_mask, cache)
+        return rms_norm(self.norm, hidden)

@@ -41,6 +41,12 @@ def input_device(model: torch.nn.Module) -> torch.device:
     return torch.device(placed[0]) if placed else torch.device("cpu")
 
 
+def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor.to(device)`, skipping the call (a dispatched no-op) when it is there already: drafters move small
+    tensors between their device and the target's several times a round."""
+    return tensor if tensor.device == device else tensor.to(device)
+
+
 def place_drafter(drafter: torch.nn.Module, device: str | torch.device | None,
                   target: torch.nn.Module) -> torch.nn.Module:
     """Put a drafter network on `device` (None: the target's input device).

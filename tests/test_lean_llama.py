@@ -10,7 +10,16 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Mistra
 from mmspec import speculative_generate
 from mmspec.cached_model import CachedModel
 from mmspec.drafters import ModelDrafter
-from mmspec.kernels.lean_llama import LeanCausalLM, causal_mask, lean_layer_supported, llama_layer_forward
+from mmspec.kernels.lean_llama import (
+    LeanCausalLM,
+    Rotation,
+    causal_mask,
+    default_rotation,
+    lean_layer_supported,
+    llama_layer_forward,
+    plain_rotary,
+    rms_norm,
+)
 from mmspec.testing import reload_from_disk, tiny_llama
 
 
@@ -147,3 +156,53 @@ def test_a_lean_drafter_changes_nothing_but_its_cost(tree):
         assert torch.equal(out.sequences, expected)
         runs[lean] = (proposals, out.stats.drafter_forwards)
     assert runs[True] == runs[False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_rotation_and_norm_are_bitwise_transformers_own(dtype):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = llama().to(dtype)
+    torch.manual_seed(3)
+    positions = torch.tensor([[0, 5, 6, 7, 100]])
+    hidden = torch.randn(1, 5, 32, dtype=dtype)
+    embeddings = model.model.rotary_emb(hidden, positions)
+    # a query laid out as the layer lays it out: [B, L, heads, D] viewed as [B, heads, L, D]
+    query, key = (torch.randn(1, 5, heads, 8, dtype=dtype).transpose(1, 2) * 30 for heads in (4, 2))
+    rotation = Rotation.of(embeddings)
+    expected = apply_rotary_pos_emb(query, key, *embeddings)
+    assert torch.equal(rotation.rotate(query), expected[0]) and torch.equal(rotation.rotate(key), expected[1])
+    norm = model.model.layers[0].input_layernorm
+    norm.weight.normal_()
+    assert torch.equal(rms_norm(norm, hidden * 7), norm(hidden * 7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_default_rotation_is_bitwise_the_rotary_modules(dtype):
+    model = llama().to(dtype)
+    rotary = model.model.rotary_emb
+    assert plain_rotary(rotary)
+    probe = torch.zeros(1, dtype=dtype)
+    for start, length in ((0, 1), (9, 6), (120, 3), (37, 64)):
+        positions = torch.arange(start, start + length)
+        expected = Rotation.of(rotary(probe, positions[None]))
+        ours = default_rotation(rotary, positions.float(), dtype)
+        assert torch.equal(ours.cos, expected.cos) and torch.equal(ours.signed_sin, expected.signed_sin)
+    rows = torch.tensor([[3, 4, 4, 5], [10, 11, 12, 12]])  # a batch's or a tree's own positions
+    expected = Rotation.of(rotary(probe, rows))
+    ours = default_rotation(rotary, rows, dtype)
+    assert torch.equal(ours.cos, expected.cos) and torch.equal(ours.signed_sin, expected.signed_sin)
+    scaled = llama(rope_scaling={"rope_type": "linear", "factor": 2.0}).model.rotary_emb
+    assert not plain_rotary(scaled), "other kinds run the module's own forward"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_mask_blocks_exactly_the_later_keys(dtype):
+    assert causal_mask(1, 5, dtype, torch.device("cpu")) is None
+    for queries, past in ((2, 0), (6, 9), (3, 40)):
+        mask = causal_mask(queries, past, dtype, torch.device("cpu"))
+        seen = torch.arange(past + queries)[None] <= torch.arange(queries)[:, None] + past
+        expected = torch.zeros(queries, past + queries, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)
+        assert mask.shape == (1, 1, queries, past + queries) and torch.equal(mask[0, 0], expected)

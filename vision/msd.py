@@ -31,7 +31,7 @@ from mmspec.cached_model import cache_argument, with_cache
 from mmspec.compat import set_attention_implementation
 from mmspec.drafters.autoregressive import choose_draft_token
 from mmspec.drafters.base import DraftView
-from mmspec.kernels.lean_llama import lean_layer_supported, llama_layer_forward
+from mmspec.kernels.lean_llama import Rotation, lean_layer_supported, llama_layer_forward
 from mmspec.policies import DraftLengthPolicy
 from mmspec.ragged import RaggedBatch
 from mmspec.sampling import SamplingConfig
@@ -222,9 +222,11 @@ class MSDDrafterModel(FeatureDrafterModel):
             mask = causal_attention_mask(attention_mask, batch, length, past, inputs_embeds.dtype, inputs_embeds.device)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden = inputs_embeds
+        rotation: Rotation | None = None  # shaped once for all lean layers
         for layer in self.layers:
             if lean and lean_layer_supported(layer):  # drafting: the layer's maths without transformers' per-call machinery
-                hidden = llama_layer_forward(layer, hidden, position_embeddings, mask, past_key_values)
+                rotation = rotation or Rotation.of(position_embeddings)
+                hidden = llama_layer_forward(layer, hidden, rotation, mask, past_key_values)
                 continue
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, **{cache_argument(layer): past_key_values},
                            use_cache=use_cache, position_embeddings=position_embeddings)

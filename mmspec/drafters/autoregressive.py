@@ -73,7 +73,7 @@ class AutoregressiveDrafter(Drafter):
                 dists.append(dist)
             if step + 1 == max_tokens or (confidence is not None and not policy.keep_drafting(confidence)):
                 break
-            if int(token[0]) in self.stop_ids:
+            if self.stop_ids and int(token[0]) in self.stop_ids:
                 break
             logits = self.feed(token)
         drafted = torch.stack(tokens, dim=1)

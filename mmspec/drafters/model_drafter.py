@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cached_model import CachedModel
-from ..devices import input_device
+from ..devices import input_device, on_device
 from ..errors import MMSpecError
 from ..generation import process_prefixed_rows
 from ..ragged import RaggedBatch
@@ -88,17 +88,17 @@ class ModelDrafter(AutoregressiveDrafter):
         logits come back on the sequence's device (where the loop compares and samples)."""
         keep = common_prefix_length(self.cached_tokens, sequence)
         keep = min(keep, sequence.shape[0] - 1)  # feed at least one token to get next-token logits
-        tokens = sequence.to(self._input_device)
+        tokens = on_device(sequence, self._input_device)
         if self.lm.cache is None or keep == 0:
             out = self.lm.prefill(tokens[None], logits_to_keep=1, **self._encoder_inputs)
         else:
             self.lm.truncate(keep)
             out = self.lm.extend(tokens[None, keep:], logits_to_keep=1)
-        return out.logits[:, -1, :].to(sequence.device)
+        return on_device(out.logits[:, -1, :], sequence.device)
 
     def feed(self, token: torch.Tensor) -> torch.Tensor:
-        out = self.lm.extend(token[:, None].to(self._input_device), logits_to_keep=1)
-        return out.logits[:, -1, :].to(token.device)
+        out = self.lm.extend(on_device(token[:, None], self._input_device), logits_to_keep=1)
+        return on_device(out.logits[:, -1, :], token.device)
 
     def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The drafter's logits [..., V] as its drafts are chosen from (subclasses mask tokens here)."""
