@@ -334,13 +334,13 @@ def test_steps_near_the_position_limit_go_unpadded(target, small_drafter, prompt
     limit = target.config.max_position_embeddings
     static_target, static_drafter = static_pair(target, small_drafter, FixedDraftLength(5))
     ends = []
-    compiled = static_target._compiled
+    compiled = static_target._steps.forward
 
     def recording(**inputs):
         ends.append(int(inputs["cache"].get_seq_length()) + inputs["input_ids"].shape[1])
         return compiled(**inputs)
 
-    static_target._compiled = recording
+    static_target._steps.forward = recording
     out = assert_same_as_generate(target, static_drafter, prompt, limit - prompt.shape[1] - 1,
                                   static_target=static_target, num_draft_tokens=5)
     assert out.sequences.shape[1] == limit - 1
