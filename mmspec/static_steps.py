@@ -91,10 +91,11 @@ class StaticSteps:
         """This thread's static cache, made (or made larger) to hold at least `positions`; handed to this copy."""
         local = self._local
         cache = getattr(local, "cache", None)
-        if cache is None or cache.get_max_length() < positions:
+        # A changed model (`CompiledSteps.check_model`) may hold other dtypes or devices: a cache of its own.
+        if cache is None or cache.get_max_length() < positions or getattr(local, "signature", None) is not self._steps.signature:
             size = rounded_capacity(max(positions, self.min_capacity))
             cache = StaticCache(config=self.model.config, max_cache_len=size)
-            local.cache = cache
+            local.cache, local.signature = cache, self._steps.signature
         self._owner = object()
         local.owner = self._owner
         return cache
@@ -141,10 +142,10 @@ class StaticSteps:
     def prefill(self, tokens: torch.LongTensor, logits_to_keep: int = 1, head: bool = True, **model_inputs: Any) -> Any:
         if tokens.shape[0] != 1:
             raise MMSpecError("compile=True decodes one sequence at a time; pass a batch of one")
+        self._steps.check_model()
         cache = self._thread_cache(tokens.shape[1] + self.widths[-1])
         cache.crop(-int(cache.get_seq_length()))  # back to empty: the prompt overwrites the old states
         self.cache = None
-        self._steps.check_model()
         self.forwards += 1
         out = eager_forward(self.model, head, logits_to_keep,
                             **{"input_ids": tokens, self._cache_argument: cache, **model_inputs})
@@ -212,6 +213,8 @@ class CompiledSteps:
     the training flag, as a signature; when it changed, the forward is compiled afresh. Weight values may change
     freely: the graph reads them at every step.
     """
+
+    shared_by_calls = True  # one set of graphs for every call's working copy (`mmspec.decode_state`)
 
     def __init__(self, model: PreTrainedModel, backend: str, mode: str | None) -> None:
         self.model, self.backend, self.mode = model, backend, mode

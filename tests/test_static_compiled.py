@@ -345,3 +345,20 @@ def test_steps_near_the_position_limit_go_unpadded(target, small_drafter, prompt
                                   static_target=static_target, num_draft_tokens=5)
     assert out.sequences.shape[1] == limit - 1
     assert ends and max(ends) <= limit
+
+
+def test_a_model_changed_between_calls_is_compiled_afresh(prompt):
+    """The compiled steps check the model once per call, not its modules at every step: a model changed between
+    calls (here its weights cast to float64) gets fresh graphs and a fresh cache, and the
+    output is still generate's."""
+    model = tiny_llama(num_layers=2, seed=3)
+    static_target = StaticTarget(model, widths=(4,), backend="eager")
+    assert_same_as_generate(model, PromptLookupDrafter(), prompt, 12, static_target=static_target)
+    first = static_target._steps.forward
+    assert_same_as_generate(model, PromptLookupDrafter(), prompt, 12, static_target=static_target)
+    assert static_target._steps.forward is first  # unchanged: the same graphs
+    model.double()
+    out = assert_same_as_generate(model, PromptLookupDrafter(), prompt, 12, static_target=static_target)
+    assert static_target._steps.forward is not first
+    assert static_target._local.cache.layers[0].keys.dtype == torch.float64  # this thread's cache, made afresh
+    assert out.stats.target_forwards > 1
