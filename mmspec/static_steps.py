@@ -209,7 +209,7 @@ class CompiledSteps:
     default, every module, weight and attribute of the model (about 2,300 checks on the 8-layer text target). Right
     after a large forward has evicted those objects from the CPU caches, checking them cost more than a small
     drafter step gained from compiling. Here the guards on the model are dropped (`guard_filter_fn`) and replaced
-    by one check per decoding call (`check_model`): the modules, their weights' shapes, dtypes and devices, and
+    by one check per decoding call (`check_model`): the modules, their weights' layouts, dtypes and devices, and
     the training flag, as a signature; when it changed, the forward is compiled afresh. Weight values may change
     freely: the graph reads them at every step.
     """
@@ -225,7 +225,11 @@ class CompiledSteps:
         # Models of one class share their forward's code, where dynamo keeps its graphs: isolated, this model's graphs
         # count against their own limit. `mode` goes in as its inductor options: torch.compile takes a mode or
         # options, and the guard filter is an option.
-        settings = list_mode_options(self.mode) if self.backend == "inductor" and self.mode is not None else {}
+        settings: dict[str, Any] = {}
+        if self.backend == "inductor":
+            # The generated code would check every weight's size and strides at each step (30 checks on the
+            # text drafter): the model check covers them once a call, the kept guards cover the inputs.
+            settings = {**list_mode_options(self.mode or "default"), "size_asserts": False}
         arguments: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}  # untyped in torch
         return torch.compile(self.model.forward, backend=self.backend, dynamic=False,
                              options={**settings, "guard_filter_fn": step_guards}, **arguments)
@@ -240,9 +244,9 @@ class CompiledSteps:
 
 def model_signature(model: torch.nn.Module) -> tuple[Any, ...]:
     """What a compiled step assumes about `model`: its modules' names, types and modes, and its tensors' names,
-    shapes, dtypes and devices."""
+    shapes, strides, dtypes and devices."""
     modules = tuple((name, type(module), module.training) for name, module in model.named_modules())
-    tensors = tuple((name, tensor.shape, tensor.dtype, tensor.device)
+    tensors = tuple((name, tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
                     for name, tensor in (*model.named_parameters(), *model.named_buffers()))
     return modules, tensors
 
