@@ -362,3 +362,43 @@ def test_a_model_changed_between_calls_is_compiled_afresh(prompt):
     assert static_target._steps.forward is not first
     assert static_target._local.cache.layers[0].keys.dtype == torch.float64  # this thread's cache, made afresh
     assert out.stats.target_forwards > 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_models_are_freed_with_their_last_reference(backend, prompt, monkeypatch):
+    """compile=True keeps each model's static wrapper (graphs, caches) for its next call, and the wrapper holds
+    the model: kept in a process-wide table, the models lived as long as the process. Dropped by the caller, a
+    target and its drafter are collected with their graphs."""
+    import gc
+    import weakref
+
+    from mmspec import static_target as st
+
+    monkeypatch.setattr(st, "DEFAULT_BACKEND", backend)
+    target, drafter = tiny_llama(num_layers=1, hidden_size=32, seed=5), tiny_llama(num_layers=1, hidden_size=32, seed=6)
+    out = speculative_generate(target, drafter, prompt, max_new_tokens=6, do_sample=False, num_draft_tokens=2,
+                               compile=True)
+    assert isinstance(out.target, StaticTarget)
+    target_alive, drafter_alive = weakref.ref(target), weakref.ref(drafter)
+    del target, drafter, out
+    gc.collect()
+    assert target_alive() is None and drafter_alive() is None
+
+
+def test_copies_of_a_compiled_model_start_without_its_wrappers(prompt, monkeypatch):
+    """The wrappers live on the model they serve; a deep copy or a pickle of that model starts without them (they
+    hold the original), and decodes on its own."""
+    import copy
+    import pickle
+
+    from mmspec import NoDrafter
+    from mmspec import static_target as st
+
+    monkeypatch.setattr(st, "DEFAULT_BACKEND", "eager")
+    model = tiny_llama(num_layers=1, hidden_size=32, seed=7)
+    assert_same_as_generate(model, NoDrafter(), prompt, 4, compile=True)
+    assert st.static_wrappers(model)
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), copy.copy(model)):
+        assert not st.static_wrappers(twin)
+        out = assert_same_as_generate(twin, NoDrafter(), prompt, 4, compile=True)
+        assert out.target.model is twin
