@@ -110,14 +110,7 @@ class StaticSteps:
         old = self.cache
         length = self._length
         new = StaticCache(config=self.model.config, max_cache_len=rounded_capacity(positions))
-        layers: list[tuple[Any, Any]] = list(zip(old.layers, new.layers))  # static layers (mypy sees every kind)
-        for old_layer, new_layer in layers:
-            if not old_layer.is_initialized:
-                continue
-            new_layer.lazy_initialization(old_layer.keys, old_layer.values)
-            new_layer.keys[:, :, :length].copy_(old_layer.keys[:, :, :length])
-            new_layer.values[:, :, :length].copy_(old_layer.values[:, :, :length])
-            new_layer.cumulative_length.fill_(length)
+        compat.copy_static_cache(old, new, length)
         self._local.cache = new
         self.cache = new
 
