@@ -176,6 +176,36 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in layers]
 
 
+def copy_static_cache(source: Any, destination: Any, length: int) -> None:
+    """Copy the first `length` positions of every layer of a transformers `StaticCache` into a larger one, and set
+    the larger one's length to `length` (growing the static cache of `compile=True` for a longer call). transformers
+    has no public way to move states between static caches: this reads each `StaticLayer`'s `keys` / `values`,
+    initialises the destination's layers (`lazy_initialization`) and sets their `cumulative_length`."""
+    setting = "growing the static KV cache of compile=True for a longer call"
+    pairs = list(zip(_static_layers(source, setting), _static_layers(destination, setting), strict=True))
+    for old, new in pairs:
+        if not old.is_initialized:
+            continue
+        new.lazy_initialization(old.keys, old.values)
+        new.keys[:, :, :length].copy_(old.keys[:, :, :length])
+        new.values[:, :, :length].copy_(old.values[:, :, :length])
+        new.cumulative_length.fill_(length)
+
+
+def _static_layers(cache: Any, setting: str) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise incompatible("transformers StaticCache.layers", setting)
+    for layer in layers:
+        initialised = getattr(layer, "is_initialized", None)
+        if not isinstance(initialised, bool) or not callable(getattr(layer, "lazy_initialization", None)):
+            raise incompatible(f"transformers {type(layer).__name__}.is_initialized / .lazy_initialization", setting)
+        if initialised and not all(isinstance(getattr(layer, name, None), torch.Tensor)
+                                   for name in ("keys", "values", "cumulative_length")):
+            raise incompatible(f"transformers {type(layer).__name__}.keys / .values / .cumulative_length", setting)
+    return list(layers)
+
+
 def keep_cache_positions(cache: Any, positions: torch.LongTensor) -> None:
     """Keep only the sequence positions `positions` (ascending) of every layer of a transformers `DynamicCache`,
     in place (after a tree forward: the committed path's entries). transformers has no public way to drop

@@ -38,9 +38,10 @@ def working_copies(target: Target, drafter: Drafter) -> tuple[Target, Drafter]:
 
 
 def _owned(value: Any) -> bool:
-    """mmspec's stateful objects, and users' subclasses of them (not modules, tensors, classes, pipelines or
-    other libraries' objects)."""
-    if isinstance(value, (torch.nn.Module, type)):
+    """mmspec's stateful objects, and users' subclasses of them (not modules, tensors, classes, pipelines,
+    objects that declare themselves shared by every call (`shared_by_calls`: compiled graphs) or other
+    libraries' objects)."""
+    if isinstance(value, (torch.nn.Module, type)) or getattr(type(value), "shared_by_calls", False):
         return False
     if not any(kind.__module__.startswith("mmspec") for kind in type(value).__mro__[:-1]):
         return False

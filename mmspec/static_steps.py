@@ -18,6 +18,7 @@ import threading
 from typing import Any, cast
 
 import torch
+from torch._inductor import list_mode_options
 from transformers import PreTrainedModel, StaticCache
 
 from . import compat
@@ -26,7 +27,7 @@ from .errors import MMSpecError
 
 # Cache sizes are rounded up to this many positions, so calls with nearby lengths share one compiled graph.
 CACHE_BUCKET = 128
-# Graphs dynamo may keep for one model class's forward (see `extend`).
+# Graphs dynamo may keep for one static object (widths x cache sizes).
 RECOMPILE_LIMIT = 64
 
 
@@ -79,11 +80,7 @@ class StaticSteps:
         device = input_device(self.model)
         mode = mode if mode is not None else (compile_mode(device) if backend == "inductor" else None)
         self._copies_outputs = mode == "reduce-overhead"
-        # One compiled callable for every width and working copy; dynamo keeps one graph per input shape.
-        options: dict[str, Any] = {"backend": backend, "dynamic": False}
-        if mode is not None:
-            options["mode"] = mode
-        self._compiled = torch.compile(self.model.forward, **options)
+        self._steps = CompiledSteps(self.model, backend, mode)  # shared by every working copy
         self._local = threading.local()
         self._owner: object = object()
         self._length = 0  # positions held, kept here too: reading the cache's own counter would sync a GPU
@@ -94,10 +91,11 @@ class StaticSteps:
         """This thread's static cache, made (or made larger) to hold at least `positions`; handed to this copy."""
         local = self._local
         cache = getattr(local, "cache", None)
-        if cache is None or cache.get_max_length() < positions:
+        # A changed model (`CompiledSteps.check_model`) may hold other dtypes or devices: a cache of its own.
+        if cache is None or cache.get_max_length() < positions or getattr(local, "signature", None) is not self._steps.signature:
             size = rounded_capacity(max(positions, self.min_capacity))
             cache = StaticCache(config=self.model.config, max_cache_len=size)
-            local.cache = cache
+            local.cache, local.signature = cache, self._steps.signature
         self._owner = object()
         local.owner = self._owner
         return cache
@@ -112,14 +110,7 @@ class StaticSteps:
         old = self.cache
         length = self._length
         new = StaticCache(config=self.model.config, max_cache_len=rounded_capacity(positions))
-        layers: list[tuple[Any, Any]] = list(zip(old.layers, new.layers))  # static layers (mypy sees every kind)
-        for old_layer, new_layer in layers:
-            if not old_layer.is_initialized:
-                continue
-            new_layer.lazy_initialization(old_layer.keys, old_layer.values)
-            new_layer.keys[:, :, :length].copy_(old_layer.keys[:, :, :length])
-            new_layer.values[:, :, :length].copy_(old_layer.values[:, :, :length])
-            new_layer.cumulative_length.fill_(length)
+        compat.copy_static_cache(old, new, length)
         self._local.cache = new
         self.cache = new
 
@@ -144,6 +135,7 @@ class StaticSteps:
     def prefill(self, tokens: torch.LongTensor, logits_to_keep: int = 1, head: bool = True, **model_inputs: Any) -> Any:
         if tokens.shape[0] != 1:
             raise MMSpecError("compile=True decodes one sequence at a time; pass a batch of one")
+        self._steps.check_model()
         cache = self._thread_cache(tokens.shape[1] + self.widths[-1])
         cache.crop(-int(cache.get_seq_length()))  # back to empty: the prompt overwrites the old states
         self.cache = None
@@ -180,11 +172,8 @@ class StaticSteps:
         padded[:, :count] = tokens
         padded[:, count:] = tokens[:, -1:]
         self.forwards += 1
-        # Models of one class share their forward's code, and dynamo's limit of graphs per code (8) would soon
-        # send a process with several of them (a target and its drafter, a few widths, tests) back to eager.
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            out = self._compiled(input_ids=padded, **{self._cache_argument: self.cache}, use_cache=True,
-                                 return_dict=True, logits_to_keep=0, **({"output_hidden_states": True} if hidden else {}))
+        out = self._steps.forward(input_ids=padded, **{self._cache_argument: self.cache}, use_cache=True,
+                                  return_dict=True, logits_to_keep=0, **({"output_hidden_states": True} if hidden else {}))
         if width > count:
             self.cache.crop(count - width)
         logits = out.logits[:, :count]
@@ -204,6 +193,60 @@ class StaticSteps:
         self._length = length
         if excess:
             self.cache.crop(-excess)  # moves the length pointer back; the stale slots are overwritten later
+
+
+class CompiledSteps:
+    """The model's forward compiled for fixed-shape steps, with dynamo's per-step guards cut to the step's inputs.
+
+    Before every step dynamo checks its guards: each tensor input's and the cache's (shape, dtype, device) and, by
+    default, every module, weight and attribute of the model (about 2,300 checks on the 8-layer text target). Right
+    after a large forward has evicted those objects from the CPU caches, checking them cost more than a small
+    drafter step gained from compiling. Here the guards on the model are dropped (`guard_filter_fn`) and replaced
+    by one check per decoding call (`check_model`): the modules, their weights' layouts, dtypes and devices, and
+    the training flag, as a signature; when it changed, the forward is compiled afresh. Weight values may change
+    freely: the graph reads them at every step.
+    """
+
+    shared_by_calls = True  # one set of graphs for every call's working copy (`mmspec.decode_state`)
+
+    def __init__(self, model: PreTrainedModel, backend: str, mode: str | None) -> None:
+        self.model, self.backend, self.mode = model, backend, mode
+        self.signature = model_signature(model)
+        self.forward = self._compile()
+
+    def _compile(self) -> Any:
+        # Models of one class share their forward's code, where dynamo keeps its graphs: isolated, this model's graphs
+        # count against their own limit. `mode` goes in as its inductor options: torch.compile takes a mode or
+        # options, and the guard filter is an option.
+        settings: dict[str, Any] = {}
+        if self.backend == "inductor":
+            # The generated code would check every weight's size and strides at each step (30 checks on the
+            # text drafter): the model check covers them once a call, the kept guards cover the inputs.
+            settings = {**list_mode_options(self.mode or "default"), "size_asserts": False}
+        arguments: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}  # untyped in torch
+        return torch.compile(self.model.forward, backend=self.backend, dynamic=False,
+                             options={**settings, "guard_filter_fn": step_guards}, **arguments)
+
+    def check_model(self) -> None:
+        """Compile afresh when the model changed since its steps were compiled (a `.to(dtype)`, a swapped layer)."""
+        signature = model_signature(self.model)
+        if signature != self.signature:
+            self.signature = signature
+            self.forward = self._compile()
+
+
+def model_signature(model: torch.nn.Module) -> tuple[Any, ...]:
+    """What a compiled step assumes about `model`: its modules' names, types and modes, and its tensors' names,
+    shapes, strides, dtypes and devices."""
+    modules = tuple((name, type(module), module.training) for name, module in model.named_modules())
+    tensors = tuple((name, tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+                    for name, tensor in (*model.named_parameters(), *model.named_buffers()))
+    return modules, tensors
+
+
+def step_guards(entries: Any) -> list[bool]:
+    """The `guard_filter_fn` of the compiled steps: keep every guard but those on the model (see `CompiledSteps`)."""
+    return list(torch.compiler.skip_guard_on_all_nn_modules_unsafe(entries))
 
 
 def eager_forward(model: Any, head: bool, logits_to_keep: int, **kwargs: Any) -> Any:

@@ -132,13 +132,47 @@ def static_model_drafter(drafter: ModelDrafter, max_cache_len: int | None = None
     return static
 
 
-# object -> {key: its static wrapper}. Calls with the same model (or drafter) reuse one wrapper, and with it the
-# compiled graphs and the static caches (a fresh cache would be new tensors, which recompiles the graph).
-_WRAPPERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+# The attribute a model (or drafter) keeps its static wrappers under.
+_WRAPPERS_ATTRIBUTE = "_mmspec_static_wrappers"
+
+
+class StaticWrappers(dict):
+    """An object's static wrappers by key. Calls with the same model (or drafter) reuse one wrapper, and with it the
+    compiled graphs and the static caches (a fresh cache would be new tensors, which recompiles the graph).
+
+    The table lives on the object itself, not in a process-wide one: a wrapper holds its model, so a global table
+    (even one with weak keys) would keep every model alive; here the model and its wrappers are one cycle, freed
+    with the model's last outside reference. Copies and pickles of the model start without wrappers (those belong
+    to the original: `owner`)."""
+
+    def __init__(self, owner: Any = None) -> None:
+        super().__init__()
+        self.owner = None if owner is None else weakref.ref(owner)
+
+    def __copy__(self) -> StaticWrappers:
+        return StaticWrappers()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StaticWrappers:
+        return StaticWrappers()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return StaticWrappers, ()
+
+
+def static_wrappers(key_object: Any) -> StaticWrappers:
+    """The static wrappers `compile=True` made for a model (or drafter) so far (empty: none)."""
+    wrappers = getattr(key_object, _WRAPPERS_ATTRIBUTE, None)
+    if isinstance(wrappers, StaticWrappers) and wrappers.owner is not None and wrappers.owner() is key_object:
+        return wrappers
+    return StaticWrappers()
 
 
 def _shared(key_object: Any, key: tuple, make: Callable[[Any], Any]) -> Any:
-    wrappers = _WRAPPERS.setdefault(key_object, {})
+    wrappers = static_wrappers(key_object)
+    if wrappers.owner is None:
+        wrappers = StaticWrappers(key_object)
+        # Not `setattr`: a module's own __setattr__ sorts values into parameters, buffers and submodules.
+        object.__setattr__(key_object, _WRAPPERS_ATTRIBUTE, wrappers)
     if key not in wrappers:
         wrappers[key] = make(key_object)
     return wrappers[key]

@@ -14,6 +14,7 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
+    StaticCache,
 )
 from transformers.generation import logits_process as lp
 
@@ -142,6 +143,25 @@ def test_changed_cache_layers_are_refused_when_read():
         compat.cache_layers(object())
 
 
+def static_cache_holding(positions, capacity):
+    config = LlamaConfig(vocab_size=16, hidden_size=8, num_hidden_layers=2, num_attention_heads=2)
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    for layer in range(2):
+        keys = torch.arange(float(positions)).view(1, 1, positions, 1).repeat(1, 2, 1, 4) + layer
+        cache.update(keys, keys * 10, layer)
+    return config, cache
+
+
+def test_copy_static_cache_moves_states_and_length():
+    config, small = static_cache_holding(5, 8)
+    small.crop(-2)  # holds 3: the stale slots past it are not copied
+    large = StaticCache(config=config, max_cache_len=16)
+    compat.copy_static_cache(small, large, 3)
+    assert int(large.get_seq_length()) == 3 and large.get_max_length() == 16
+    assert large.layers[1].keys[0, 0, :4, 0].tolist() == [1.0, 2.0, 3.0, 0.0]
+    assert large.layers[1].values[0, 0, :3, 0].tolist() == [10.0, 20.0, 30.0]
+
+
 def test_skip_keys_device_placement_is_a_model_attribute(model):
     # A causal LM names its cache argument: accelerate must not move the cache to the drafter's device.
     assert set(compat.skip_keys_device_placement(model)) & {"cache", "past_key_values"}
@@ -239,6 +259,18 @@ def test_changed_cache_layers_are_refused():
     cache.layers[0] = object()
     with pytest.raises(CompatibilityError, match="keys"):
         compat.keep_cache_positions(cache, torch.tensor([0]))
+
+
+def test_changed_static_cache_layers_are_refused():
+    config, small = static_cache_holding(3, 8)
+    large = StaticCache(config=config, max_cache_len=16)
+    small.layers[0].cumulative_length = 3  # a plain number, as a changed StaticLayer might keep its length
+    with pytest.raises(CompatibilityError, match="cumulative_length") as refused:
+        compat.copy_static_cache(small, large, 3)
+    message = str(refused.value)
+    assert "compile=True" in message and compat.installed_versions() in message
+    with pytest.raises(CompatibilityError, match="StaticCache.layers"):
+        compat.copy_static_cache(object(), large, 3)
 
 
 def test_missing_scheduler_variance_is_refused(monkeypatch):

@@ -334,14 +334,71 @@ def test_steps_near_the_position_limit_go_unpadded(target, small_drafter, prompt
     limit = target.config.max_position_embeddings
     static_target, static_drafter = static_pair(target, small_drafter, FixedDraftLength(5))
     ends = []
-    compiled = static_target._compiled
+    compiled = static_target._steps.forward
 
     def recording(**inputs):
         ends.append(int(inputs["cache"].get_seq_length()) + inputs["input_ids"].shape[1])
         return compiled(**inputs)
 
-    static_target._compiled = recording
+    static_target._steps.forward = recording
     out = assert_same_as_generate(target, static_drafter, prompt, limit - prompt.shape[1] - 1,
                                   static_target=static_target, num_draft_tokens=5)
     assert out.sequences.shape[1] == limit - 1
     assert ends and max(ends) <= limit
+
+
+def test_a_model_changed_between_calls_is_compiled_afresh(prompt):
+    """The compiled steps check the model once per call, not its modules at every step: a model changed between
+    calls (here its weights cast to float64) gets fresh graphs and a fresh cache, and the
+    output is still generate's."""
+    model = tiny_llama(num_layers=2, seed=3)
+    static_target = StaticTarget(model, widths=(4,), backend="eager")
+    assert_same_as_generate(model, PromptLookupDrafter(), prompt, 12, static_target=static_target)
+    first = static_target._steps.forward
+    assert_same_as_generate(model, PromptLookupDrafter(), prompt, 12, static_target=static_target)
+    assert static_target._steps.forward is first  # unchanged: the same graphs
+    model.double()
+    out = assert_same_as_generate(model, PromptLookupDrafter(), prompt, 12, static_target=static_target)
+    assert static_target._steps.forward is not first
+    assert static_target._local.cache.layers[0].keys.dtype == torch.float64  # this thread's cache, made afresh
+    assert out.stats.target_forwards > 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_models_are_freed_with_their_last_reference(backend, prompt, monkeypatch):
+    """compile=True keeps each model's static wrapper (graphs, caches) for its next call, and the wrapper holds
+    the model: kept in a process-wide table, the models lived as long as the process. Dropped by the caller, a
+    target and its drafter are collected with their graphs."""
+    import gc
+    import weakref
+
+    from mmspec import static_target as st
+
+    monkeypatch.setattr(st, "DEFAULT_BACKEND", backend)
+    target, drafter = tiny_llama(num_layers=1, hidden_size=32, seed=5), tiny_llama(num_layers=1, hidden_size=32, seed=6)
+    out = speculative_generate(target, drafter, prompt, max_new_tokens=6, do_sample=False, num_draft_tokens=2,
+                               compile=True)
+    assert isinstance(out.target, StaticTarget)
+    target_alive, drafter_alive = weakref.ref(target), weakref.ref(drafter)
+    del target, drafter, out
+    gc.collect()
+    assert target_alive() is None and drafter_alive() is None
+
+
+def test_copies_of_a_compiled_model_start_without_its_wrappers(prompt, monkeypatch):
+    """The wrappers live on the model they serve; a deep copy or a pickle of that model starts without them (they
+    hold the original), and decodes on its own."""
+    import copy
+    import pickle
+
+    from mmspec import NoDrafter
+    from mmspec import static_target as st
+
+    monkeypatch.setattr(st, "DEFAULT_BACKEND", "eager")
+    model = tiny_llama(num_layers=1, hidden_size=32, seed=7)
+    assert_same_as_generate(model, NoDrafter(), prompt, 4, compile=True)
+    assert st.static_wrappers(model)
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), copy.copy(model)):
+        assert not st.static_wrappers(twin)
+        out = assert_same_as_generate(twin, NoDrafter(), prompt, 4, compile=True)
+        assert out.target.model is twin

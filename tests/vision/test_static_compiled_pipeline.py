@@ -36,7 +36,8 @@ def test_compiled_captions_equal_generate(pipe, frames, method, monkeypatch):  #
         out = pipe(video=frames, max_new_tokens=16, method=method, progress_bar=False, compile=True,
                    callback_on_round=lambda index, info: seen.append(index))
         assert out.sequences[0].tolist() == expected[0].tolist()
-    shared = st._WRAPPERS[pipe.model]
+    shared = st.static_wrappers(pipe.model)
+    assert shared
     assert all(isinstance(target, StaticSteps) for target in shared.values())
 
 
