@@ -217,7 +217,8 @@ class LongAudioReport(TableReport):
             if r.parts_s:
                 lines.append(f"{r.system} by part, wall s: " + ", ".join(f"{k} {v:.2f}" for k, v in r.parts_s.items()))
         lines.append(f"(WER after normalising: {NORMALISATION}; times are medians over interleaved repetitions of one whole "
-                     "transcription of the file; identical = mmspec-hybrid's text equals mmspec-greedy's, and the same for their -timestamps rows; rest = reading "
+                     "transcription of the file; identical = mmspec-hybrid's text equals mmspec-greedy's, and the same for "
+                     "their -timestamps rows; rest = reading "
                      "the file, speech regions, features and Python between the parts)")
         lines.append(", ".join(f"{k}={v}" for k, v in self.settings.items() if k != "normalisation"))
         lines.extend(f"note: {note}" for note in self.notes)

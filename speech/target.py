@@ -19,8 +19,8 @@ short-form clip (one encoder window) in transformers 5.x, and how it is reproduc
    blocking, minimum lengths, ...). `WhisperTarget.build_logits_processors` builds the same list
    the same way, and the core applies it to every verified position with its own prefix.
    The timestamp processor (`WhisperTimeStampLogitsProcessor`) is added after them when the target
-   decodes with timestamps (`timestamps=True`, as `return_timestamps=True`); the no-speech detector only records probabilities for the temperature fallback
-   (not used by greedy short-form).
+   decodes with timestamps (`timestamps=True`, as `return_timestamps=True`); the no-speech detector
+   only records probabilities for the temperature fallback (not used by greedy short-form).
 3. Output: `generate` returns the new tokens without the prompt and with the final end-of-text
    removed (`return_dict_in_generate=True` gives prompt + new tokens + end-of-text, which is
    what `speculative_generate` returns).
