@@ -46,6 +46,7 @@ from ..devices import input_device
 from ..errors import MMSpecError
 from ..targets import Target, register_target
 from .english_only import english_only as _english_only
+from .suppression import SuppressedTokens
 
 TASKS = ("transcribe", "translate")
 
@@ -317,7 +318,13 @@ class WhisperTarget(Target):
     def build_logits_processors(self, config: Any, prompt_length: int, user_processors: list[Any],
                                 encoder_input_ids: torch.LongTensor | None = None) -> LogitsProcessorList:
         own = whisper_logits_processors(self.model, begin_index=prompt_length, config=config)
-        if self.timestamps:  # after the suppressions: its "timestamp more likely than any text" test reads their result
+        if self.timestamps:
+            # The timestamp rules read the scores, so the core's masking fast path is off: the suppressions keep
+            # their masks (`SuppressedTokens`, the same scores). After them, as in `generate`: the rules' "timestamp
+            # more likely than any text" test reads their result.
+            own = LogitsProcessorList(SuppressedTokens(p.begin_suppress_tokens.tolist(), p.begin_index)
+                                      if isinstance(p, SuppressTokensAtBeginLogitsProcessor)
+                                      else SuppressedTokens(p.suppress_tokens.tolist()) for p in own)
             own.append(WhisperTimeStampLogitsProcessor(self.model.generation_config, begin_index=prompt_length))
         config = copy.deepcopy(config)
         config.suppress_tokens = config.begin_suppress_tokens = None  # Whisper's own processors carry them

@@ -80,3 +80,17 @@ def test_timestamps_are_checked(ending_folder, bursts):  # noqa: F811
         pipe(bursts, timestamps="yes", progress_bar=False)
     with pytest.raises(MMSpecError, match="compiled path decodes without timestamps"):
         pipe(bursts, timestamps=True, compile=True, progress_bar=False)
+
+
+def test_suppressed_tokens_give_transformers_scores():
+    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+
+    from mmspec.speech.suppression import SuppressedTokens
+
+    torch.manual_seed(0)
+    scores, ids = torch.randn(3, 50), [1, 7, 49, 60]
+    for length in (4, 5):
+        prefix = torch.zeros(3, length, dtype=torch.long)
+        assert torch.equal(SuppressedTokens(ids)(prefix, scores), SuppressTokensLogitsProcessor(ids)(prefix, scores))
+        assert torch.equal(SuppressedTokens(ids, 4)(prefix, scores),
+                           SuppressTokensAtBeginLogitsProcessor(ids, 4)(prefix, scores))
