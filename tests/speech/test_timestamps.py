@@ -83,7 +83,10 @@ def test_timestamps_are_checked(ending_folder, bursts):  # noqa: F811
 
 
 def test_suppressed_tokens_give_transformers_scores():
-    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+    from transformers.generation.logits_process import (
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+    )
 
     from mmspec.speech.suppression import SuppressedTokens
 
