@@ -11,6 +11,9 @@ Rows (each a whole transcription of the file, wall and CPU time):
                     method, hybrid strict when a fast decoder ships; speech regions packed into windows of up to
                     30 s, windows encoded in batches: `speech/long_audio.py`), at the bench's compute type
   mmspec-greedy     the same with method "ar" (plain greedy); "identical" tells whether mmspec-hybrid's text equals it
+  mmspec-hybrid-timestamps, mmspec-greedy-timestamps
+                    the same two decoding with Whisper's timestamp tokens (`mmspec transcribe FILE --timestamps`, as
+                    `generate(return_timestamps=True)`); "identical" compares these two
   mmspec-previous-text
                     the default method with `condition_on_previous_text=True` (`mmspec transcribe FILE
                     --condition-on-previous-text`): each window's prompt starts with the text before it, as
@@ -120,12 +123,14 @@ class MmspecRow:
     holds the last call's wall time split by part (seconds): the encoder's forwards, the decoder's prefills, drafting,
     verification passes, and the rest of the call (reading the file, speech regions, features, Python between)."""
 
-    def __init__(self, pipe: Any, method: str | None, condition_on_previous_text: bool = False) -> None:
-        self.pipe, self.method, self.condition = pipe, method, condition_on_previous_text
+    def __init__(self, pipe: Any, method: str | None, condition_on_previous_text: bool = False,
+                 timestamps: bool = False) -> None:
+        self.pipe, self.method, self.condition, self.timestamps = pipe, method, condition_on_previous_text, timestamps
         self.parts: dict[str, float] = {}
 
     def __call__(self, path: Path) -> tuple[str, int]:
-        out = self.pipe(str(path), method=self.method, progress_bar=False, condition_on_previous_text=self.condition)
+        out = self.pipe(str(path), method=self.method, progress_bar=False, condition_on_previous_text=self.condition,
+                        **({"timestamps": True} if self.timestamps else {}))
         self.parts = output_parts(out)
         return out.text, len(out.segments)
 
@@ -181,7 +186,7 @@ class LongAudioRow:
     cpu_time_s: float
     segments: int
     wall_times_s: list[float]
-    identical_to_greedy: bool | None  # mmspec-hybrid's text against mmspec-greedy's; None for the other rows
+    identical_to_greedy: bool | None  # mmspec-hybrid[-timestamps]'s text against mmspec-greedy[-timestamps]'s; else None
     text: str = ""
     parts_s: dict[str, float] = field(default_factory=dict)  # mmspec rows: median wall seconds by part (`PARTS`)
 
@@ -212,7 +217,8 @@ class LongAudioReport(TableReport):
             if r.parts_s:
                 lines.append(f"{r.system} by part, wall s: " + ", ".join(f"{k} {v:.2f}" for k, v in r.parts_s.items()))
         lines.append(f"(WER after normalising: {NORMALISATION}; times are medians over interleaved repetitions of one whole "
-                     "transcription of the file; identical = mmspec-hybrid's text equals mmspec-greedy's; rest = reading "
+                     "transcription of the file; identical = mmspec-hybrid's text equals mmspec-greedy's, and the same for "
+                     "their -timestamps rows; rest = reading "
                      "the file, speech regions, features and Python between the parts)")
         lines.append(", ".join(f"{k}={v}" for k, v in self.settings.items() if k != "normalisation"))
         lines.extend(f"note: {note}" for note in self.notes)
@@ -244,7 +250,12 @@ def bench_long_audio(rows: dict[str, Transcribe], path: Path, reference: str | N
             if progress:
                 print(f"long audio: repetition {repeat + 1}/{repeats}, {name}: {walls[name][-1]:.1f} s", file=sys.stderr,
                       flush=True)
-    greedy = texts.get("mmspec-greedy", (None, 0))[0]
+    pairs = {"mmspec-hybrid": "mmspec-greedy", "mmspec-hybrid-timestamps": "mmspec-greedy-timestamps"}
+
+    def identical(name: str, text: str) -> bool | None:
+        greedy = texts.get(pairs.get(name, ""), (None, 0))[0]
+        return None if greedy is None else text == greedy
+
     report_rows = [LongAudioRow(
         system=name,
         wer=corpus_wer([reference], [text]) if reference is not None else None,
@@ -252,7 +263,7 @@ def bench_long_audio(rows: dict[str, Transcribe], path: Path, reference: str | N
         cpu_time_s=statistics.median(cpus[name]),
         segments=segments,
         wall_times_s=walls[name],
-        identical_to_greedy=(text == greedy) if name == "mmspec-hybrid" and greedy is not None else None,
+        identical_to_greedy=identical(name, text),
         text=text,
         parts_s={k: statistics.median(p[k] for p in parts[name]) for k in PARTS} if parts[name] else {},
     ) for name, (text, segments) in texts.items()]
@@ -283,7 +294,10 @@ def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio
             model_name, compute_type=compute_type, **({} if feature_padding is None else {"feature_padding": feature_padding}))
     rows: dict[str, Transcribe] = {"mmspec-hybrid": mmspec_row(pipe, None)} if pipe.default_method == "hybrid" else {}
     rows["mmspec-greedy"] = mmspec_row(pipe, "ar")
-    notes = [] if rows.keys() != {"mmspec-greedy"} else [f"{model_name!r} has no fast decoder: mmspec runs greedy only"]
+    if "mmspec-hybrid" in rows:
+        rows["mmspec-hybrid-timestamps"] = MmspecRow(pipe, None, timestamps=True)
+    rows["mmspec-greedy-timestamps"] = MmspecRow(pipe, "ar", timestamps=True)
+    notes = [] if "mmspec-hybrid" in rows else [f"{model_name!r} has no fast decoder: mmspec runs greedy only"]
     if pipe.previous_text_token() is not None:
         rows["mmspec-previous-text"] = MmspecRow(pipe, None, condition_on_previous_text=True)
     if not peers:

@@ -385,6 +385,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         pack_seconds: float | None = None,
         compile: bool = False,
         condition_on_previous_text: bool = False,
+        timestamps: bool = False,
     ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
         `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
@@ -415,6 +416,10 @@ class TranscriptionPipeline(SpeculativePipeline):
                 openai-whisper's and faster-whisper's long-form transcription do; the windows are then decoded in
                 order, one at a time. A window whose transcript looks like a loop is not passed on. Exact methods
                 stay exact: each window's tokens are greedy decoding of that window given that prompt.
+            timestamps: decode with Whisper's timestamp tokens, as `generate(return_timestamps=True)` (the prompt
+                without `<|notimestamps|>`, the timestamp rules; `WhisperTarget(timestamps=True)`); the text leaves the
+                timestamps out. Exact methods stay exact: each window's tokens are greedy decoding with timestamps.
+                Small models drop fewer sentences of a long packed window this way. Not with `compile`.
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -432,6 +437,12 @@ class TranscriptionPipeline(SpeculativePipeline):
 
             refuse_unsupported(self.model)  # before any audio is read
         check_language_and_task(self.model, language, task)
+        if not isinstance(timestamps, bool):
+            raise MMSpecError(f"timestamps must be True or False, got {timestamps!r}")
+        if timestamps and compile:
+            raise MMSpecError("timestamps=True: the compiled path decodes without timestamps; use compile=False")
+        if timestamps:
+            WhisperTarget(self.model, timestamps=True)  # a model without <|notimestamps|> is refused before decoding
         if not isinstance(condition_on_previous_text, bool):
             raise MMSpecError(f"condition_on_previous_text must be True or False, got {condition_on_previous_text!r}")
         if condition_on_previous_text and self.previous_text_token() is None:
@@ -439,7 +450,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                               "prev_sot_token_id), which this model does not name")
         settings = dict(method=method, mode=mode, language=language, task=task, max_new_tokens=max_new_tokens,
                         silence_threshold=silence_threshold, pack_seconds=self._pack_seconds(pack_seconds),
-                        condition=condition_on_previous_text)
+                        condition=condition_on_previous_text, timestamps=timestamps)
         items = listed_audio(audio)
         if items is None:
             if isinstance(sampling_rate, (list, tuple)):
@@ -530,7 +541,8 @@ class TranscriptionPipeline(SpeculativePipeline):
     def _transcribe_one(self, audio: AudioSource, sampling_rate: int | None, reporter: RoundReporter, progress_bar: bool,
                         started: float, *, method: str, mode: str, language: str | None, task: str | None,
                         max_new_tokens: int | None, silence_threshold: float | None,
-                        pack_seconds: float, compile: bool = False, condition: bool = False) -> TranscriptionOutput:
+                        pack_seconds: float, compile: bool = False, condition: bool = False,
+                        timestamps: bool = False) -> TranscriptionOutput:
         samples, windows = self._windows(audio, sampling_rate, silence_threshold, pack_seconds)
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         chunks: list[ChunkTranscript] = []
@@ -546,7 +558,8 @@ class TranscriptionPipeline(SpeculativePipeline):
                     for part in range(0, len(group), rows):
                         chunks.extend(self._decode_windows(states[part:part + rows], group[part:part + rows],
                                                            encoder_time * min(rows, len(group) - part) / len(group),
-                                                           method, mode, label, language, task, max_new_tokens))
+                                                           method, mode, label, language, task, max_new_tokens,
+                                                           timestamps))
                     bar.update(len(group))
                     continue
                 for offset, planned in enumerate(group):
@@ -554,17 +567,18 @@ class TranscriptionPipeline(SpeculativePipeline):
                     chunks.append(self._transcribe_chunk(
                         BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(group),
                         planned.start / rate, planned.end / rate, method, mode, label, language, task, max_new_tokens,
-                        reporter, previous, compile=compile))
+                        reporter, previous, compile=compile, timestamps=timestamps))
                     if previous is not None:
                         previous = self._passed_on(previous, chunks[-1])
                     bar.update(1)
         windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task, max_new_tokens,
-                                              reporter, compile=compile)
+                                              reporter, compile=compile, timestamps=timestamps)
         return self._output(windows, chunks, method, mode, label, silence_threshold, started)
 
     def _unpack_looped(self, samples: np.ndarray, windows: list[Window], chunks: list[ChunkTranscript], method: str,
                        mode: str, label: str, language: str | None, task: str | None, max_new_tokens: int | None,
-                       reporter: RoundReporter | None, compile: bool = False) -> tuple[list[Window], list[ChunkTranscript]]:
+                       reporter: RoundReporter | None, compile: bool = False,
+                       timestamps: bool = False) -> tuple[list[Window], list[ChunkTranscript]]:
         """Each packed window whose transcript looks like a decoding loop (`looks_looped`) read again region by region,
         each region encoded and decoded as a window of its own; other windows as they were."""
         eos = self.model.generation_config.eos_token_id
@@ -586,7 +600,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                 kept_chunks.append(self._transcribe_chunk(
                     BaseModelOutput(last_hidden_state=states[offset:offset + 1]), encoder_time / len(parts),
                     part.start / rate, part.end / rate, method, mode, label, language, task, max_new_tokens, reporter,
-                    compile=compile))
+                    compile=compile, timestamps=timestamps))
         return kept_windows, kept_chunks
 
     def encode(self, pieces: list[np.ndarray]) -> tuple[torch.Tensor, float]:
@@ -611,6 +625,18 @@ class TranscriptionPipeline(SpeculativePipeline):
             return 1
         return rows
 
+    def text_tokens(self, tokens: list[int]) -> list[int]:
+        """`tokens` without the special ones and without timestamp tokens (`<|0.00|>` and after, where the tokenizer
+        has them), as the tokenizer's `decode` leaves them out of the text."""
+        special = set(self.tokenizer.all_special_ids)
+        first = self.tokenizer.convert_tokens_to_ids("<|0.00|>")
+        first_timestamp = first if isinstance(first, int) and first != self.tokenizer.unk_token_id else None
+        return [t for t in tokens if t not in special and (first_timestamp is None or t < first_timestamp)]
+
+    def text_of(self, tokens: list[int]) -> str:
+        """The text of decoded tokens: special and timestamp tokens left out."""
+        return self.tokenizer.decode(self.text_tokens(tokens), skip_special_tokens=True).strip()
+
     def previous_text_token(self) -> int | None:
         """The model's `<|startofprev|>` id (None: it names none)."""
         token = getattr(self.model.generation_config, "prev_sot_token_id", None)
@@ -628,16 +654,15 @@ class TranscriptionPipeline(SpeculativePipeline):
         ends = set(eos if isinstance(eos, (list, tuple)) else [eos])
         if looks_looped(chunk.text, bool(chunk.tokens) and chunk.tokens[-1] in ends):
             return []
-        special = set(self.tokenizer.all_special_ids)
-        return (previous + [t for t in chunk.tokens if t not in special])[-PREVIOUS_TEXT_TOKENS:]
+        return (previous + self.text_tokens(chunk.tokens))[-PREVIOUS_TEXT_TOKENS:]
 
     def _decode_windows(self, states: torch.Tensor, windows: list[Window], encoder_time: float, method: str, mode: str,
                         label: str, language: str | None, task: str | None,
-                        max_new_tokens: int | None) -> list[ChunkTranscript]:
+                        max_new_tokens: int | None, timestamps: bool = False) -> list[ChunkTranscript]:
         """Windows whose encoder states are `states` [len(windows), frames, width], decoded as one batch (rows with
         decoder prompts of one length together; rows leave the batch when they end). Each row's tokens are those of
         its window decoded alone (`BatchRounds`): greedy decoding of that window's encoder states."""
-        target = WhisperTarget(self.model, language=language, task=task)
+        target = WhisperTarget(self.model, language=language, task=task, timestamps=timestamps)
         passes = 0
 
         def count(*_: Any) -> None:
@@ -659,7 +684,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         for length in sorted({prompt.shape[1] for prompt in prompts}):
             same = [row for row, prompt in enumerate(prompts) if prompt.shape[1] == length]
             decoder = SpeculativeDecoder(
-                WhisperTarget(self.model, language=language, task=task), self._batch_drafter(method),
+                WhisperTarget(self.model, language=language, task=task, timestamps=timestamps), self._batch_drafter(method),
                 policy=hybrid_policy(self.draft_length(method)),
                 rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label)
             out = decoder.generate(None, max_new_tokens=target.max_new_tokens_for(length, wanted),
@@ -671,7 +696,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                     setattr(stats, name, getattr(stats, name) / len(same))  # a share, so the chunks sum to it
                 tokens = out.sequences[position, length:length + stats.new_tokens].tolist()
                 window = windows[row]
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                text = self.text_of(tokens)
                 decoded[row] = ChunkTranscript(window.start / rate, window.end / rate, text, tokens, stats,
                                                stats.target_forwards + detections[row], encoder_time / len(windows))
         return [decoded[row] for row in range(len(windows))]
@@ -679,13 +704,13 @@ class TranscriptionPipeline(SpeculativePipeline):
     def _transcribe_batch(self, items: list[AudioSource], rates: list[int | None], batch_size: int, *, method: str,
                           mode: str, language: str | None, task: str | None, max_new_tokens: int | None,
                           silence_threshold: float | None, pack_seconds: float,
-                          condition: bool = False) -> list[TranscriptionOutput]:
+                          condition: bool = False, timestamps: bool = False) -> list[TranscriptionOutput]:
         """Several recordings at once: every window of every item, decoded `batch_size` windows per batch (windows
         whose decoder prompts have one length batch together). Each item's time is the whole batch's."""
         started = time.perf_counter()
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         planned = [self._windows(audio, rate, silence_threshold, pack_seconds) for audio, rate in zip(items, rates)]
-        target = WhisperTarget(self.model, language=language, task=task)
+        target = WhisperTarget(self.model, language=language, task=task, timestamps=timestamps)
         passes = 0
 
         def count(*_: Any) -> None:
@@ -709,7 +734,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             same = [row for row in rows if row[3].shape[1] == length]
             for group in groups(same, batch_size):
                 decoder = SpeculativeDecoder(
-                    WhisperTarget(self.model, language=language, task=task), self._batch_drafter(method),
+                    WhisperTarget(self.model, language=language, task=task, timestamps=timestamps), self._batch_drafter(method),
                     policy=hybrid_policy(self.draft_length(method)),
                     rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label)
                 wanted = max_new_tokens or target.max_target_positions or FALLBACK_MAX_NEW_TOKENS
@@ -720,20 +745,20 @@ class TranscriptionPipeline(SpeculativePipeline):
                 for position, ((item, index, _, _, detection), stats) in enumerate(zip(group, row_stats)):
                     tokens = out.sequences[position, length:length + stats.new_tokens].tolist()
                     window = planned[item][1][index]
-                    text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                    text = self.text_of(tokens)
                     decoded[item, index] = ChunkTranscript(window.start / self.sampling_rate, window.end / self.sampling_rate,
                                                            text, tokens, stats, stats.target_forwards + detection)
         outputs = []
         for item, (samples, windows) in enumerate(planned):
             windows, chunks = self._unpack_looped(samples, windows, [decoded[item, index] for index in range(len(windows))],
-                                                  method, mode, label, language, task, max_new_tokens, None)
+                                                  method, mode, label, language, task, max_new_tokens, None,
+                                                  timestamps=timestamps)
             outputs.append(self._output(windows, chunks, method, mode, label, silence_threshold, started))
         return outputs
 
     def _segments(self, windows: list[Window], chunks: list[ChunkTranscript]) -> list[Segment]:
         """One segment per window, its tokens stitched with the overlapping windows of the same speech region."""
-        special = set(self.tokenizer.all_special_ids)
-        kept = [[t for t in c.tokens if t not in special] for c in chunks]
+        kept = [self.text_tokens(c.tokens) for c in chunks]
         skip = [0] * len(kept)
         for i in range(1, len(kept)):
             if windows[i].region == windows[i - 1].region:
@@ -741,15 +766,16 @@ class TranscriptionPipeline(SpeculativePipeline):
                 kept[i - 1] = kept[i - 1][: skip[i - 1] + keep]
         rate = self.sampling_rate
         return [Segment(w.owned_start / rate, w.owned_end / rate,
-                        self.tokenizer.decode(tokens[first:], skip_special_tokens=True).strip())
+                        self.text_of(tokens[first:]))
                 for w, tokens, first in zip(windows, kept, skip)]
 
     def _transcribe_chunk(
         self, encoder_outputs: BaseModelOutput, encoder_time: float, start_s: float, end_s: float, method: str, mode: str,
         label: str, language: str | None, task: str | None, max_new_tokens: int | None,
         reporter: RoundReporter | None = None, previous: list[int] | None = None, compile: bool = False,
+        timestamps: bool = False,
     ) -> ChunkTranscript:
-        target = WhisperTarget(self.model, language=language, task=task)
+        target = WhisperTarget(self.model, language=language, task=task, timestamps=timestamps)
         decoder = SpeculativeDecoder(
             target, self.make_drafter(method), policy=hybrid_policy(self.draft_length(method)),
             rule=hybrid_rule(mode, self.relaxed_top_r, self.relaxed_margin), method=label, compile=compile,
@@ -773,7 +799,7 @@ class TranscriptionPipeline(SpeculativePipeline):
             hook.remove()
         passes += getattr(out.target, "compiled_forwards", 0)  # compiled steps run the decoder's forward without its hooks
         tokens = out.sequences[0, prompt.shape[1]:].tolist()
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        text = self.text_of(tokens)
         return ChunkTranscript(start_s, end_s, text, tokens, out.stats, passes, encoder_time)
 
 

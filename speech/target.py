@@ -18,9 +18,9 @@ short-form clip (one encoder window) in transformers 5.x, and how it is reproduc
    `generate`, which adds the processors of the other settings (repetition penalty, n-gram
    blocking, minimum lengths, ...). `WhisperTarget.build_logits_processors` builds the same list
    the same way, and the core applies it to every verified position with its own prefix.
-   The timestamp processor is not used (transcription without timestamps: `return_timestamps`
-   is refused) and the no-speech detector only records probabilities for the temperature fallback
-   (not used by greedy short-form).
+   The timestamp processor (`WhisperTimeStampLogitsProcessor`) is added after them when the target
+   decodes with timestamps (`timestamps=True`, as `return_timestamps=True`); the no-speech detector
+   only records probabilities for the temperature fallback (not used by greedy short-form).
 3. Output: `generate` returns the new tokens without the prompt and with the final end-of-text
    removed (`return_dict_in_generate=True` gives prompt + new tokens + end-of-text, which is
    what `speculative_generate` returns).
@@ -37,6 +37,7 @@ from transformers.generation.logits_process import (
     LogitsProcessorList,
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
+    WhisperTimeStampLogitsProcessor,
 )
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -45,6 +46,7 @@ from ..devices import input_device
 from ..errors import MMSpecError
 from ..targets import Target, register_target
 from .english_only import english_only as _english_only
+from .suppression import SuppressedTokens
 
 TASKS = ("transcribe", "translate")
 
@@ -120,8 +122,10 @@ def whisper_prompt_ids(
     *,
     language: str | None = None,
     task: str | None = None,
+    timestamps: bool = False,
 ) -> torch.LongTensor:
-    """The forced decoder prompt of Whisper's short-form `generate` (no timestamps), [1, P].
+    """The forced decoder prompt of Whisper's short-form `generate`, [1, P]: without timestamps it ends with
+    `<|notimestamps|>`; with `timestamps` (`return_timestamps=True`) that token is left out.
 
     `model_inputs` (holding `input_features` or `encoder_outputs`) is only needed when the
     language has to be detected; the encoder output is then stored back into it for reuse.
@@ -174,7 +178,7 @@ def whisper_prompt_ids(
         if not any(t in set(task_to_id.values()) for t in tokens):
             tokens.append(int(task_to_id["transcribe"]))
     no_timestamps = getattr(config, "no_timestamps_token_id", None)
-    if no_timestamps is not None and tokens[-1] != no_timestamps:
+    if no_timestamps is not None and tokens[-1] != no_timestamps and not timestamps:
         tokens.append(int(no_timestamps))
     ids = [t for t in tokens if t is not None]
     return torch.tensor([ids], dtype=torch.long, device=input_device(model))
@@ -216,6 +220,9 @@ class WhisperTarget(Target):
             generation-config conventions).
         language, task: as in Whisper's `generate` (None: the generation config's, or detected).
         logits_processors: extra processors to apply after Whisper's own (advanced).
+        timestamps: decode with timestamp tokens, as `generate(return_timestamps=True)`: the prompt without
+            `<|notimestamps|>` and Whisper's timestamp rules (`WhisperTimeStampLogitsProcessor`, after the
+            suppressions, as `generate` orders them). Tiny models drop fewer sentences of a long window this way.
     """
 
     def __init__(
@@ -225,6 +232,7 @@ class WhisperTarget(Target):
         task: str | None = None,
         output_hidden_states: bool = False,
         logits_processors: Iterable[Any] = (),
+        timestamps: bool = False,
     ) -> None:
         super().__init__(model, output_hidden_states=output_hidden_states)
         if not self.is_encoder_decoder:
@@ -233,6 +241,10 @@ class WhisperTarget(Target):
         self.language = language
         self.task = task
         self.extra_processors = list(logits_processors)
+        self.timestamps = timestamps
+        if timestamps and getattr(model.generation_config, "no_timestamps_token_id", None) is None:
+            raise MMSpecError("timestamps need the model's <|notimestamps|> token (generation config no_timestamps_token_id), "
+                              "which this model does not name")
         self._cross_attention: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def reuse_cross_attention(self, encoder_states: torch.Tensor, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -285,7 +297,8 @@ class WhisperTarget(Target):
         return wanted if limit is None else max(1, min(wanted, limit - prompt_length))
 
     def prompt_ids(self, model_inputs: dict[str, Any]) -> torch.LongTensor:
-        return whisper_prompt_ids(self.model, model_inputs, language=self.language, task=self.task)
+        return whisper_prompt_ids(self.model, model_inputs, language=self.language, task=self.task,
+                                  timestamps=self.timestamps)
 
     def initial_sequence(self, input_ids: torch.LongTensor | None, model_inputs: dict[str, Any]) -> torch.LongTensor:
         if input_ids is not None:
@@ -305,6 +318,14 @@ class WhisperTarget(Target):
     def build_logits_processors(self, config: Any, prompt_length: int, user_processors: list[Any],
                                 encoder_input_ids: torch.LongTensor | None = None) -> LogitsProcessorList:
         own = whisper_logits_processors(self.model, begin_index=prompt_length, config=config)
+        if self.timestamps:
+            # The timestamp rules read the scores, so the core's masking fast path is off: the suppressions keep
+            # their masks (`SuppressedTokens`, the same scores). After them, as in `generate`: the rules' "timestamp
+            # more likely than any text" test reads their result.
+            own = LogitsProcessorList(SuppressedTokens(p.begin_suppress_tokens.tolist(), p.begin_index)
+                                      if isinstance(p, SuppressTokensAtBeginLogitsProcessor)
+                                      else SuppressedTokens(p.suppress_tokens.tolist()) for p in own)
+            own.append(WhisperTimeStampLogitsProcessor(self.model.generation_config, begin_index=prompt_length))
         config = copy.deepcopy(config)
         config.suppress_tokens = config.begin_suppress_tokens = None  # Whisper's own processors carry them
         return super().build_logits_processors(config, prompt_length, [*own, *self.extra_processors, *user_processors])

@@ -69,6 +69,10 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="long audio: each window's decoder prompt starts with the text decoded so far (as "
                              "faster-whisper's default long-form transcription); windows are then decoded in order, "
                              "and each is still greedy decoding given its prompt")
+    parser.add_argument("--timestamps", action="store_true",
+                        help="decode with Whisper's timestamp tokens (as generate(return_timestamps=True) and "
+                             "faster-whisper): small models drop fewer sentences of long windows; the text leaves the "
+                             "timestamps out, and each window is still greedy decoding (with timestamps)")
     parser.add_argument("--format", choices=choices.TRANSCRIPT_FORMATS, default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,
@@ -89,6 +93,8 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
 
 def run(args: argparse.Namespace) -> int:
     placement = placement_options(args)
+    if args.timestamps and args.compile:
+        raise MMSpecError("--timestamps: the compiled path decodes without timestamps; leave out --compile")
     if args.batch_size > 1 and args.compile:
         raise MMSpecError("--compile transcribes one file at a time; use --batch-size 1 with --compile")
     source = Path(args.path)
@@ -177,7 +183,8 @@ def output_format(args: argparse.Namespace) -> str:
 def transcribe_one(pipe: Any, path: Path, args: argparse.Namespace, progress: bool) -> Any:
     out = pipe(str(path), method=args.method, mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens,
                progress_bar=progress, pack_seconds=args.pack_seconds, compile=args.compile,
-               condition_on_previous_text=args.condition_on_previous_text)
+               condition_on_previous_text=args.condition_on_previous_text,
+               timestamps=args.timestamps)
     if out.note:
         print(f"mmspec: {outputs.printable(path.name)}: {out.note}", file=sys.stderr)
     return out
@@ -220,7 +227,7 @@ def transcript_records(pipe: Any, paths: list[Path], args: argparse.Namespace) -
         outs = pipe([samples for _, samples in loaded], sampling_rate=pipe.sampling_rate, method=args.method,
                     mode=args.mode, language=args.language, max_new_tokens=args.max_new_tokens, progress_bar=False,
                     batch_size=len(loaded), pack_seconds=args.pack_seconds,
-                    condition_on_previous_text=args.condition_on_previous_text)
+                    condition_on_previous_text=args.condition_on_previous_text, timestamps=args.timestamps)
         for (index, _), out in zip(loaded, outs):
             path = paths[index]
             if out.note:

