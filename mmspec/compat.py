@@ -192,6 +192,20 @@ def copy_static_cache(source: Any, destination: Any, length: int) -> None:
         new.cumulative_length.fill_(length)
 
 
+def move_static_cache_positions(cache: Any, sources: torch.LongTensor, start: int) -> None:
+    """Copy the states at `sources` (ascending, each >= its destination) of every layer of a transformers
+    `StaticCache` to the positions from `start` on, in order (a draft tree's accepted path, moved into place after
+    its root). The length pointer is the caller's to set (`crop`)."""
+    setting = "keeping a draft tree's accepted path in the static KV cache of compile=True"
+    for layer in _static_layers(cache, setting):
+        if not layer.is_initialized or not sources.numel():
+            continue
+        where = sources.to(layer.keys.device)
+        # index_select copies first: a source may lie where an earlier destination is written.
+        layer.keys[:, :, start:start + where.numel()] = layer.keys.index_select(2, where)
+        layer.values[:, :, start:start + where.numel()] = layer.values.index_select(2, where)
+
+
 def _static_layers(cache: Any, setting: str) -> list[Any]:
     layers = getattr(cache, "layers", None)
     if layers is None:

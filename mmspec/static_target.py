@@ -19,6 +19,7 @@ from .drafters import Drafter, ModelDrafter, NoDrafter
 from .errors import MMSpecError
 from .policies import DraftLengthPolicy, HeuristicDraftLength
 from .static_steps import StaticSteps
+from .static_trees import StaticTreeSteps
 from .targets import TARGET_FACTORIES, Target, as_target, load_adapters
 from .trees import TreeConfig
 
@@ -43,25 +44,30 @@ def verify_widths(policy: DraftLengthPolicy) -> tuple[int, ...]:
     return tuple(sorted(widths))
 
 
-class StaticTarget(StaticSteps, Target):
+class StaticTarget(StaticTreeSteps, StaticSteps, Target):
     """A `Target` over a static cache whose verification forwards (k + 1 tokens, padded) run compiled.
 
     `widths`: the verification widths to compile (default 6: k = 5); `max_cache_len`: the cache size to start
-    with (it grows, with a recompile, when a call needs more); `backend` / `mode`: as `torch.compile` takes them.
+    with (it grows, with a recompile, when a call needs more); `backend` / `mode`: as `torch.compile` takes them;
+    `tree_width`: the width draft-tree verifications (root + nodes) are padded to and compiled at
+    (`mmspec.static_trees`; unset: trees are verified at their own width, eagerly, over the static cache).
     """
 
     decodes_batches = False
 
     def __init__(self, model: PreTrainedModel, widths: tuple[int, ...] = (6,), max_cache_len: int | None = None,
-                 backend: str = "inductor", mode: str | None = None) -> None:
+                 backend: str = "inductor", mode: str | None = None, tree_width: int | None = None) -> None:
         Target.__init__(self, model)
         # The certified head takes hidden states from a head-less forward: one more graph for a CPU trick that
         # compiled logits do not need.
         self.use_certified_head = False
         self.setup_static(widths, max_cache_len, backend, mode)
+        self.setup_tree(tree_width)
 
-    def check_tree_support(self) -> None:
-        raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off)")
+
+def refuse_trees(self: Target) -> None:
+    raise MMSpecError(f"compile=True verifies draft trees on plain text targets only, not {type(self.model).__name__}; "
+                      "draft chains or leave compile off")
 
 
 class StaticCachedModel(StaticSteps, CachedModel):
@@ -113,7 +119,7 @@ def static_variant(kind: type[Target]) -> type:
     """`kind` with the static steps in front: its own prefill inputs and processing, fixed-width compiled steps."""
     if kind not in _VARIANTS:
         _VARIANTS[kind] = type(f"Static{kind.__name__}", (StaticSteps, kind), {
-            "__module__": __name__, "decodes_batches": False, "check_tree_support": StaticTarget.check_tree_support})
+            "__module__": __name__, "decodes_batches": False, "check_tree_support": refuse_trees})
     return _VARIANTS[kind]
 
 
@@ -184,9 +190,20 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
 
     A target or drafter that is already static passes through; a drafter without a model of its own (prompt
     lookup, Jacobi, feature drafters) drafts as before. The target is a transformers model, or the `Target` the
-    model's adapter builds from it alone (a pipeline's); another `Target` may carry behaviour this path would lose."""
+    model's adapter builds from it alone (a pipeline's); another `Target` may carry behaviour this path would lose.
+
+    With `tree`, a plain text target verifies each tree padded to num_nodes + 1 positions (`mmspec.static_trees`);
+    the drafter grows its trees eagerly, as without compile (its levels have no fixed shape yet)."""
     if tree is not None:
-        raise MMSpecError("compile=True verifies chains; draft trees run eagerly (leave compile off or tree unset)")
+        if not is_static(target):
+            model = target.model if type(target) is Target else target
+            if not isinstance(model, PreTrainedModel) or registered_target_class(model) is not Target:
+                raise MMSpecError("compile=True verifies draft trees on plain text targets only; draft chains or leave "
+                                  "compile off")
+            widths = verify_widths(policy)
+            target = _shared(model, ("target", widths, tree.num_nodes + 1), lambda m: StaticTarget(
+                m, widths, backend=DEFAULT_BACKEND, tree_width=tree.num_nodes + 1))
+        return target, drafter
     if not is_static(target):
         widths = (1,) if isinstance(drafter, NoDrafter) else verify_widths(policy)  # plain decoding: one token a step
         model = target.model if isinstance(target, Target) else target

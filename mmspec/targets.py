@@ -134,11 +134,15 @@ class Target(CachedModel):
         if not isinstance(drafts, DraftTree):
             self.truncate(self.length - (drafts.shape[1] - int(verdict.num_accepted[0])))
             return
-        path, root, device = verdict.path or [], self.length - drafts.size - 1, input_device(self.model)
-        nodes = torch.tensor(path, dtype=torch.long, device=device) + root + 1
-        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=device), nodes]))
+        path, root = verdict.path or [], self.length - drafts.size - 1
+        self.keep_tree_path(root, torch.tensor(path, dtype=torch.long, device=input_device(self.model)) + root + 1)
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens, drafts.path_tokens(path)[None].to(self._tokens.device)], dim=1)
+
+    def keep_tree_path(self, root: int, nodes: torch.LongTensor) -> None:
+        """Keep the cache's first `root` + 1 positions (the committed prefix and the tree's root) and, after them, the
+        positions `nodes` (the accepted path's, ascending); drop the rest of the tree's."""
+        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=nodes.device), nodes]))
 
     # (`select_rows`, from `CachedModel`: rows of a batch that finished leave the cache.)
 
@@ -246,9 +250,7 @@ class Target(CachedModel):
         tokens = torch.cat([sequence[:, -1:], tree.tokens[None].to(sequence.device)], dim=1)
         depths = torch.cat([tree.depths().new_zeros(1), tree.depths()]).to(sequence.device)
         positions = self.tree_position_ids((past + depths)[None])
-        mask = tree_attention_mask(tree, past, self.model.dtype, sequence.device)
-        out = self.extend(tokens, logits_to_keep=0, attention_mask=mask, position_ids=positions, **self._hidden_request())
-        step = self._step(out, tokens.shape[1])
+        step = self.tree_forward(tokens, positions, tree, past)
         self._tokens = sequence
         if not self.processors:
             return step
@@ -256,6 +258,13 @@ class Target(CachedModel):
                                  for i in range(tree.size)]
         return TargetStep(logits=process_prefixed_rows(self.processors, prefixes, step.logits),
                           hidden_states=step.hidden_states)
+
+    def tree_forward(self, tokens: torch.LongTensor, positions: torch.LongTensor, tree: DraftTree, past: int) -> TargetStep:
+        """The forward of `_score_tree` over [root, nodes] `tokens` [1, N + 1] at `positions`, on top of `past` cached
+        positions, with the tree attention mask: its unprocessed step (the static path pads it to a fixed width)."""
+        mask = tree_attention_mask(tree, past, self.model.dtype, tokens.device)
+        out = self.extend(tokens, logits_to_keep=0, attention_mask=mask, position_ids=positions, **self._hidden_request())
+        return self._step(out, tokens.shape[1])
 
     def truncate(self, length: int) -> None:
         super().truncate(length)
