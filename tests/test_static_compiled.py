@@ -167,12 +167,12 @@ def test_an_overlapping_call_on_the_thread_is_refused(target, prompt):
 
 
 def test_refusals(target, small_drafter, prompt):
-    with pytest.raises(MMSpecError, match="draft trees"):
-        speculative_generate(target, small_drafter, prompt, max_new_tokens=5, compile=True,
-                             tree=TreeConfig(num_nodes=4, top_k=2, depth=2))
     class CustomTarget(Target):
         pass
 
+    with pytest.raises(MMSpecError, match="draft trees on plain text targets only"):
+        speculative_generate(CustomTarget(target), small_drafter, prompt, max_new_tokens=5, compile=True,
+                             tree=TreeConfig(num_nodes=4, top_k=2, depth=2))
     with pytest.raises(MMSpecError, match="transformers model as the target"):
         compiled_pair(CustomTarget(target), small_drafter, FixedDraftLength(3))
     with pytest.raises(MMSpecError, match="one sequence"):
