@@ -277,7 +277,8 @@ def speculative_generate(
         tree: draft an EAGLE-2 tree (`TreeConfig(num_nodes, top_k, depth)`) instead of a chain, verified
             in one target forward; `num_draft_tokens` and `policy` are then unused.
         on_tokens: called with the number of tokens committed each round (progress bars).
-        compile: the static-shape path for a decoder-only target (text, LLaVA family, Qwen2-VL; chains, one sequence):
+        compile: the static-shape path for a decoder-only target (text, LLaVA family, Qwen2-VL; chains, one sequence;
+            draft trees on plain text targets, each tree verified padded to num_nodes + 1, `mmspec.static_trees`):
             static KV caches rolled back by moving a length pointer, every round verifying a fixed k + 1
             positions, drafter steps of one shape, each forward compiled once (`mmspec.static_target`).
             The first calls compile (slow); later calls with the same shapes reuse the graphs.

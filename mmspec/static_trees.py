@@ -59,7 +59,7 @@ class StaticTreeSteps:
     def setup_tree(self, tree_width: int | None) -> None:
         self.tree_width = 0 if tree_width is None else int(tree_width)
 
-    def tree_forward(self, tokens: torch.LongTensor, positions: torch.LongTensor, tree: DraftTree,
+    def tree_forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree: DraftTree,
                      past: int) -> TargetStep:
         from .targets import TargetStep
 

@@ -259,7 +259,7 @@ class Target(CachedModel):
         return TargetStep(logits=process_prefixed_rows(self.processors, prefixes, step.logits),
                           hidden_states=step.hidden_states)
 
-    def tree_forward(self, tokens: torch.LongTensor, positions: torch.LongTensor, tree: DraftTree, past: int) -> TargetStep:
+    def tree_forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree: DraftTree, past: int) -> TargetStep:
         """The forward of `_score_tree` over [root, nodes] `tokens` [1, N + 1] at `positions`, on top of `past` cached
         positions, with the tree attention mask: its unprocessed step (the static path pads it to a fixed width)."""
         mask = tree_attention_mask(tree, past, self.model.dtype, tokens.device)
