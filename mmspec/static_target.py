@@ -66,8 +66,8 @@ class StaticTarget(StaticTreeSteps, StaticSteps, Target):
 
 
 def refuse_trees(self: Target) -> None:
-    raise MMSpecError(f"compile=True verifies draft trees on plain text targets only, not {type(self.model).__name__}; "
-                      "draft chains or leave compile off")
+    raise MMSpecError(f"compile=True verifies chains on {type(self.model).__name__}; draft trees only on plain text "
+                      "targets (leave compile off or tree unset)")
 
 
 class StaticCachedModel(StaticSteps, CachedModel):
@@ -198,8 +198,8 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
         if not is_static(target):
             model = target.model if type(target) is Target else target
             if not isinstance(model, PreTrainedModel) or registered_target_class(model) is not Target:
-                raise MMSpecError("compile=True verifies draft trees on plain text targets only; draft chains or leave "
-                                  "compile off")
+                raise MMSpecError(f"compile=True verifies chains on {type(model).__name__}; draft trees only on plain "
+                                  "text targets (leave compile off or tree unset)")
             widths = verify_widths(policy)
             target = _shared(model, ("target", widths, tree.num_nodes + 1), lambda m: StaticTarget(
                 m, widths, backend=DEFAULT_BACKEND, tree_width=tree.num_nodes + 1))

@@ -170,7 +170,7 @@ def test_refusals(target, small_drafter, prompt):
     class CustomTarget(Target):
         pass
 
-    with pytest.raises(MMSpecError, match="draft trees on plain text targets only"):
+    with pytest.raises(MMSpecError, match="draft trees only on plain text targets"):
         speculative_generate(CustomTarget(target), small_drafter, prompt, max_new_tokens=5, compile=True,
                              tree=TreeConfig(num_nodes=4, top_k=2, depth=2))
     with pytest.raises(MMSpecError, match="transformers model as the target"):

@@ -191,11 +191,11 @@ def test_trees_on_other_targets_are_refused(models):
     class CustomTarget(Target):
         pass
 
-    with pytest.raises(MMSpecError, match="plain text targets only"):
+    with pytest.raises(MMSpecError, match="draft trees only on plain text targets"):
         speculative_generate(CustomTarget(target), drafter, prompt(0), max_new_tokens=4, tree=TREES[0], compile=True)
     variant = static_variant(CustomTarget)(target)
     variant.setup_static((4,), backend="eager")
-    with pytest.raises(MMSpecError, match="plain text targets only"):
+    with pytest.raises(MMSpecError, match="draft trees only on plain text targets"):
         speculative_generate(variant, drafter, prompt(0), max_new_tokens=4, tree=TREES[0])
     with pytest.raises(MMSpecError, match="one sequence"):
         speculative_generate(target, drafter, torch.cat([prompt(0), prompt(1)]), max_new_tokens=4, tree=TREES[0],
