@@ -59,3 +59,20 @@ def test_rules_take_the_fused_kernel_on_cuda(monkeypatch):
     reference = rules.speculative_sampling(Proposal(tokens=drafts), logits, SamplingConfig(do_sample=True),
                                            torch.Generator().manual_seed(1))
     assert torch.equal(sampled.num_accepted.cpu(), reference.num_accepted)  # the same uniforms decide
+
+
+def test_compiled_tree_greedy_equals_generate_on_cuda():
+    """Draft trees verified at a fixed width under CUDA graphs, the accepted path moved in the static cache."""
+    from mmspec import TreeConfig
+
+    target = tiny_llama(seed=0, initializer_range=0.3).to(CUDA)
+    drafter = tiny_llama(seed=1, num_layers=1, hidden_size=32, initializer_range=0.3).to(CUDA)
+    prompt = PROMPT.to(CUDA)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=40)
+    tree = TreeConfig(num_nodes=12, top_k=3, depth=4)
+    for draft_model in (drafter, target):
+        eager = speculative_generate(target, draft_model, prompt, max_new_tokens=40, do_sample=False, tree=tree)
+        out = speculative_generate(target, draft_model, prompt, max_new_tokens=40, do_sample=False, tree=tree,
+                                   compile=True)
+        assert torch.equal(out.sequences, expected[:, :out.sequences.shape[1]])
+        assert torch.equal(out.sequences, eager.sequences) and out.stats.accepted == eager.stats.accepted
