@@ -168,6 +168,13 @@ class CachedModel:
         # crop(0) is not a no-op for sliding-window layers: it trims them back to the window.
         self.cache.crop(-excess)
 
+    def keep_positions(self, start: int, slots: torch.LongTensor) -> None:
+        """Keep the cache's first `start` positions and after them the positions `slots` (ascending, each >= `start`):
+        a draft tree's accepted path, the rest of the tree dropped."""
+        from .compat import keep_cache_positions
+
+        keep_cache_positions(self.cache, torch.cat([torch.arange(start, device=slots.device), slots]))
+
     def feed_columns(self, batch: "RaggedBatch", start: int, new_tokens: torch.LongTensor, logits_to_keep: int = 1,
                      **extra: Any) -> Any:
         """Batch decoding (`mmspec.ragged`): run the columns of `batch` from `start` on plus `new_tokens` [B, m],

@@ -185,6 +185,19 @@ class StaticSteps:
             states = None if states is None else tuple(h.clone() for h in states)
         return StaticOutput(logits=logits, hidden_states=states)
 
+    def keep_positions(self, start: int, slots: torch.LongTensor) -> None:
+        """Move the states at `slots` to the positions from `start` on and set the length to their end (a draft tree's
+        accepted path); the slots after it hold stale states, overwritten later."""
+        self._check_owner()
+        compat.move_static_cache_positions(self.cache, slots, start)
+        length = start + slots.numel()
+        excess = self.length - length
+        if excess < 0:
+            raise RuntimeError(f"{self.role}: cannot keep {slots.numel()} positions after {start} in a cache of {self.length}")
+        self._length = length
+        if excess:
+            self.cache.crop(-excess)
+
     def truncate(self, length: int) -> None:
         self._check_owner()
         excess = self.length - length

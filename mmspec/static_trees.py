@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import compat
 from .static_steps import eager_forward
 from .trees import DraftTree
 
@@ -93,12 +92,3 @@ class StaticTreeSteps:
             logits = logits.clone()
             hidden = None if hidden is None else tuple(h.clone() for h in hidden)
         return TargetStep(logits=logits, hidden_states=hidden)
-
-    def keep_tree_path(self, root: int, nodes: torch.LongTensor) -> None:
-        self._check_owner()  # type: ignore[attr-defined]
-        compat.move_static_cache_positions(self.cache, nodes, root + 1)
-        length = root + 1 + nodes.numel()
-        excess = self._length - length
-        self._length = length
-        if excess:
-            self.cache.crop(-excess)

@@ -18,7 +18,7 @@ from .generation import MASKING_PROCESSORS, build_logits_processors, process_pre
 from .kernels.certified_head import CertifiedHead, certified_head_available, certified_head_for
 from .kernels.lean_llama import has_hooks
 from .ragged import RaggedBatch
-from .trees import DraftTree, keep_cache_positions, refuse_flash_attention, tree_attention_mask
+from .trees import DraftTree, refuse_flash_attention, tree_attention_mask
 from .types import Verdict
 
 # Inputs with one entry per prompt token, [B, L]: extended over drafts that join the prefill.
@@ -135,14 +135,9 @@ class Target(CachedModel):
             self.truncate(self.length - (drafts.shape[1] - int(verdict.num_accepted[0])))
             return
         path, root = verdict.path or [], self.length - drafts.size - 1
-        self.keep_tree_path(root, torch.tensor(path, dtype=torch.long, device=input_device(self.model)) + root + 1)
+        self.keep_positions(root + 1, torch.tensor(path, dtype=torch.long, device=input_device(self.model)) + root + 1)
         if self._tokens is not None:
             self._tokens = torch.cat([self._tokens, drafts.path_tokens(path)[None].to(self._tokens.device)], dim=1)
-
-    def keep_tree_path(self, root: int, nodes: torch.LongTensor) -> None:
-        """Keep the cache's first `root` + 1 positions (the committed prefix and the tree's root) and, after them, the
-        positions `nodes` (the accepted path's, ascending); drop the rest of the tree's."""
-        keep_cache_positions(self.cache, torch.cat([torch.arange(root + 1, device=nodes.device), nodes]))
 
     # (`select_rows`, from `CachedModel`: rows of a batch that finished leave the cache.)
 

@@ -17,7 +17,6 @@ from ..trees import (
     DraftTree,
     TreeConfig,
     grow_tree,
-    keep_cache_positions,
     level_attention_mask,
     node_path,
     refuse_flash_attention,
@@ -209,8 +208,7 @@ class ModelDrafter(AutoregressiveDrafter):
                 break
             kept.append(node)
         base = committed.shape[0]
-        positions = torch.cat([torch.arange(base, device=committed.device),
-                               torch.tensor([base + slot[grown[n]] for n in kept], dtype=torch.long, device=committed.device)])
-        keep_cache_positions(self.lm.cache, positions)
+        self.lm.keep_positions(base, torch.tensor([base + slot[grown[n]] for n in kept], dtype=torch.long,
+                                                  device=input_device(self.lm.model)))
         self.cached_tokens = torch.cat([committed, tree.path_tokens(kept).to(committed.device)])
 
