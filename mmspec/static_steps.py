@@ -160,6 +160,9 @@ class StaticSteps:
         self._length = length + count
         # Hidden states for drafters that read them (feature drafters): the same graph with one more output.
         hidden = extra.pop("output_hidden_states", False) if set(extra) == {"output_hidden_states"} else False
+        if set(extra) == {"attention_mask", "position_ids"} and extra["attention_mask"].dim() == 4 and head \
+                and tokens.shape[0] == 1:
+            return self._masked_step(tokens, extra["attention_mask"], extra["position_ids"], length, width, logits_to_keep)
         if extra or not head or width not in self.widths or tokens.shape[0] != 1:
             if hidden:
                 extra["output_hidden_states"] = True
@@ -184,6 +187,38 @@ class StaticSteps:
             logits = logits.clone()
             states = None if states is None else tuple(h.clone() for h in states)
         return StaticOutput(logits=logits, hidden_states=states)
+
+    def _masked_step(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, length: int, width: int,
+                     logits_to_keep: int) -> StaticOutput:
+        """A step with its own additive 4-D mask over the cached positions and the new ones ([1, 1, count, length +
+        count]: a draft tree level's) and position ids: both padded to the fixed width and the whole cache. A padded
+        query sees the cached positions and its own slot (its output is dropped); no query sees a padded slot."""
+        count = tokens.shape[1]
+        if mask.shape[-2:] != (count, length + count):
+            raise MMSpecError(f"{self.role}: a masked step needs a mask over {length + count} positions for {count} "
+                              f"tokens, got {tuple(mask.shape)}")
+        compiled = width in self.widths
+        width = width if compiled else count
+        full = mask.new_full((1, 1, width, self.capacity), torch.finfo(mask.dtype).min)
+        full[:, :, :count, :length + count] = mask.reshape(1, 1, count, length + count)
+        pads = torch.arange(count, width, device=mask.device)
+        full[0, 0, pads, :length] = 0
+        full[0, 0, pads, length + pads] = 0
+        padded, placed = tokens.new_empty((1, width)), positions.new_empty((1, width))
+        padded[:, :count], padded[:, count:] = tokens, tokens[:, -1:]
+        placed[:, :count], placed[:, count:] = positions, positions[:, -1:]
+        inputs = {"input_ids": padded, self._cache_argument: self.cache, "attention_mask": full, "position_ids": placed}
+        self.forwards += 1
+        if compiled:
+            out = self._steps.forward(**inputs, use_cache=True, return_dict=True, logits_to_keep=0)
+        else:
+            out = eager_forward(self.model, True, 0, **inputs)
+        if width > count:
+            self.cache.crop(count - width)
+        logits = out.logits[:, :count]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return StaticOutput(logits=logits.clone() if self._copies_outputs else logits)
 
     def keep_positions(self, start: int, slots: torch.LongTensor) -> None:
         """Move the states at `slots` to the positions from `start` on and set the length to their end (a draft tree's

@@ -79,17 +79,19 @@ class StaticCachedModel(StaticSteps, CachedModel):
         self.setup_static(widths, max_cache_len, backend, mode)
 
 
+def drafter_widths(tree: TreeConfig | None) -> tuple[int, ...]:
+    """A drafter's step widths: catching up and chain steps, and with a tree, its levels (up to top_k nodes each)."""
+    return DRAFTER_WIDTHS if tree is None else tuple(sorted({*DRAFTER_WIDTHS, tree.top_k}))
+
+
 class StaticModelDrafter(ModelDrafter):
-    """`ModelDrafter` whose steps run compiled over a static cache (chains of one sequence only)."""
+    """`ModelDrafter` whose steps run compiled over a static cache (one sequence: chains, or trees whose levels are
+    padded to the widest of `widths`, see `drafter_widths`)."""
 
     def __init__(self, model: PreTrainedModel, max_cache_len: int | None = None, backend: str = "inductor",
-                 mode: str | None = None) -> None:
+                 mode: str | None = None, widths: tuple[int, ...] = DRAFTER_WIDTHS) -> None:
         super().__init__(model, lean=False)
-        self.lm = StaticCachedModel(model, max_cache_len=max_cache_len, backend=backend, mode=mode)
-
-    @property
-    def drafts_trees(self) -> bool:  # type: ignore[override]
-        return False
+        self.lm = StaticCachedModel(model, widths=widths, max_cache_len=max_cache_len, backend=backend, mode=mode)
 
     @property
     def drafts_batches(self) -> bool:  # type: ignore[override]
@@ -124,7 +126,7 @@ def static_variant(kind: type[Target]) -> type:
 
 
 def static_model_drafter(drafter: ModelDrafter, max_cache_len: int | None = None, backend: str = "inductor",
-                         mode: str | None = None) -> ModelDrafter:
+                         mode: str | None = None, widths: tuple[int, ...] = DRAFTER_WIDTHS) -> ModelDrafter:
     """A copy of a `ModelDrafter` (any subclass: its own choices and masks stay) whose model steps run compiled
     over a static cache."""
     if isinstance(drafter.lm, StaticSteps):
@@ -133,8 +135,8 @@ def static_model_drafter(drafter: ModelDrafter, max_cache_len: int | None = None
         raise MMSpecError(f"compile=True cannot compile {type(drafter).__name__}'s own model wrapper; leave compile off")
     static = copy.copy(drafter)
     # Shared by every drafter of this model (pipelines make a fresh drafter per call): one set of graphs and caches.
-    static.lm = _shared(drafter.lm.model, ("drafter-lm", max_cache_len, backend, mode),
-                        lambda m: StaticCachedModel(m, max_cache_len=max_cache_len, backend=backend, mode=mode))
+    static.lm = _shared(drafter.lm.model, ("drafter-lm", max_cache_len, backend, mode, widths),
+                        lambda m: StaticCachedModel(m, widths=widths, max_cache_len=max_cache_len, backend=backend, mode=mode))
     return static
 
 
@@ -192,8 +194,8 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
     lookup, Jacobi, feature drafters) drafts as before. The target is a transformers model, or the `Target` the
     model's adapter builds from it alone (a pipeline's); another `Target` may carry behaviour this path would lose.
 
-    With `tree`, a plain text target verifies each tree padded to num_nodes + 1 positions (`mmspec.static_trees`);
-    the drafter grows its trees eagerly, as without compile (its levels have no fixed shape yet)."""
+    With `tree`, a plain text target verifies each tree padded to num_nodes + 1 positions (`mmspec.static_trees`),
+    and a model drafter feeds each level of its tree padded to top_k nodes."""
     if tree is not None:
         if not is_static(target):
             model = target.model if type(target) is Target else target
@@ -203,7 +205,7 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
             widths = verify_widths(policy)
             target = _shared(model, ("target", widths, tree.num_nodes + 1), lambda m: StaticTarget(
                 m, widths, backend=DEFAULT_BACKEND, tree_width=tree.num_nodes + 1))
-        return target, drafter
+        return target, _static_drafter(drafter, drafter_widths(tree))
     if not is_static(target):
         widths = (1,) if isinstance(drafter, NoDrafter) else verify_widths(policy)  # plain decoding: one token a step
         model = target.model if isinstance(target, Target) else target
@@ -219,11 +221,13 @@ def compiled_pair(target: PreTrainedModel | Target, drafter: PreTrainedModel | D
     return target, _static_drafter(drafter)
 
 
-def _static_drafter(drafter: PreTrainedModel | Drafter) -> PreTrainedModel | Drafter:
+def _static_drafter(drafter: PreTrainedModel | Drafter, widths: tuple[int, ...] = DRAFTER_WIDTHS
+                    ) -> PreTrainedModel | Drafter:
     if isinstance(drafter, PreTrainedModel):
-        return _shared(drafter, ("drafter",), lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND))
+        key = ("drafter",) if widths == DRAFTER_WIDTHS else ("drafter", widths)
+        return _shared(drafter, key, lambda m: StaticModelDrafter(m, backend=DEFAULT_BACKEND, widths=widths))
     if isinstance(drafter, ModelDrafter):
-        return static_model_drafter(drafter, backend=DEFAULT_BACKEND)
+        return static_model_drafter(drafter, backend=DEFAULT_BACKEND, widths=widths)
     return drafter
 
 

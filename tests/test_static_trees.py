@@ -11,7 +11,7 @@ import torch
 
 from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, TreeConfig, speculative_generate
 from mmspec import static_target as st
-from mmspec.static_target import StaticTarget, compiled_pair, static_variant
+from mmspec.static_target import StaticCachedModel, StaticModelDrafter, StaticTarget, compiled_pair, static_variant
 from mmspec.static_trees import static_tree_mask
 from mmspec.targets import Target
 from mmspec.testing import assert_distribution_preserved, exact_continuation_distribution, tiny_llama
@@ -115,6 +115,7 @@ def test_greedy_compiled_tree_equals_generate_and_the_eager_tree(models, name, c
         eager = speculative_generate(target, source, ids, max_new_tokens=24, tree=config)
         out = speculative_generate(target, source, ids, max_new_tokens=24, tree=config, compile=True)
         assert isinstance(out.target, StaticTarget) and out.target.tree_width == config.num_nodes + 1
+        assert isinstance(out.drafter.lm, StaticCachedModel)
         assert torch.equal(out.sequences, reference[:, : out.sequences.shape[1]])
         assert out.sequences.shape == reference.shape or int(out.sequences[0, -1]) == 3
         assert torch.equal(out.sequences, eager.sequences)
@@ -132,6 +133,29 @@ def test_every_tree_round_runs_the_compiled_forward(models):
     out = speculative_generate(static, target, ids, max_new_tokens=30, tree=config)
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=30, do_sample=False))
     assert widths == [config.num_nodes + 1] * (out.stats.target_forwards - 1)  # all but the prefill
+
+
+def test_drafter_levels_run_compiled_and_its_cache_keeps_the_path(models):
+    """A model drafter's tree levels are padded to top_k nodes and run compiled over its static cache; after the call
+    its cache holds what a fresh prefill of the tokens it recorded holds."""
+    target, drafter = models["llama"]
+    config = TREES[1]
+    _, static_drafter = compiled_pair(target, drafter, FixedDraftLength(5), config)
+    assert isinstance(static_drafter, StaticModelDrafter) and static_drafter.lm.widths == (1, 2, config.top_k)
+    widths = recording(static_drafter.lm)
+    ids = prompt(3)
+    out = speculative_generate(target, static_drafter, ids, max_new_tokens=24, tree=config, compile=True)
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False)[:, :out.sequences.shape[1]])
+    assert widths and set(widths) <= {1, 2, config.top_k} and config.top_k in widths
+    assert out.stats.accepted > 0 and out.stats.rounds > 2
+    lm = out.drafter.lm
+    tokens = out.drafter.cached_tokens[None]
+    with torch.no_grad():
+        fresh = drafter(tokens, use_cache=True).past_key_values
+    assert lm.length == tokens.shape[1]
+    for ours, theirs in zip(lm.cache.layers, fresh.layers):
+        torch.testing.assert_close(ours.keys[:, :, :lm.length], theirs.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ours.values[:, :, :lm.length], theirs.values, atol=1e-5, rtol=1e-4)
 
 
 def test_greedy_compiled_tree_with_processors(models):
