@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
+from .compat import keep_cache_positions
 from .devices import input_device
 from .errors import MMSpecError
 from .kernels.lean_llama import LeanCausalLM, has_hooks
@@ -171,8 +172,6 @@ class CachedModel:
     def keep_positions(self, start: int, slots: torch.LongTensor) -> None:
         """Keep the cache's first `start` positions and after them the positions `slots` (ascending, each >= `start`):
         a draft tree's accepted path, the rest of the tree dropped."""
-        from .compat import keep_cache_positions
-
         keep_cache_positions(self.cache, torch.cat([torch.arange(start, device=slots.device), slots]))
 
     def feed_columns(self, batch: "RaggedBatch", start: int, new_tokens: torch.LongTensor, logits_to_keep: int = 1,

@@ -8,8 +8,9 @@ once. Rollback (`truncate`) moves the same pointer: nothing is copied, and the s
 the next forward (the causal mask hides every slot past a query's own position). With fixed widths and a
 fixed cache size each forward has one shape, so `torch.compile(dynamic=False)` builds one graph per width.
 
-Prefills (any prompt length) run eagerly into the same cache. So do forwards this path does not compile:
-wider than the widest width, with extra inputs (masks, positions, hidden states) or without the output head.
+A step with its own 4-D mask and position ids (a draft tree level, `mmspec.static_trees`) is padded the same way,
+its mask widened to the whole cache. Prefills (any prompt length) run eagerly into the same cache. So do forwards
+this path does not compile: wider than the widest width, with other extra inputs or without the output head.
 """
 
 from __future__ import annotations

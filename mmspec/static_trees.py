@@ -5,7 +5,10 @@ and fed in one compiled forward. The mask covers the whole static cache: each re
 the root and its own ancestors; a padded query sees the prefix and its own slot (its output is dropped); nobody
 sees a padded slot or a slot past the forward. Positions come from node depth (padded ones take the root's). The
 padded slots are dropped at once by moving the length pointer back; after the verdict the accepted path's states
-are moved to the slots right after the root and the pointer is set to the end of the path (`keep_tree_path`).
+are moved to the slots right after the root and the pointer is set to the end of the path (`keep_positions`).
+
+A model drafter's tree levels take the same way through `StaticSteps.extend` (a 4-D mask with position ids): each
+level (at most top_k nodes) is padded to top_k and its mask widened to the whole cache.
 """
 
 from __future__ import annotations
