@@ -9,7 +9,7 @@ Compiled with dynamo's "eager" backend (the same captured graphs without inducto
 import pytest
 import torch
 
-from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, TreeConfig, speculative_generate
+from mmspec import FixedDraftLength, MMSpecError, SamplingConfig, TreeConfig, speculative_generate, static_steps
 from mmspec import static_target as st
 from mmspec.static_target import StaticCachedModel, StaticModelDrafter, StaticTarget, compiled_pair, static_variant
 from mmspec.static_trees import static_tree_mask
@@ -198,10 +198,11 @@ def test_tree_sampling_matches_target():
     target = tiny_llama(vocab_size=VOCAB, hidden_size=32, num_layers=1, seed=3, initializer_range=0.6, eos_token_id=None)
     drafter = tiny_llama(vocab_size=VOCAB, hidden_size=32, num_layers=1, seed=4, initializer_range=0.6, eos_token_id=None)
     tree = TreeConfig(num_nodes=6, top_k=2, depth=2)
-    static, _ = compiled_pair(target, drafter, FixedDraftLength(5), tree)
+    static, static_drafter = compiled_pair(target, drafter, FixedDraftLength(5), tree)
+    assert isinstance(static_drafter, StaticModelDrafter)
 
     def draw(generator):
-        out = speculative_generate(static, drafter, SAMPLING_PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True,
+        out = speculative_generate(static, static_drafter, SAMPLING_PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True,
                                    generator=generator, tree=tree)
         return tuple(out.sequences[0, SAMPLING_PROMPT.shape[1]:].tolist())
 
@@ -224,3 +225,26 @@ def test_trees_on_other_targets_are_refused(models):
     with pytest.raises(MMSpecError, match="one sequence"):
         speculative_generate(target, drafter, torch.cat([prompt(0), prompt(1)]), max_new_tokens=4, tree=TREES[0],
                              compile=True, attention_mask=torch.ones(2, 8, dtype=torch.long))
+
+
+def test_levels_wider_than_the_drafter_was_built_for_run_eagerly(models, monkeypatch):
+    """A static drafter built for chains (widths 1 and 2) still grows a top_k = 4 tree: the wider levels run eagerly
+    over its static cache, with the mask widened the same way; the output is generate's."""
+    target, drafter = models["llama"]
+    chain_drafter = StaticModelDrafter(drafter, backend="eager")
+    widths = recording(chain_drafter.lm)
+    eager_levels = []
+    real = static_steps.eager_forward
+
+    def eager_forward(model, head, logits_to_keep, **inputs):
+        if "attention_mask" in inputs:
+            eager_levels.append(inputs["input_ids"].shape[1])
+        return real(model, head, logits_to_keep, **inputs)
+
+    monkeypatch.setattr(static_steps, "eager_forward", eager_forward)
+    ids = prompt(8)
+    out = speculative_generate(target, chain_drafter, ids, max_new_tokens=20, tree=TREES[1], compile=True)
+    eager = speculative_generate(target, drafter, ids, max_new_tokens=20, tree=TREES[1])
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=20, do_sample=False)[:, :out.sequences.shape[1]])
+    assert torch.equal(out.sequences, eager.sequences) and out.stats.accepted == eager.stats.accepted
+    assert set(widths) <= {1, 2} and eager_levels and min(eager_levels) > 2  # the wider levels, eagerly
