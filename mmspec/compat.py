@@ -206,6 +206,32 @@ def move_static_cache_positions(cache: Any, sources: torch.LongTensor, start: in
         layer.values[:, :, start:start + where.numel()] = layer.values.index_select(2, where)
 
 
+def reset_static_cache(cache: Any, length: int = 0) -> None:
+    """Set the length of every initialised layer of a transformers `StaticCache` to `length`, keeping its tensors
+    (a static cache reused by the next call: new tensors would recompile its graphs). transformers' `crop` only
+    shortens a cache by a count read from its own length; this sets each `StaticLayer`'s `cumulative_length`."""
+    for layer in _static_layers(cache, "reusing a static KV cache of compile=True for the next call"):
+        if layer.is_initialized:
+            layer.cumulative_length.fill_(length)
+
+
+def write_static_cache(cache: Any, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Write each layer's (keys, values) [B, heads, positions, head dim] into the first positions of a transformers
+    `StaticCache` and set its length to theirs (states projected elsewhere, handed to a compiled step). Done with
+    `update` they would land at the cache's current length; this initialises each `StaticLayer` as `update` does
+    (`lazy_initialization`) and copies into its `keys` / `values`."""
+    layers = _static_layers(cache, "handing projected keys and values to a static KV cache of compile=True")
+    if len(keys_values) > len(layers):
+        raise MMSpecError(f"{len(keys_values)} layers of keys and values for a static cache of {len(layers)} layers")
+    for layer, (keys, values) in zip(layers, keys_values):
+        if not layer.is_initialized:
+            layer.lazy_initialization(keys, values)
+        positions = keys.shape[2]
+        layer.keys[:, :, :positions].copy_(keys)
+        layer.values[:, :, :positions].copy_(values)
+        layer.cumulative_length.fill_(positions)
+
+
 def _static_layers(cache: Any, setting: str) -> list[Any]:
     layers = getattr(cache, "layers", None)
     if layers is None:

@@ -16,6 +16,7 @@ this path does not compile: wider than the widest width, with other extra inputs
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -258,8 +259,12 @@ class CompiledSteps:
 
     shared_by_calls = True  # one set of graphs for every call's working copy (`mmspec.decode_state`)
 
-    def __init__(self, model: PreTrainedModel, backend: str, mode: str | None) -> None:
+    def __init__(self, model: torch.nn.Module, backend: str, mode: str | None,
+                 function: Callable[..., Any] | None = None) -> None:
+        """`function` is what to compile (default: `model.forward`); `model` the module whose signature it assumes
+        (an adapter may compile a step of its own around a part of a model, e.g. a decoder)."""
         self.model, self.backend, self.mode = model, backend, mode
+        self.function = model.forward if function is None else function
         self.signature = model_signature(model)
         self.forward = self._compile()
 
@@ -273,7 +278,7 @@ class CompiledSteps:
             # text drafter): the model check covers them once a call, the kept guards cover the inputs.
             settings = {**list_mode_options(self.mode or "default"), "size_asserts": False}
         arguments: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}  # untyped in torch
-        return torch.compile(self.model.forward, backend=self.backend, dynamic=False,
+        return torch.compile(self.function, backend=self.backend, dynamic=False,
                              options={**settings, "guard_filter_fn": step_guards}, **arguments)
 
     def check_model(self) -> None:

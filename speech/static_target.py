@@ -11,6 +11,10 @@ output head runs after it, outside the graph, so greedy verification keeps its c
 
 Prefills (any prompt length, with the drafts that ride along) run eagerly into the same caches, and so do steps
 this path does not compile (extra inputs, batches, positions past the decoder's learned table).
+
+The step is compiled as the core's static steps are (`mmspec.static_steps.CompiledSteps`): dynamo guards its
+inputs, the caches and the global state, not the decoder's modules; the decoder is checked once per utterance
+(at the prefill) and compiled afresh when its modules, dtypes or shapes changed.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import torch
 from transformers import EncoderDecoderCache, PreTrainedModel, StaticCache
 from transformers.modeling_outputs import BaseModelOutput
 
+from .. import compat
 from ..cached_model import cache_argument
 from ..devices import input_device
 from ..errors import MMSpecError
-from ..static_steps import RECOMPILE_LIMIT, compile_mode, eager_forward, rounded_capacity
+from ..static_steps import CompiledSteps, compile_mode, eager_forward, rounded_capacity
 from ..targets import Target
 from .precision import ROW_ATTENTION, compute_type_of, has_compute_type_layers
 from .target import WhisperTarget
@@ -69,7 +74,9 @@ class DecoderOutput:
 
 class StaticWhisperDecoder:
     """One model's compiled decoder step (one graph per width) and its per-thread static caches, shared by every
-    static target of it, whatever widths each pads to."""
+    static target of it, whatever widths each pads to, and by every call's working copy of those targets."""
+
+    shared_by_calls = True  # one set of graphs and one decoder check for every call (`mmspec.decode_state`)
 
     def __init__(self, model: PreTrainedModel, backend: str = "inductor", mode: str | None = None) -> None:
         # The decoder only, not the model: this object is the value of a weak-keyed table under the model, which
@@ -82,14 +89,15 @@ class StaticWhisperDecoder:
         device = input_device(model)
         mode = mode if mode is not None else (compile_mode(device) if backend == "inductor" else None)
         self.copies_outputs = mode == "reduce-overhead"  # a CUDA graph reuses its output buffers on the next replay
-        options: dict[str, Any] = {"backend": backend, "dynamic": False}
-        if mode is not None:
-            options["mode"] = mode
         self.cache_name = cache_argument(self.decoder)
         # The decoder's own forward, not its __call__: hooks on the decoder (forward counters) are not traced into
         # the graph, where one registered later would be ignored or recompile it.
-        self.compiled = torch.compile(self.decoder_forward, **options)
+        self.steps = CompiledSteps(self.decoder, backend, mode, function=self.decoder_forward)
         self.local = threading.local()
+
+    def check_decoder(self) -> None:
+        """Compile afresh when the decoder changed since its steps were compiled (a `.to(dtype)`, a swapped layer)."""
+        self.steps.check_model()
 
     def decoder_forward(self, input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.decoder.forward(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states, use_cache=True,
@@ -101,6 +109,9 @@ class StaticWhisperDecoder:
         frames. A larger self-attention cache starts empty (see `StaticWhisperTarget._grow`); the cross-attention
         one is kept while the frames match."""
         cache = getattr(self.local, "cache", None)
+        if cache is not None and getattr(self.local, "signature", None) is not self.steps.signature:
+            cache = None  # a changed decoder may hold other dtypes or devices: caches of its own
+        self.local.signature = self.steps.signature
         self_attention = None if cache is None else cache.self_attention_cache
         cross = None if cache is None else cache.cross_attention_cache
         fresh = False
@@ -127,12 +138,6 @@ def static_decoder_for(model: PreTrainedModel, backend: str = "inductor", mode: 
     if (backend, mode) not in made:
         made[backend, mode] = StaticWhisperDecoder(model, backend, mode)
     return made[backend, mode]
-
-
-def _reset(layers: Any, length: int = 0) -> None:
-    for layer in layers.layers:
-        if layer.is_initialized:
-            layer.cumulative_length.fill_(length)
 
 
 class StaticWhisperTarget(WhisperTarget):
@@ -191,17 +196,11 @@ class StaticWhisperTarget(WhisperTarget):
 
     def _cache_holding(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> EncoderDecoderCache:
         """A self-drafter's cross-attention keys/values, written into this thread's static cross cache."""
+        self.engine.check_decoder()
         cache = self._claim(self.widths[-1] + 1, keys_values[0][0].shape[2])
-        _reset(cache.self_attention_cache)
-        cross = cache.cross_attention_cache
-        for index, (keys, values) in enumerate(keys_values):
-            layer = cross.layers[index]
-            if not layer.is_initialized:
-                layer.lazy_initialization(keys, values)
-            layer.keys.copy_(keys)
-            layer.values.copy_(values)
-            layer.cumulative_length.fill_(keys.shape[2])
-            cache.is_updated[index] = True
+        compat.reset_static_cache(cache.self_attention_cache)
+        compat.write_static_cache(cache.cross_attention_cache, keys_values)
+        cache.is_updated.update(dict.fromkeys(range(len(keys_values)), True))
         return cache
 
     @property
@@ -216,13 +215,7 @@ class StaticWhisperTarget(WhisperTarget):
         """Move this call's states into a larger self-attention cache (a longer call than any before)."""
         old = self.cache.self_attention_cache
         self.cache = self.engine.thread_cache(positions, self.cache.cross_attention_cache.get_max_length())
-        for old_layer, new_layer in zip(old.layers, self.cache.self_attention_cache.layers):
-            if not old_layer.is_initialized:
-                continue
-            new_layer.lazy_initialization(old_layer.keys, old_layer.values)
-            new_layer.keys[:, :, :self._length].copy_(old_layer.keys[:, :, :self._length])
-            new_layer.values[:, :, :self._length].copy_(old_layer.values[:, :, :self._length])
-            new_layer.cumulative_length.fill_(self._length)
+        compat.copy_static_cache(old, self.cache.self_attention_cache, self._length)
 
     # -- CachedModel's interface -----------------------------------------------------------------------------------
 
@@ -238,10 +231,11 @@ class StaticWhisperTarget(WhisperTarget):
         name = self._cache_argument
         given = model_inputs.get(name)
         if given is None or given is not getattr(self.engine.local, "cache", None):
+            self.engine.check_decoder()
             cache = self._claim(tokens.shape[1] + self.widths[-1], frames)
             cache.is_updated = {index: False for index in cache.is_updated}  # the prefill projects the encoder states
-            _reset(cache.cross_attention_cache)
-            _reset(cache.self_attention_cache)
+            compat.reset_static_cache(cache.cross_attention_cache)
+            compat.reset_static_cache(cache.self_attention_cache)
             model_inputs[name] = cache
         else:  # `_cache_holding`'s: cross-attention filled; made large enough for the prompt here
             cache = given
@@ -292,10 +286,7 @@ class StaticWhisperTarget(WhisperTarget):
         padded[:, count:] = tokens[:, -1:]
         self.forwards += 1
         self.compiled_forwards += 1
-        # One model class shares its forward's code; dynamo's default of 8 graphs per code would soon send a
-        # process with a few widths and models back to eager.
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            hidden = self.engine.compiled(padded, states, self.cache)
+        hidden = self.engine.steps.forward(padded, states, self.cache)
         if width > count:
             self.cache.crop(count - width)  # the padding's states: the pointer moves back over them
         self._length = length + count

@@ -162,6 +162,30 @@ def test_copy_static_cache_moves_states_and_length():
     assert large.layers[1].values[0, 0, :3, 0].tolist() == [10.0, 20.0, 30.0]
 
 
+
+def test_reset_static_cache_sets_every_length_and_keeps_the_tensors():
+    _, cache = static_cache_holding(5, 8)
+    keys = cache.layers[0].keys
+    compat.reset_static_cache(cache)
+    assert int(cache.get_seq_length()) == 0 and cache.layers[0].keys is keys
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [0, 0]
+    compat.reset_static_cache(cache, 4)
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [4, 4]
+
+
+def test_write_static_cache_fills_the_first_positions_of_each_layer():
+    config, _ = static_cache_holding(1, 8)
+    cache = StaticCache(config=config, max_cache_len=6)  # not initialised yet: the write initialises it
+    states = [(torch.full((1, 2, 6, 4), float(layer)), torch.full((1, 2, 6, 4), 10.0 + layer)) for layer in range(2)]
+    compat.write_static_cache(cache, states)
+    assert int(cache.get_seq_length()) == 6
+    assert torch.equal(cache.layers[1].keys, states[1][0]) and torch.equal(cache.layers[0].values, states[0][1])
+    _, held = static_cache_holding(5, 8)
+    compat.write_static_cache(held, [(k[:, :, :3], v[:, :, :3]) for k, v in states])  # over older states
+    assert int(held.get_seq_length()) == 3 and held.layers[1].keys[0, 0, :4, 0].tolist() == [1.0, 1.0, 1.0, 4.0]
+    with pytest.raises(MMSpecError, match="3 layers"):
+        compat.write_static_cache(held, states + states[:1])
+
 def test_skip_keys_device_placement_is_a_model_attribute(model):
     # A causal LM names its cache argument: accelerate must not move the cache to the drafter's device.
     assert set(compat.skip_keys_device_placement(model)) & {"cache", "past_key_values"}
@@ -271,6 +295,20 @@ def test_changed_static_cache_layers_are_refused():
     assert "compile=True" in message and compat.installed_versions() in message
     with pytest.raises(CompatibilityError, match="StaticCache.layers"):
         compat.copy_static_cache(object(), large, 3)
+
+
+
+def test_changed_static_layers_are_refused_when_reset_or_written():
+    _, cache = static_cache_holding(3, 8)
+    cache.layers[1].cumulative_length = 3
+    with pytest.raises(CompatibilityError, match="cumulative_length") as refused:
+        compat.reset_static_cache(cache)
+    assert "compile=True" in str(refused.value)
+    with pytest.raises(CompatibilityError, match="cumulative_length"):
+        compat.write_static_cache(cache, [(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4))])
+    cache.layers[0] = object()  # a layer that no longer initialises itself lazily
+    with pytest.raises(CompatibilityError, match="lazy_initialization"):
+        compat.write_static_cache(cache, [(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4))])
 
 
 def test_missing_scheduler_variance_is_refused(monkeypatch):

@@ -19,7 +19,7 @@ from mmspec.speech.static_target import StaticWhisperTarget, whisper_widths
 from mmspec.speech.target import WhisperTarget
 
 from .conftest import MAX_NEW, PROMPT_LENGTH, assert_same
-from .tiny_whisper import MAX_TARGET_POSITIONS, features, tiny_whisper
+from .tiny_whisper import EOT, MAX_TARGET_POSITIONS, features, tiny_whisper
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -306,3 +306,72 @@ def test_a_model_is_freed_after_its_compiled_calls(eager_backend):
     del model
     gc.collect()
     assert alive() is None
+
+
+# --- guards, the decoder check, dynamo's settings --------------------------------------------------------------------
+
+
+def test_compiled_steps_guard_their_inputs_not_the_decoder(references, monkeypatch):
+    """The compiled decoder step keeps dynamo's guards on its inputs and caches only (the decoder is checked once per
+    utterance instead): most guards, those on the decoder's modules and weights, are dropped."""
+    from mmspec import static_steps
+
+    counts = []
+
+    def counting(entries):
+        keep = list(torch.compiler.skip_guard_on_all_nn_modules_unsafe(entries))
+        counts.append((len(entries), sum(keep), any("decoder" in entry.name and entry.name.endswith("weight")
+                                                    for entry, kept in zip(entries, keep) if kept)))
+        return keep
+
+    monkeypatch.setattr(static_steps, "step_guards", counting)
+    x, sequences, _ = references[4]
+    model = tiny_whisper(seed=0)  # its own graphs (the session's model may be compiled already)
+    out = SpeculativeDecoder(static_target(model, widths=(1,)), NoDrafter()).generate(None, max_new_tokens=MAX_NEW,
+                                                                                       input_features=x)
+    assert_same(out.sequences, sequences)
+    assert len(counts) == 1
+    total, kept, weights_kept = counts[0]
+    assert 0 < kept < total / 2 and not weights_kept
+
+
+def test_compiled_steps_leave_dynamos_settings_alone(whisper, references, monkeypatch):
+    """A step runs under dynamo's process-wide settings as the user left them (patching them around every step
+    would change them for every other thread's compiled code while it runs)."""
+    seen = []
+    target = static_target(whisper, widths=(1,))
+    steps = target.engine.steps
+    compiled = steps.forward
+
+    def reading(*args):
+        seen.append(torch._dynamo.config.recompile_limit)
+        return compiled(*args)
+
+    monkeypatch.setattr(steps, "forward", reading)
+    x, sequences, _ = references[5]
+    out = SpeculativeDecoder(target, NoDrafter()).generate(None, max_new_tokens=MAX_NEW, input_features=x)
+    assert_same(out.sequences, sequences)
+    assert seen and set(seen) == {torch._dynamo.config.recompile_limit}
+
+
+def test_a_decoder_changed_between_calls_is_compiled_afresh(references):
+    """The decoder is checked once per utterance, not its modules at every step: a model changed between calls (cast
+    to float64) gets fresh graphs and fresh caches, and its output is still its own generate's."""
+    model = tiny_whisper(seed=0)
+    target = static_target(model, widths=(1, 4))
+    x, sequences, transcript = references[1]
+    assert_same(hybrid(target, transcript, x, EDITS["mixed"]).sequences, sequences)
+    engine = target.engine
+    first = engine.steps.forward
+    assert_same(hybrid(target, transcript, x, EDITS["mixed"]).sequences, sequences)
+    assert engine.steps.forward is first  # unchanged: the same graphs
+    model.double()
+    x = x.double()
+    expected = model.generate(x, do_sample=False, max_new_tokens=MAX_NEW, return_dict_in_generate=True).sequences
+    transcript = [token for token in expected[0, PROMPT_LENGTH:].tolist() if token != EOT]
+    out = hybrid(target, transcript, x, EDITS["mixed"])
+    assert_same(out.sequences, expected)
+    assert engine.steps.forward is not first
+    cache = engine.local.cache
+    assert cache.self_attention_cache.layers[0].keys.dtype == cache.cross_attention_cache.layers[0].keys.dtype == torch.float64
+    assert out.target.compiled_forwards > 0
