@@ -622,8 +622,8 @@ class TranscriptionPipeline(SpeculativePipeline):
         """Whether a hybrid strict call decodes its windows as batched greedy instead: with timestamps, more than one
         window, and a fast decoder that drafts one window at a time (an AR fast decoder that re-drafts) while greedy
         decodes them in batches. Hybrid strict's tokens are greedy's by definition, so the output is the same; on long
-        audio with timestamps the one-window-at-a-time drafting cost more than the batches (whisper-tiny.en int8,
-        10 minutes: 1.9x the wall time of batched greedy)."""
+        audio with timestamps drafting and verifying one window at a time cost more than greedy's batches (whisper-tiny.en,
+        a 10-minute file)."""
         if method != "hybrid" or mode != "strict" or not timestamps or windows < 2 or one_row:
             return False
         return self.window_batch_size(method, reporter) == 1 and self.window_batch_size("ar", reporter) > 1
