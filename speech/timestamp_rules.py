@@ -39,8 +39,8 @@ class BatchedTimestampRules(WhisperTimeStampLogitsProcessor):
             value = tail.gather(1, latest).squeeze(-1)
             repeat_allowed = last & ~penultimate
             floor = torch.where(stamp.any(dim=-1), value + (~repeat_allowed).long(), floor)
-        vocab = torch.arange(processed.shape[-1], device=processed.device)
-        processed.masked_fill_((vocab >= begin) & (vocab < floor.to(processed.device).unsqueeze(-1)), inf)
+        stamps = torch.arange(begin, max(begin, processed.shape[-1]), device=processed.device)  # only timestamps can fall
+        processed[:, begin:].masked_fill_(stamps < floor.to(processed.device).unsqueeze(-1), inf)
         if input_ids.shape[1] == self.begin_index:
             processed[:, :begin] = inf
             if self.max_initial_timestamp_index is not None:
