@@ -385,7 +385,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         pack_seconds: float | None = None,
         compile: bool = False,
         condition_on_previous_text: bool = False,
-        timestamps: bool = False,
+        timestamps: bool | None = False,
     ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
         `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
@@ -419,7 +419,10 @@ class TranscriptionPipeline(SpeculativePipeline):
             timestamps: decode with Whisper's timestamp tokens, as `generate(return_timestamps=True)` (the prompt
                 without `<|notimestamps|>`, the timestamp rules; `WhisperTarget(timestamps=True)`); the text leaves the
                 timestamps out. Exact methods stay exact: each window's tokens are greedy decoding with timestamps.
-                Small models drop fewer sentences of a long packed window this way. Not with `compile`.
+                Small models drop fewer sentences of a long packed window this way. Not with `compile`. None: with
+                timestamps when the recording has more than one window (`mmspec transcribe`'s default), so a clip of
+                one window decodes as without them; a list decoded in batches (`batch_size` > 1) and `compile` take
+                None as False.
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -437,8 +440,12 @@ class TranscriptionPipeline(SpeculativePipeline):
 
             refuse_unsupported(self.model)  # before any audio is read
         check_language_and_task(self.model, language, task)
-        if not isinstance(timestamps, bool):
-            raise MMSpecError(f"timestamps must be True or False, got {timestamps!r}")
+        if timestamps is not None and not isinstance(timestamps, bool):
+            raise MMSpecError(f"timestamps must be True, False or None (with timestamps from the second window), "
+                              f"got {timestamps!r}")
+        if timestamps is None and (compile or batch_size > 1
+                                   or getattr(self.model.generation_config, "no_timestamps_token_id", None) is None):
+            timestamps = False  # None: only one recording at a time, uncompiled, on a model that has timestamp tokens
         if timestamps and compile:
             raise MMSpecError("timestamps=True: the compiled path decodes without timestamps; use compile=False")
         if timestamps:
@@ -541,8 +548,10 @@ class TranscriptionPipeline(SpeculativePipeline):
                         started: float, *, method: str, mode: str, language: str | None, task: str | None,
                         max_new_tokens: int | None, silence_threshold: float | None,
                         pack_seconds: float, compile: bool = False, condition: bool = False,
-                        timestamps: bool = False) -> TranscriptionOutput:
+                        timestamps: bool | None = False) -> TranscriptionOutput:
         samples, windows = self._windows(audio, sampling_rate, silence_threshold, pack_seconds)
+        if timestamps is None:  # with timestamps from the second window: a one-window clip decodes as without them
+            timestamps = len(windows) > 1
         note = None
         if self.greedy_in_batches_instead(method, mode, timestamps, len(windows), condition or compile, reporter):
             method, note = "ar", (f"hybrid strict: its fast decoder drafts one window at a time, so the {len(windows)} "
