@@ -65,3 +65,55 @@ def test_whisper_target_uses_the_batched_rules(whisper):
     target = WhisperTarget(whisper, timestamps=True)
     built = target.build_logits_processors(whisper.generation_config, 3, [])
     assert any(isinstance(p, BatchedTimestampRules) for p in built)
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, 51864])
+def test_stacked_rows_score_as_rows_one_by_one(vocab):
+    """Rows of one length are processed in one call (`Target._processed_batch`): Whisper's processors (suppression, the
+    timestamp rules with their log-softmax) give each row the scores it gets alone."""
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    from mmspec.generation import process_prefixed_rows
+    from mmspec.speech.suppression import SuppressedTokens
+
+    no_timestamps = vocab - 50 if vocab > VOCAB else NO_TIMESTAMPS
+    settings = GenerationConfig(eos_token_id=EOS, bos_token_id=EOS, no_timestamps_token_id=no_timestamps,
+                                max_initial_timestamp_index=5)
+    processors = LogitsProcessorList([SuppressedTokens([1, 7], begin_index=3), SuppressedTokens([2, 9]),
+                                      BatchedTimestampRules(settings, begin_index=3)])
+    generator = torch.Generator().manual_seed(vocab)
+    for length in (3, 4, 9):
+        ids = torch.randint(0, vocab, (6, length), generator=generator)
+        logits = torch.randn(6, 1, vocab, generator=generator) * 5
+        together = process_prefixed_rows(processors, [ids], logits)
+        alone = torch.cat([process_prefixed_rows(processors, [ids[b:b + 1]], logits[b:b + 1]) for b in range(6)])
+        assert torch.equal(together, alone)
+
+
+def test_a_batch_of_equal_rows_is_processed_in_one_call(whisper):
+    """Greedy rows that started together have prefixes of one length: the processors run once per step, not per row."""
+    from mmspec.ragged import RaggedBatch
+    from mmspec.speech.target import WhisperTarget
+    from mmspec.targets import TargetStep
+
+    calls = []
+
+    class Spy:
+        def __call__(self, input_ids, scores):
+            calls.append(input_ids.shape[0])
+            return scores
+
+    target = WhisperTarget(whisper, timestamps=True)
+    target.processors = [Spy()]
+    batch = RaggedBatch.__new__(RaggedBatch)
+    tokens = torch.randint(0, 50, (3, 6))
+    batch.tokens, batch.mask, batch.prompt_width = tokens, torch.ones(3, 6, dtype=torch.long), 4
+    batch.rows = torch.arange(3)
+    logits = torch.randn(3, 1, 60)
+    out = target._processed_batch(TargetStep(logits=logits), batch, 5)
+    assert calls == [3] and torch.equal(out.logits, logits.float())
+    calls.clear()
+    batch.mask = batch.mask.clone()
+    batch.mask[1, 4] = 0  # a hole: that row's prefix is shorter, so rows are processed one by one
+    target._processed_batch(TargetStep(logits=logits), batch, 5)
+    assert calls == [1, 1, 1]
