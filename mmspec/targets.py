@@ -220,8 +220,14 @@ class Target(CachedModel):
         if not self.processors:
             return step
         count = step.logits.shape[1]
-        rows = [process_prefixed_rows(self.processors, batch.prefixes(b, first_column, count, drafts), step.logits[b:b + 1])
-                for b in range(batch.size)]
+        prefixes = [batch.prefixes(b, first_column, count, drafts) for b in range(batch.size)]
+        if batch.size > 1 and all(len({row[j].shape[1] for row in prefixes}) == 1 for j in range(count)):
+            # Every row's prefixes as long as the others' (no holes: greedy rows that started together): one call over
+            # the stacked rows instead of one per row; a processor's row of scores reads only that row's prefix.
+            stacked = [torch.cat([row[j] for row in prefixes]) for j in range(count)]
+            return TargetStep(logits=process_prefixed_rows(self.processors, stacked, step.logits),
+                              hidden_states=step.hidden_states)
+        rows = [process_prefixed_rows(self.processors, prefixes[b], step.logits[b:b + 1]) for b in range(batch.size)]
         return TargetStep(logits=torch.cat(rows), hidden_states=step.hidden_states)
 
     def check_tree_support(self) -> None:

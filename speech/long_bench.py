@@ -127,11 +127,13 @@ class MmspecRow:
                  timestamps: bool = False) -> None:
         self.pipe, self.method, self.condition, self.timestamps = pipe, method, condition_on_previous_text, timestamps
         self.parts: dict[str, float] = {}
+        self.note: str | None = None  # the last call's note (e.g. how hybrid strict decoded the windows)
 
     def __call__(self, path: Path) -> tuple[str, int]:
         out = self.pipe(str(path), method=self.method, progress_bar=False, condition_on_previous_text=self.condition,
                         **({"timestamps": True} if self.timestamps else {}))
         self.parts = output_parts(out)
+        self.note = getattr(out, "note", None)
         return out.text, len(out.segments)
 
 
@@ -267,8 +269,9 @@ def bench_long_audio(rows: dict[str, Transcribe], path: Path, reference: str | N
         text=text,
         parts_s={k: statistics.median(p[k] for p in parts[name]) for k in PARTS} if parts[name] else {},
     ) for name, (text, segments) in texts.items()]
+    row_notes = [f"{name}: {run.note}" for name, run in rows.items() if isinstance(run, MmspecRow) and run.note]
     return LongAudioReport(title, report_rows, {**(settings or {}), "repeats": repeats, "normalisation": NORMALISATION},
-                           list(notes or []))
+                           [*(notes or []), *row_notes])
 
 
 def run_long_audio_bench(model_name: str, *, minutes: float | None = None, audio: str | Path | None = None,

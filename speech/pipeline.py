@@ -385,7 +385,7 @@ class TranscriptionPipeline(SpeculativePipeline):
         pack_seconds: float | None = None,
         compile: bool = False,
         condition_on_previous_text: bool = False,
-        timestamps: bool = False,
+        timestamps: bool | None = False,
     ) -> TranscriptionOutput | list[TranscriptionOutput]:
         """Transcribe `audio`: a file path, an array (or tensor) of samples with its `sampling_rate`, or a
         `{"array": samples, "sampling_rate": rate}` dict (as `datasets` gives audio); or a list of them
@@ -419,7 +419,10 @@ class TranscriptionPipeline(SpeculativePipeline):
             timestamps: decode with Whisper's timestamp tokens, as `generate(return_timestamps=True)` (the prompt
                 without `<|notimestamps|>`, the timestamp rules; `WhisperTarget(timestamps=True)`); the text leaves the
                 timestamps out. Exact methods stay exact: each window's tokens are greedy decoding with timestamps.
-                Small models drop fewer sentences of a long packed window this way. Not with `compile`.
+                Small models drop fewer sentences of a long packed window this way. Not with `compile`. None: with
+                timestamps when the recording has more than one window (`mmspec transcribe`'s default), so a clip of
+                one window decodes as without them; a list decoded in batches (`batch_size` > 1) and `compile` take
+                None as False.
         """
         started = time.perf_counter()
         batch_size = check_batch_size(batch_size)
@@ -437,8 +440,12 @@ class TranscriptionPipeline(SpeculativePipeline):
 
             refuse_unsupported(self.model)  # before any audio is read
         check_language_and_task(self.model, language, task)
-        if not isinstance(timestamps, bool):
-            raise MMSpecError(f"timestamps must be True or False, got {timestamps!r}")
+        if timestamps is not None and not isinstance(timestamps, bool):
+            raise MMSpecError(f"timestamps must be True, False or None (with timestamps from the second window), "
+                              f"got {timestamps!r}")
+        if timestamps is None and (compile or batch_size > 1
+                                   or getattr(self.model.generation_config, "no_timestamps_token_id", None) is None):
+            timestamps = False  # None: only one recording at a time, uncompiled, on a model that has timestamp tokens
         if timestamps and compile:
             raise MMSpecError("timestamps=True: the compiled path decodes without timestamps; use compile=False")
         if timestamps:
@@ -522,13 +529,12 @@ class TranscriptionPipeline(SpeculativePipeline):
         return samples, pack_windows(windows, min(pack, window))
 
     def _output(self, windows: list[Window], chunks: list[ChunkTranscript], method: str, mode: str, label: str,
-                silence_threshold: float | None, started: float) -> TranscriptionOutput:
+                silence_threshold: float | None, started: float, note: str | None = None) -> TranscriptionOutput:
         stats = SpecStats(method=label)
         for chunk in chunks:
             stats = stats + chunk.stats
         segments = self._segments(windows, chunks)
         text = " ".join(s.text for s in segments if s.text)
-        note = None
         if not windows:
             note = f"the audio is silent (RMS below {silence_threshold}): nothing to transcribe"
         return TranscriptionOutput(
@@ -542,8 +548,14 @@ class TranscriptionPipeline(SpeculativePipeline):
                         started: float, *, method: str, mode: str, language: str | None, task: str | None,
                         max_new_tokens: int | None, silence_threshold: float | None,
                         pack_seconds: float, compile: bool = False, condition: bool = False,
-                        timestamps: bool = False) -> TranscriptionOutput:
+                        timestamps: bool | None = False) -> TranscriptionOutput:
         samples, windows = self._windows(audio, sampling_rate, silence_threshold, pack_seconds)
+        if timestamps is None:  # with timestamps from the second window: a one-window clip decodes as without them
+            timestamps = len(windows) > 1
+        note = None
+        if self.greedy_in_batches_instead(method, mode, timestamps, len(windows), condition or compile, reporter):
+            method, note = "ar", (f"hybrid strict: its fast decoder drafts one window at a time, so the {len(windows)} "
+                                  "windows were decoded as batched greedy (the tokens hybrid strict verifies to)")
         label = f"hybrid-{mode}" if method == "hybrid" else "ar"
         chunks: list[ChunkTranscript] = []
         rate = self.sampling_rate
@@ -551,17 +563,21 @@ class TranscriptionPipeline(SpeculativePipeline):
         previous: list[int] | None = [] if condition else None  # the text tokens decoded so far, when conditioning
         with self.progress_bar(total=len(windows), desc=f"transcribe ({label})", unit="chunk", enabled=progress_bar) as bar:
             step = check_batch_size(self.encoder_batch_size)
+            if rows > 1:  # each decoder batch encoded `step` windows at a time: the two batch sizes are independent
+                for first in range(0, len(windows), rows):
+                    group = windows[first:first + rows]
+                    encoded = [self.encode([w.samples(samples) for w in group[part:part + step]])
+                               for part in range(0, len(group), step)]
+                    states = torch.cat([part_states for part_states, _ in encoded])
+                    chunks.extend(self._decode_windows(states, group, sum(seconds for _, seconds in encoded), method, mode,
+                                                       label, language, task, max_new_tokens, timestamps))
+                    bar.update(len(group))
+                windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task,
+                                                      max_new_tokens, reporter, compile=compile, timestamps=timestamps)
+                return self._output(windows, chunks, method, mode, label, silence_threshold, started, note)
             for first in range(0, len(windows), step):
                 group = windows[first:first + step]
                 states, encoder_time = self.encode([w.samples(samples) for w in group])
-                if rows > 1:
-                    for part in range(0, len(group), rows):
-                        chunks.extend(self._decode_windows(states[part:part + rows], group[part:part + rows],
-                                                           encoder_time * min(rows, len(group) - part) / len(group),
-                                                           method, mode, label, language, task, max_new_tokens,
-                                                           timestamps))
-                    bar.update(len(group))
-                    continue
                 for offset, planned in enumerate(group):
                     reporter.chunk = first + offset
                     chunks.append(self._transcribe_chunk(
@@ -573,7 +589,7 @@ class TranscriptionPipeline(SpeculativePipeline):
                     bar.update(1)
         windows, chunks = self._unpack_looped(samples, windows, chunks, method, mode, label, language, task, max_new_tokens,
                                               reporter, compile=compile, timestamps=timestamps)
-        return self._output(windows, chunks, method, mode, label, silence_threshold, started)
+        return self._output(windows, chunks, method, mode, label, silence_threshold, started, note)
 
     def _unpack_looped(self, samples: np.ndarray, windows: list[Window], chunks: list[ChunkTranscript], method: str,
                        mode: str, label: str, language: str | None, task: str | None, max_new_tokens: int | None,
@@ -609,6 +625,17 @@ class TranscriptionPipeline(SpeculativePipeline):
         encoding = time.perf_counter()
         states = encoder_outputs_of(self.model, inputs)[0]  # last_hidden_state
         return states, time.perf_counter() - encoding
+
+    def greedy_in_batches_instead(self, method: str, mode: str, timestamps: bool, windows: int, one_row: bool,
+                                  reporter: RoundReporter | None) -> bool:
+        """Whether a hybrid strict call decodes its windows as batched greedy instead: with timestamps, more than one
+        window, and a fast decoder that drafts one window at a time (an AR fast decoder that re-drafts) while greedy
+        decodes them in batches. Hybrid strict's tokens are greedy's by definition, so the output is the same; on long
+        audio with timestamps drafting and verifying one window at a time cost more than greedy's batches (whisper-tiny.en,
+        a 10-minute file)."""
+        if method != "hybrid" or mode != "strict" or not timestamps or windows < 2 or one_row:
+            return False
+        return self.window_batch_size(method, reporter) == 1 and self.window_batch_size("ar", reporter) > 1
 
     def window_batch_size(self, method: str, reporter: RoundReporter | None = None) -> int:
         """Windows of one recording decoded together (`decoder_batch_size`): 1 when a round callback follows one

@@ -37,7 +37,6 @@ from transformers.generation.logits_process import (
     LogitsProcessorList,
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
-    WhisperTimeStampLogitsProcessor,
 )
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -47,6 +46,7 @@ from ..errors import MMSpecError
 from ..targets import Target, register_target
 from .english_only import english_only as _english_only
 from .suppression import SuppressedTokens
+from .timestamp_rules import BatchedTimestampRules
 
 TASKS = ("transcribe", "translate")
 
@@ -325,7 +325,8 @@ class WhisperTarget(Target):
             own = LogitsProcessorList(SuppressedTokens(p.begin_suppress_tokens.tolist(), p.begin_index)
                                       if isinstance(p, SuppressTokensAtBeginLogitsProcessor)
                                       else SuppressedTokens(p.suppress_tokens.tolist()) for p in own)
-            own.append(WhisperTimeStampLogitsProcessor(self.model.generation_config, begin_index=prompt_length))
+            # (`BatchedTimestampRules`: transformers' timestamp processor without its per-row Python loop, same scores)
+            own.append(BatchedTimestampRules(self.model.generation_config, begin_index=prompt_length))
         config = copy.deepcopy(config)
         config.suppress_tokens = config.begin_suppress_tokens = None  # Whisper's own processors carry them
         return super().build_logits_processors(config, prompt_length, [*own, *self.extra_processors, *user_processors])

@@ -69,10 +69,14 @@ def register(commands: argparse._SubParsersAction, flags: SharedFlags) -> None:
                         help="long audio: each window's decoder prompt starts with the text decoded so far (as "
                              "faster-whisper's default long-form transcription); windows are then decoded in order, "
                              "and each is still greedy decoding given its prompt")
-    parser.add_argument("--timestamps", action="store_true",
+    parser.add_argument("--timestamps", action="store_true", default=None,
                         help="decode with Whisper's timestamp tokens (as generate(return_timestamps=True) and "
                              "faster-whisper): small models drop fewer sentences of long windows; the text leaves the "
-                             "timestamps out, and each window is still greedy decoding (with timestamps)")
+                             "timestamps out, and each window is still greedy decoding (with timestamps). Default: on "
+                             "for a recording of more than one window (not with --batch-size or --compile), off for a "
+                             "clip of one window")
+    parser.add_argument("--no-timestamps", action="store_false", dest="timestamps",
+                        help="decode every window without timestamp tokens")
     parser.add_argument("--format", choices=choices.TRANSCRIPT_FORMATS, default=None, metavar="FORMAT",
                         help="txt, json, srt or vtt (default: from --out's suffix, else txt; json with --json)")
     parser.add_argument("--out", default=None,

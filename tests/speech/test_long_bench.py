@@ -181,3 +181,16 @@ def test_the_previous_text_row_conditions_on_the_text_before():
     MmspecRow(pipe, "ar")(Path("a.wav"))
     assert calls == [{"method": None, "progress_bar": False, "condition_on_previous_text": True},
                      {"method": "ar", "progress_bar": False, "condition_on_previous_text": False}]
+
+
+def test_a_rows_note_reaches_the_report(tmp_path):
+    """How a row decoded (e.g. hybrid strict as batched greedy) is said in the report's notes."""
+    from mmspec.speech.long_bench import MmspecRow
+
+    def pipe(path, **kwargs):
+        return SimpleNamespace(text="x", segments=[], encoder_time_s=0.0, total_time_s=0.0, note="decoded as batched greedy",
+                               stats=SimpleNamespace(prefill_time=0.0, draft_time=0.0, verify_time=0.0))
+
+    report = bench_long_audio({"mmspec-hybrid-timestamps": MmspecRow(pipe, None, timestamps=True)}, tmp_path / "long.wav",
+                              "x", warm_up=None, repeats=1, progress=False)
+    assert "mmspec-hybrid-timestamps: decoded as batched greedy" in report.to_table()

@@ -76,7 +76,7 @@ def test_the_text_leaves_timestamps_out():
 
 def test_timestamps_are_checked(ending_folder, bursts):  # noqa: F811
     pipe = TranscriptionPipeline.from_pretrained(ending_folder)
-    with pytest.raises(MMSpecError, match="timestamps must be True or False"):
+    with pytest.raises(MMSpecError, match="timestamps must be True, False or None"):
         pipe(bursts, timestamps="yes", progress_bar=False)
     with pytest.raises(MMSpecError, match="compiled path decodes without timestamps"):
         pipe(bursts, timestamps=True, compile=True, progress_bar=False)
