@@ -300,6 +300,8 @@ class BatchRounds:
 
 
 def truncate_at_stop(new_tokens: torch.Tensor, stops: set[int]) -> tuple[torch.Tensor, bool]:
+    if not stops:  # nothing to find: skip reading the tokens back from the device
+        return new_tokens, False
     for i, token in enumerate(new_tokens.tolist()):
         if token in stops:
             return new_tokens[: i + 1], True
