@@ -121,7 +121,7 @@ class ChainRounds:
     def commit(self, proposal: Proposal, step: TargetStep, verdict: Verdict) -> None:
         """Append the accepted drafts plus the target's token, crop the rejected drafts from the target's cache."""
         state = self.state
-        accepted = int(verdict.num_accepted[0])
+        accepted = verdict.first_accepted()
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, self.done = truncate_at_stop(new_tokens, state.stops)
         self.sequence = torch.cat([self.sequence, new_tokens[None]], dim=1)

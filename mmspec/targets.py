@@ -132,7 +132,7 @@ class Target(CachedModel):
         the accepted path). The cache then holds every committed token but the newest. A batch keeps its rejected
         drafts as masked holes instead (`mmspec.ragged`)."""
         if not isinstance(drafts, DraftTree):
-            self.truncate(self.length - (drafts.shape[1] - int(verdict.num_accepted[0])))
+            self.truncate(self.length - (drafts.shape[1] - verdict.first_accepted()))
             return
         path, root = verdict.path or [], self.length - drafts.size - 1
         self.keep_positions(root + 1, torch.tensor(path, dtype=torch.long, device=input_device(self.model)) + root + 1)
