@@ -125,7 +125,8 @@ class ChainRounds:
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, self.done = truncate_at_stop(new_tokens, state.stops)
         self.sequence = torch.cat([self.sequence, new_tokens[None]], dim=1)
-        state.announce(new_tokens, proposal.tokens[0], accepted)
+        if state.listening:
+            state.announce(new_tokens, proposal.tokens[0], accepted)
         state.target.rollback(proposal.tokens, verdict)
         state.drafter.observe(self.view(), verdict, step)
         state.policy.update(proposal.length, accepted)
