@@ -246,6 +246,35 @@ def _static_layers(cache: Any, setting: str) -> list[Any]:
     return list(layers)
 
 
+def cross_attention_flags(cache: Any) -> dict[int, bool]:
+    """A transformers `EncoderDecoderCache`'s per-layer flags (`is_updated`): True where the layer's cross-attention
+    keys and values are in the cache, so the decoder reads them instead of projecting the encoder states again."""
+    return dict(_is_updated(cache))
+
+
+def set_cross_attention_flags(cache: Any, flags: dict[int, bool]) -> None:
+    """Set those flags for the layers in `flags` (a cross-attention cache filled, or to be filled, elsewhere)."""
+    _is_updated(cache).update(flags)
+
+
+def mark_cross_attention_filled(cache: Any, layers: int) -> None:
+    """Flag the first `layers` layers' cross-attention as filled (keys and values written into the cache by hand)."""
+    set_cross_attention_flags(cache, dict.fromkeys(range(layers), True))
+
+
+def forget_cross_attention(cache: Any) -> None:
+    """Flag every layer's cross-attention as empty: the next forward projects the encoder states again."""
+    cache.is_updated = dict.fromkeys(_is_updated(cache), False)
+
+
+def _is_updated(cache: Any) -> dict[int, bool]:
+    flags = getattr(cache, "is_updated", None)
+    if not isinstance(flags, dict):
+        raise incompatible(f"transformers {type(cache).__name__}.is_updated (a dict of layer -> bool)",
+                           "reusing cross-attention keys and values of an encoder-decoder (Whisper) cache")
+    return flags
+
+
 def keep_cache_positions(cache: Any, positions: torch.LongTensor) -> None:
     """Keep only the sequence positions `positions` (ascending) of every layer of a transformers `DynamicCache`,
     in place (after a tree forward: the committed path's entries). transformers has no public way to drop

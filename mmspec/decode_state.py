@@ -96,6 +96,11 @@ class DecodeState:
     inputs: dict[str, Any] | None = None  # the caller's own model inputs (the drafter's view carries them)
     processors: Any = None  # the logits processors `generate` would apply this call (the drafter's view carries them)
 
+    @property
+    def listening(self) -> bool:
+        """Whether any callback or streamer waits for `announce` (when none does, its arguments need not be built)."""
+        return self.on_tokens is not None or self.on_round is not None or self.streamer is not None
+
     def announce(self, new_tokens: torch.Tensor, proposed: torch.Tensor, accepted: int = 0) -> None:
         """Tell the progress callbacks and the streamer about tokens just committed (1-D) and the drafts (1-D) behind them."""
         if self.on_tokens is not None:

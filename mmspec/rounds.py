@@ -121,11 +121,12 @@ class ChainRounds:
     def commit(self, proposal: Proposal, step: TargetStep, verdict: Verdict) -> None:
         """Append the accepted drafts plus the target's token, crop the rejected drafts from the target's cache."""
         state = self.state
-        accepted = int(verdict.num_accepted[0])
+        accepted = verdict.first_accepted()
         new_tokens = torch.cat([proposal.tokens[0, :accepted], verdict.next_token[:1]])
         new_tokens, self.done = truncate_at_stop(new_tokens, state.stops)
         self.sequence = torch.cat([self.sequence, new_tokens[None]], dim=1)
-        state.announce(new_tokens, proposal.tokens[0], accepted)
+        if state.listening:
+            state.announce(new_tokens, proposal.tokens[0], accepted)
         state.target.rollback(proposal.tokens, verdict)
         state.drafter.observe(self.view(), verdict, step)
         state.policy.update(proposal.length, accepted)
@@ -300,6 +301,8 @@ class BatchRounds:
 
 
 def truncate_at_stop(new_tokens: torch.Tensor, stops: set[int]) -> tuple[torch.Tensor, bool]:
+    if not stops:  # nothing to find: skip reading the tokens back from the device
+        return new_tokens, False
     for i, token in enumerate(new_tokens.tolist()):
         if token in stops:
             return new_tokens[: i + 1], True

@@ -33,7 +33,7 @@ ProbabilityRule = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "
 
 def leading_true_count(accepted: torch.Tensor) -> torch.Tensor:
     """Per row, the number of leading True values in a bool tensor [B, k]."""
-    return accepted.long().cumprod(dim=1).sum(dim=1)
+    return accepted.cumprod(dim=1, dtype=torch.long).sum(dim=1)  # the cast inside cumprod: one op less per round
 
 
 # Whether chain rules verify in one fused Triton kernel (`mmspec.kernels.rejection`: one launch, no host

@@ -132,7 +132,7 @@ class Target(CachedModel):
         the accepted path). The cache then holds every committed token but the newest. A batch keeps its rejected
         drafts as masked holes instead (`mmspec.ragged`)."""
         if not isinstance(drafts, DraftTree):
-            self.truncate(self.length - (drafts.shape[1] - int(verdict.num_accepted[0])))
+            self.truncate(self.length - (drafts.shape[1] - verdict.first_accepted()))
             return
         path, root = verdict.path or [], self.length - drafts.size - 1
         self.keep_positions(root + 1, torch.tensor(path, dtype=torch.long, device=input_device(self.model)) + root + 1)
@@ -154,7 +154,7 @@ class Target(CachedModel):
             if first.hidden_states is not None and rest.hidden_states is not None:
                 hidden = tuple(torch.cat(pair, dim=1) for pair in zip(first.hidden_states, rest.hidden_states))
             return TargetStep(logits=torch.cat([first.logits, rest.logits], dim=1), hidden_states=hidden)
-        self._tokens = sequence
+        self._tokens = self._tokens_for_processors(sequence)
         for name in PER_TOKEN_INPUTS:
             value = model_inputs.get(name)
             if value is not None and value.shape[-1] < sequence.shape[-1]:
@@ -183,13 +183,22 @@ class Target(CachedModel):
             self._tokens = torch.cat([self._tokens[:, :first_position], tokens], dim=1)
         return self._finish(out, tokens.shape[1], first_position, certify)
 
+    def _tokens_for_processors(self, sequence: torch.LongTensor) -> torch.LongTensor | None:
+        """The fed tokens to keep from a prefill on: only processors read them, so with none (fixed for a call before
+        its prefill) none are kept and the rounds skip that bookkeeping."""
+        return sequence if self.processors else None
+
     def _finish(self, out: Any, num_logits: int, first_position: int, certify: bool) -> TargetStep:
         """The step of one sequence's forward: logits of its last `num_logits` positions, the first of which predicts
         the token after `first_position`, processed (from a `CertifiedHead` when `certify`: `out` is the base model's)."""
         process = None
-        if self.processors and self._tokens is not None:
+        if self.processors:
+            fed = self._tokens
+            if fed is None:
+                raise MMSpecError("logits processors were set on the target after its prefill; set them before `start`")
+
             def process(logits: torch.Tensor) -> torch.Tensor:
-                return process_rows(self.processors, self._tokens, first_position, logits)
+                return process_rows(self.processors, fed, first_position, logits)
         if certify:
             return self._certified_logits(out.last_hidden_state[:, -num_logits:], process)
         step = self._step(out, num_logits)
@@ -252,7 +261,7 @@ class Target(CachedModel):
         depths = torch.cat([tree.depths().new_zeros(1), tree.depths()]).to(sequence.device)
         positions = self.tree_position_ids((past + depths)[None])
         step = self.tree_forward(tokens, positions, tree, past)
-        self._tokens = sequence
+        self._tokens = self._tokens_for_processors(sequence)
         if not self.processors:
             return step
         prefixes = [sequence] + [torch.cat([sequence, tree.path_tokens(tree.path_to(i))[None]], dim=1)

@@ -5,7 +5,7 @@ Tensors carry a batch dimension B; in a batch each row accepts its own number of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,3 +54,10 @@ class Verdict:
     target_probs: torch.Tensor | None = None
     # Tree drafting: the accepted nodes of the draft tree, root's child first (num_accepted == len(path)).
     path: list[int] | None = None
+    _first_accepted: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def first_accepted(self) -> int:
+        """Row 0's accepted count as an int, read from the device once however many readers ask (one sync)."""
+        if self._first_accepted is None:
+            self._first_accepted = int(self.num_accepted[0])
+        return self._first_accepted

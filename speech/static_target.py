@@ -122,9 +122,9 @@ class StaticWhisperDecoder:
             cross = StaticCache(config=self.cache_config, max_cache_len=frames)
             fresh = True
         if fresh:
-            updated = {} if cache is None or cross is not cache.cross_attention_cache else dict(cache.is_updated)
+            updated = {} if cache is None or cross is not cache.cross_attention_cache else compat.cross_attention_flags(cache)
             cache = StaticEncoderDecoderCache(self_attention, cross)
-            cache.is_updated.update(updated)
+            compat.set_cross_attention_flags(cache, updated)
             self.local.cache = cache
         return cache
 
@@ -200,7 +200,7 @@ class StaticWhisperTarget(WhisperTarget):
         cache = self._claim(self.widths[-1] + 1, keys_values[0][0].shape[2])
         compat.reset_static_cache(cache.self_attention_cache)
         compat.write_static_cache(cache.cross_attention_cache, keys_values)
-        cache.is_updated.update(dict.fromkeys(range(len(keys_values)), True))
+        compat.mark_cross_attention_filled(cache, len(keys_values))
         return cache
 
     @property
@@ -233,7 +233,7 @@ class StaticWhisperTarget(WhisperTarget):
         if given is None or given is not getattr(self.engine.local, "cache", None):
             self.engine.check_decoder()
             cache = self._claim(tokens.shape[1] + self.widths[-1], frames)
-            cache.is_updated = {index: False for index in cache.is_updated}  # the prefill projects the encoder states
+            compat.forget_cross_attention(cache)  # the prefill projects the encoder states
             compat.reset_static_cache(cache.cross_attention_cache)
             compat.reset_static_cache(cache.self_attention_cache)
             model_inputs[name] = cache

@@ -40,6 +40,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
+from .. import compat
 from ..cached_model import cache_argument
 from ..devices import input_device
 from ..errors import MMSpecError
@@ -284,7 +285,7 @@ class WhisperTarget(Target):
         cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         for index, (keys, values) in enumerate(keys_values):
             cache.cross_attention_cache.update(keys, values, index)
-            cache.is_updated[index] = True
+        compat.mark_cross_attention_filled(cache, len(keys_values))
         return cache
 
     @property

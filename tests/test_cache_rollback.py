@@ -1,5 +1,6 @@
 """After speculative rounds with rejections, the cache equals a fresh prefill of the committed tokens."""
 
+import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, T5Config
 
@@ -50,3 +51,18 @@ def test_encoder_decoder_rollback_keeps_cross_attention():
         fresh.start(torch.tensor([[0, 7, 8]]), input_ids=encoder_ids)
     assert_caches_equal(wrapped.cache.self_attention_cache, fresh.cache.self_attention_cache)
     assert_caches_equal(wrapped.cache.cross_attention_cache, fresh.cache.cross_attention_cache)
+
+
+def test_processors_set_after_the_prefill_are_refused(target, prompt):
+    # Without processors at the prefill the target keeps no fed tokens, so processors set later could not
+    # see their prefixes: refused instead of applied to nothing.
+    from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    from mmspec import MMSpecError
+
+    wrapped = Target(target)
+    with torch.inference_mode():
+        wrapped.start(prompt)
+        wrapped.processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
+        with pytest.raises(MMSpecError, match="after its prefill"):
+            wrapped.verify(prompt, torch.tensor([[5, 6]]))

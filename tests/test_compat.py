@@ -9,6 +9,7 @@ import torch
 from diffusers import DDPMScheduler, DiffusionPipeline
 from transformers import (
     DynamicCache,
+    EncoderDecoderCache,
     GenerationConfig,
     GenerationMixin,
     LlamaConfig,
@@ -185,6 +186,45 @@ def test_write_static_cache_fills_the_first_positions_of_each_layer():
     assert int(held.get_seq_length()) == 3 and held.layers[1].keys[0, 0, :4, 0].tolist() == [1.0, 1.0, 1.0, 4.0]
     with pytest.raises(MMSpecError, match="3 layers"):
         compat.write_static_cache(held, states + states[:1])
+
+def cross_filled(layers):
+    cross = DynamicCache()
+    for index in range(layers):
+        cross.update(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4), index)
+    return cross
+
+
+def test_cross_attention_flags_are_what_transformers_sets_and_clears():
+    # transformers flags a layer whose cross-attention states the cache already holds, and clears the flags on reset.
+    cache = EncoderDecoderCache(DynamicCache(), cross_filled(2))
+    assert compat.cross_attention_flags(cache) == {0: True, 1: True}
+    cache.reset()
+    assert compat.cross_attention_flags(cache) == {0: False, 1: False}
+
+
+def test_cross_attention_flags_are_marked_set_and_forgotten():
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    compat.mark_cross_attention_filled(cache, 2)
+    assert compat.cross_attention_flags(cache) == {0: True, 1: True}
+    compat.set_cross_attention_flags(cache, {1: False, 2: True})
+    assert compat.cross_attention_flags(cache) == {0: True, 1: False, 2: True}
+    read = compat.cross_attention_flags(cache)
+    read[0] = False  # a copy: the cache's own flags do not change with it
+    assert compat.cross_attention_flags(cache)[0] is True
+    compat.forget_cross_attention(cache)
+    assert compat.cross_attention_flags(cache) == {0: False, 1: False, 2: False}
+
+
+def test_missing_cross_attention_flags_are_refused():
+    cache = EncoderDecoderCache(DynamicCache(), cross_filled(1))
+    del cache.is_updated
+    calls = (lambda: compat.cross_attention_flags(cache), lambda: compat.set_cross_attention_flags(cache, {0: True}),
+             lambda: compat.mark_cross_attention_filled(cache, 1), lambda: compat.forget_cross_attention(cache))
+    for call in calls:
+        with pytest.raises(CompatibilityError, match=r"EncoderDecoderCache\.is_updated.*transformers \d") as refused:
+            call()
+        assert "Whisper" in str(refused.value)
+
 
 def test_skip_keys_device_placement_is_a_model_attribute(model):
     # A causal LM names its cache argument: accelerate must not move the cache to the drafter's device.
