@@ -326,7 +326,7 @@ def test_compiled_steps_guard_their_inputs_not_the_decoder(references, monkeypat
 
     monkeypatch.setattr(static_steps, "step_guards", counting)
     x, sequences, _ = references[4]
-    model = tiny_whisper(seed=0)  # its own graphs (the session's model may be compiled already)
+    model = tiny_whisper(seed=0)  # its own graphs (the shared fixture's model may be compiled already)
     out = SpeculativeDecoder(static_target(model, widths=(1,)), NoDrafter()).generate(None, max_new_tokens=MAX_NEW,
                                                                                        input_features=x)
     assert_same(out.sequences, sequences)
