@@ -210,6 +210,13 @@ class StaticSteps:
         padded[:, :count], padded[:, count:] = tokens, tokens[:, -1:]
         placed[:, :count], placed[:, count:] = positions, positions[:, -1:]
         inputs = {"input_ids": padded, self._cache_argument: self.cache, "attention_mask": full, "position_ids": placed}
+        logits, _ = self._padded_forward(inputs, compiled, count, width)
+        return StaticOutput(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+    def _padded_forward(self, inputs: dict[str, Any], compiled: bool, count: int, width: int, hidden: bool = False
+                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """One forward of `width` padded positions (compiled, or eager where no graph has that width); the padding's
+        cache entries are dropped and its outputs cut off: logits and (with `hidden`) hidden states of `count`."""
         self.forwards += 1
         if compiled:
             out = self._steps.forward(**inputs, use_cache=True, return_dict=True, logits_to_keep=0)
@@ -218,9 +225,11 @@ class StaticSteps:
         if width > count:
             self.cache.crop(count - width)
         logits = out.logits[:, :count]
-        if logits_to_keep:
-            logits = logits[:, -logits_to_keep:]
-        return StaticOutput(logits=logits.clone() if self._copies_outputs else logits)
+        states = tuple(h[:, :count] for h in out.hidden_states) if hidden else None
+        if self._copies_outputs:  # a CUDA graph reuses its output buffers on the next replay
+            logits = logits.clone()
+            states = None if states is None else tuple(h.clone() for h in states)
+        return logits, states
 
     def keep_positions(self, start: int, slots: torch.LongTensor) -> None:
         """Move the states at `slots` to the positions from `start` on and set the length to their end (a draft tree's

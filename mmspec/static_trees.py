@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .static_steps import eager_forward
 from .trees import DraftTree
 
 if TYPE_CHECKING:
@@ -50,12 +49,9 @@ class StaticTreeSteps:
 
     model: Any
     cache: Any
-    forwards: int
     output_hidden_states: bool
-    _steps: Any
     _length: int
     _cache_argument: str
-    _copies_outputs: bool
     tree_width: int = 0
 
     def setup_tree(self, tree_width: int | None) -> None:
@@ -82,16 +78,6 @@ class StaticTreeSteps:
                                   "position_ids": placed}
         if self.output_hidden_states:
             inputs["output_hidden_states"] = True
-        self.forwards += 1
-        if width == self.tree_width:
-            out = self._steps.forward(**inputs, use_cache=True, return_dict=True, logits_to_keep=0)
-        else:
-            out = eager_forward(self.model, True, 0, **inputs)
-        if width > count:
-            self.cache.crop(count - width)
-        logits = out.logits[:, :count]
-        hidden = tuple(h[:, :count] for h in out.hidden_states) if self.output_hidden_states else None
-        if self._copies_outputs:  # a CUDA graph reuses its output buffers on the next replay
-            logits = logits.clone()
-            hidden = None if hidden is None else tuple(h.clone() for h in hidden)
+        logits, hidden = self._padded_forward(  # type: ignore[attr-defined]
+            inputs, width == self.tree_width, count, width, hidden=bool(self.output_hidden_states))
         return TargetStep(logits=logits, hidden_states=hidden)
